@@ -1,0 +1,84 @@
+"""Checkpoint fingerprints: stable for the same bytes, different after any one-byte change."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tica.fingerprint import RACY_WINDOW_NS, FingerprintCache, fingerprint_checkpoint
+
+files_strategy = st.dictionaries(
+    st.from_regex(r"[a-z]{1,8}\.(safetensors|json)", fullmatch=True),
+    st.binary(min_size=1, max_size=4096),
+    min_size=1,
+    max_size=4,
+)
+
+
+def _write(root: Path, files: dict[str, bytes]) -> None:
+    root.mkdir(parents=True, exist_ok=True)
+    for name, data in files.items():
+        (root / name).write_bytes(data)
+
+
+@settings(max_examples=40, deadline=None)
+@given(files=files_strategy)
+def test_fingerprint_is_stable_across_runs_and_caches(tmp_path_factory, files):
+    root = tmp_path_factory.mktemp("ckpt")
+    _write(root, files)
+    first = fingerprint_checkpoint(root, FingerprintCache(root.parent / "c1.json"))
+    again = fingerprint_checkpoint(root, FingerprintCache(root.parent / "c1.json"))
+    fresh = fingerprint_checkpoint(root, FingerprintCache(root.parent / "c2.json"))
+    assert first == again == fresh
+
+
+@settings(max_examples=40, deadline=None)
+@given(files=files_strategy, data=st.data())
+def test_any_one_byte_change_changes_the_fingerprint(tmp_path_factory, files, data):
+    root = tmp_path_factory.mktemp("ckpt")
+    _write(root, files)
+    cache = FingerprintCache(root.parent / "cache.json")
+    before = fingerprint_checkpoint(root, cache)
+    name = data.draw(st.sampled_from(sorted(files)))
+    blob = bytearray(files[name])
+    pos = data.draw(st.integers(0, len(blob) - 1))
+    blob[pos] ^= data.draw(st.integers(1, 255))
+    (root / name).write_bytes(bytes(blob))  # same size, possibly the same coarse mtime
+    assert fingerprint_checkpoint(root, cache) != before
+
+
+def test_unchanged_old_files_come_from_the_cache(tmp_path):
+    root = tmp_path / "ckpt"
+    _write(root, {"a.safetensors": b"x" * 1000, "b.json": b"{}"})
+    old = (os.stat(root / "a.safetensors").st_mtime_ns - 2 * RACY_WINDOW_NS) / 1e9
+    for p in root.iterdir():
+        os.utime(p, (old, old))
+    warm = FingerprintCache(tmp_path / "cache.json")
+    fingerprint_checkpoint(root, warm)
+    warm.save()
+    reread = FingerprintCache(tmp_path / "cache.json")
+    fingerprint_checkpoint(root, reread)
+    assert (reread.hits, reread.misses) == (2, 0)
+
+
+def test_a_file_rewritten_within_the_racy_window_is_hashed_again(tmp_path):
+    """Negative control for the cache: same size and mtime, fresh entry -> must not be trusted."""
+    root = tmp_path / "ckpt"
+    _write(root, {"a.safetensors": b"x" * 1000})
+    cache = FingerprintCache(tmp_path / "cache.json")
+    before = fingerprint_checkpoint(root, cache)
+    st_before = os.stat(root / "a.safetensors")
+    (root / "a.safetensors").write_bytes(b"y" + b"x" * 999)
+    os.utime(root / "a.safetensors", ns=(st_before.st_atime_ns, st_before.st_mtime_ns))
+    assert fingerprint_checkpoint(root, cache) != before
+
+
+def test_renaming_a_file_changes_the_fingerprint(tmp_path):
+    root = tmp_path / "ckpt"
+    _write(root, {"a.safetensors": b"same"})
+    before = fingerprint_checkpoint(root, FingerprintCache(tmp_path / "c.json"))
+    (root / "a.safetensors").rename(root / "b.safetensors")
+    assert fingerprint_checkpoint(root, FingerprintCache(tmp_path / "c.json")) != before

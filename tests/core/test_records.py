@@ -1,0 +1,55 @@
+"""Verdicts, invalidations and reruns in the ledger views: stale is shown as stale."""
+
+from __future__ import annotations
+
+import copy
+
+from tests.core.conftest import write_manifest
+from tica.candidate import diff, identify
+from tica.evidence import EvidenceItem
+from tica.ledger import Ledger
+from tica.manifest import load_manifest
+from tica.records import record_candidate, record_invalidations, record_verdict
+from tica.verdict import Verdict, VerdictCell
+
+
+def _cell(item: EvidenceItem, verdict: Verdict = Verdict.PASS) -> VerdictCell:
+    return VerdictCell(item=item, verdict=verdict, summary=f"{item.value} {verdict.value}", question_hash="sha256:q")
+
+
+def _setup(tmp_path, candidate_dir, manifest_data):
+    ledger = Ledger(tmp_path / "l.duckdb").init()
+    old_loaded = load_manifest(write_manifest(candidate_dir, manifest_data, "track.yaml"))
+    old = identify(old_loaded)
+    cid = record_candidate(ledger, old, old_loaded)
+    ids = {item: record_verdict(ledger, cid, _cell(item)) for item in EvidenceItem}
+    return ledger, old, ids
+
+
+def test_a_scorer_change_makes_only_quality_and_artifacts_stale(tmp_path, candidate_dir, manifest_data):
+    ledger, old, ids = _setup(tmp_path, candidate_dir, manifest_data)
+    changed = copy.deepcopy(manifest_data)
+    changed["eval_contract"]["scorer"] = "math-verify==0.9.0"
+    new_loaded = load_manifest(write_manifest(candidate_dir, changed, "track.yaml"))
+    new = identify(new_loaded)
+    record_candidate(ledger, new, new_loaded)
+    record_invalidations(ledger, old, new, diff(old, new))
+    stale = {r["item"]: r for r in ledger.rows("SELECT * FROM stale_evidence")}
+    assert set(stale) == {"quality", "artifacts"}
+    assert stale["quality"]["stale_cause"].startswith("eval_contract: eval_contract sha256:")
+    voided = ledger.rows("SELECT voided_verdict_ids_json FROM invalidations WHERE item = 'quality'")
+    assert ids[EvidenceItem.QUALITY] in voided[0]["voided_verdict_ids_json"]
+    fresh = {r["item"] for r in ledger.rows("SELECT item FROM track_verdicts WHERE NOT stale")}
+    assert fresh == {"forward", "backward", "update", "throughput", "clean_exit"}
+
+
+def test_a_rerun_is_appended_and_linked_never_replacing_the_failure(tmp_path, candidate_dir, manifest_data):
+    ledger, old, ids = _setup(tmp_path, candidate_dir, manifest_data)
+    failed = record_verdict(ledger, old.candidate_id, _cell(EvidenceItem.THROUGHPUT, Verdict.FAIL))
+    rerun = record_verdict(ledger, old.candidate_id, _cell(EvidenceItem.THROUGHPUT), rerun_of=failed)
+    history = ledger.rows("SELECT verdict_id, verdict FROM verdict_history WHERE item = 'throughput' ORDER BY seq")
+    assert [h["verdict"] for h in history] == ["pass", "fail", "pass"]
+    assert ledger.rows("SELECT original_id, new_id FROM reruns") == [{"original_id": failed, "new_id": rerun}]
+    current = ledger.rows("SELECT verdict_id FROM track_verdicts WHERE item = 'throughput'")
+    assert current == [{"verdict_id": rerun}]
+    assert ledger.verify().ok

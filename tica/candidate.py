@@ -1,0 +1,73 @@
+"""A candidate's identity (one fingerprint per component) and the diff between two candidates."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from tica.evidence import Component, EvidenceItem, invalidated_by, reason
+from tica.fingerprint import FingerprintCache, fingerprint_checkpoint
+from tica.manifest import LoadedManifest, load_manifest, value_fingerprint
+
+
+class CandidateIdentity(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    track: str
+    manifest_path: str
+    components: dict[Component, str]
+
+    @property
+    def candidate_id(self) -> str:
+        """Content address of the candidate: a hash over its component fingerprints."""
+        table = "\n".join(f"{c.value}={self.components[c]}" for c in Component)
+        return "cand-" + hashlib.sha256(table.encode()).hexdigest()[:20]
+
+
+class ComponentChange(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    component: Component
+    old: str
+    new: str
+    invalidates: tuple[EvidenceItem, ...]
+    why: str
+
+
+def identify(loaded: LoadedManifest, cache: FingerprintCache | None = None) -> CandidateIdentity:
+    components = {Component.WEIGHTS: fingerprint_checkpoint(loaded.checkpoint_path, cache)}
+    for component, value in loaded.manifest.component_values().items():
+        components[component] = value_fingerprint(value)
+    return CandidateIdentity(
+        track=loaded.manifest.track, manifest_path=str(loaded.path), components=components
+    )
+
+
+def identify_file(path: str | Path, cache: FingerprintCache | None = None) -> CandidateIdentity:
+    return identify(load_manifest(path), cache)
+
+
+def diff(old: CandidateIdentity, new: CandidateIdentity) -> list[ComponentChange]:
+    """The components that changed, each with the evidence it voids and why (matrix order)."""
+    return [
+        ComponentChange(
+            component=c,
+            old=old.components[c],
+            new=new.components[c],
+            invalidates=invalidated_by(c),
+            why=reason(c),
+        )
+        for c in Component
+        if old.components[c] != new.components[c]
+    ]
+
+
+def voided_items(changes: list[ComponentChange]) -> dict[EvidenceItem, list[Component]]:
+    """Each voided evidence item with the component changes that void it."""
+    out: dict[EvidenceItem, list[Component]] = {}
+    for change in changes:
+        for item in change.invalidates:
+            out.setdefault(item, []).append(change.component)
+    return {item: out[item] for item in EvidenceItem if item in out}

@@ -1,0 +1,145 @@
+"""The `tica` command: candidates, questions, the ledger and judging, from a shell."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from tica.candidate import diff, identify, identify_file, voided_items
+from tica.errors import TicaError
+from tica.ledger import Ledger, default_ledger_path
+from tica.manifest import load_manifest
+from tica.records import freeze_question, record_candidate
+
+
+def format_table(columns: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    cells = [[("" if v is None else str(v)) for v in r] for r in rows]
+    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
+    line = lambda vals: "  ".join(v.ljust(w) for v, w in zip(vals, widths)).rstrip()  # noqa: E731
+    out = [line(columns), line(["-" * w for w in widths])] + [line(r) for r in cells]
+    return "\n".join(out) + f"\n({len(cells)} row{'s' if len(cells) != 1 else ''})"
+
+
+def _ledger(args: argparse.Namespace) -> Ledger:
+    return Ledger(args.ledger or default_ledger_path())
+
+
+def cmd_candidate_fingerprint(args: argparse.Namespace) -> int:
+    ident = identify_file(args.manifest)
+    print(f"track      {ident.track}\ncandidate  {ident.candidate_id}")
+    for component, fp in ident.components.items():
+        print(f"  {component.value:<14} {fp}")
+    return 0
+
+
+def cmd_candidate_diff(args: argparse.Namespace) -> int:
+    old, new = identify_file(args.old), identify_file(args.new)
+    changes = diff(old, new)
+    if args.json:
+        print(json.dumps([c.model_dump(mode="json") for c in changes], indent=1))
+        return 0
+    print(f"{old.candidate_id} -> {new.candidate_id}")
+    if not changes:
+        print("no component changed: all evidence stands")
+        return 0
+    rows = [(c.component.value, c.old[:23], c.new[:23], ", ".join(i.value for i in c.invalidates), c.why) for c in changes]
+    print(format_table(["component", "old", "new", "invalidates", "why"], rows))
+    voided = voided_items(changes)
+    print("voided evidence: " + ", ".join(f"{i.value} (by {', '.join(c.value for c in cs)})" for i, cs in voided.items()))
+    return 0
+
+
+def cmd_candidate_record(args: argparse.Namespace) -> int:
+    loaded = load_manifest(args.manifest)
+    cid = record_candidate(_ledger(args), identify(loaded), loaded)
+    print(cid)
+    return 0
+
+
+def cmd_question_freeze(args: argparse.Namespace) -> int:
+    question = freeze_question(_ledger(args), args.file)
+    print(f"{question.name}  {question.item.value}  {question.hash}")
+    if question.formula_label:
+        print(f"formula: {question.formula_label}")
+    return 0
+
+
+def cmd_ledger_query(args: argparse.Namespace) -> int:
+    columns, rows = _ledger(args).query(args.sql)
+    print(format_table(columns, rows))
+    return 0
+
+
+def cmd_ledger_verify(args: argparse.Namespace) -> int:
+    report = _ledger(args).verify()
+    if report.ok:
+        print(f"ok: {report.rows} rows, head {report.head_hash}")
+        return 0
+    for problem in report.problems:
+        print(f"FAIL {problem}", file=sys.stderr)
+    return 1
+
+
+def cmd_judge(args: argparse.Namespace) -> int:
+    from tica.judges import judge  # judges load numpy receipts; keep the other commands light
+    from tica.question import load_question
+
+    question = load_question(args.question)
+    cell = judge(question.item, question, [Path(p) for p in args.legs])
+    print(json.dumps(cell.model_dump(mode="json", exclude={"tables"}), indent=1, default=str))
+    for name, table in cell.tables.items():
+        print(f"\n## {name}\n{table}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tica", description=__doc__)
+    parser.add_argument("--ledger", help="DuckDB ledger file (default: $TICA_LEDGER or data/ledger.duckdb)")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    cand = sub.add_parser("candidate", help="candidate manifests").add_subparsers(dest="sub", required=True)
+    p = cand.add_parser("fingerprint", help="fingerprint every component of a manifest")
+    p.add_argument("manifest")
+    p.set_defaults(func=cmd_candidate_fingerprint)
+    p = cand.add_parser("diff", help="which components changed and which evidence each change invalidates")
+    p.add_argument("old")
+    p.add_argument("new")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_candidate_diff)
+    p = cand.add_parser("record", help="record a candidate and its fingerprints in the ledger")
+    p.add_argument("manifest")
+    p.set_defaults(func=cmd_candidate_record)
+
+    ques = sub.add_parser("question", help="frozen questions").add_subparsers(dest="sub", required=True)
+    p = ques.add_parser("freeze", help="validate a question file and record it with its hash")
+    p.add_argument("file")
+    p.set_defaults(func=cmd_question_freeze)
+
+    led = sub.add_parser("ledger", help="the append-only ledger").add_subparsers(dest="sub", required=True)
+    p = led.add_parser("query", help="run read-only SQL and print a table")
+    p.add_argument("sql")
+    p.set_defaults(func=cmd_ledger_query)
+    p = led.add_parser("verify", help="recompute the hash chain; name any edited row")
+    p.set_defaults(func=cmd_ledger_verify)
+
+    p = sub.add_parser("judge", help="judge sealed receipts under a frozen question")
+    p.add_argument("--question", required=True)
+    p.add_argument("legs", nargs="+", help="leg directories or receipt files")
+    p.set_defaults(func=cmd_judge)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except TicaError as err:
+        print(f"tica: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,52 @@
+"""Errors for bad input: each names the file and the field a user must fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class TicaError(Exception):
+    """Base of every error TICA raises on purpose."""
+
+
+class InputError(TicaError):
+    """Bad input: malformed file, missing file, unknown or contradictory field."""
+
+    def __init__(self, file: str | Path, field: str, message: str) -> None:
+        self.file = str(file)
+        self.field = field
+        self.message = message
+        super().__init__(f"{self.file}: {field}: {message}")
+
+
+class ManifestError(InputError):
+    """A candidate manifest that cannot be read or validated."""
+
+
+class QuestionError(InputError):
+    """A question file that cannot be read, validated, or that contradicts itself."""
+
+
+class ReceiptError(InputError):
+    """A receipt that is missing, malformed, or whose seal does not match."""
+
+
+class FrozenQuestionError(TicaError):
+    """An attempt to change a question that is already frozen."""
+
+
+class LedgerIntegrityError(TicaError):
+    """The ledger's hash chain does not verify."""
+
+
+def pydantic_errors(exc_cls: type[InputError], file: str | Path, err: Exception) -> InputError:
+    """Turn a pydantic ValidationError into one InputError naming the first bad field."""
+    errors = getattr(err, "errors", None)
+    if callable(errors):
+        items = errors()
+        if items:
+            first = items[0]
+            field = ".".join(str(p) for p in first.get("loc", ())) or "<root>"
+            more = f" (and {len(items) - 1} more)" if len(items) > 1 else ""
+            return exc_cls(file, field, f"{first.get('msg', 'invalid')}{more}")
+    return exc_cls(file, "<root>", str(err))

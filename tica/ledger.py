@@ -1,0 +1,314 @@
+"""The append-only evidence ledger in one DuckDB file.
+
+Append-only by construction: this API has no update and no delete, readers open the file
+read-only, and every row carries the hash of the row before it (one chain across all tables,
+in `seq` order) so `verify()` names any row edited behind the API's back. Publishing the head
+hash that `verify()` returns anchors the chain's tail as well.
+
+DuckDB allows one writer process. Writers take an exclusive file lock beside the database,
+open, append in one short transaction and close; readers retry while a writer holds the file.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import fcntl
+import hashlib
+import json
+import os
+import random
+import time
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from tica.errors import LedgerIntegrityError, TicaError
+
+GENESIS = "genesis"
+CHAIN_COLUMNS = ("seq", "prev_hash", "row_hash", "recorded_at")
+
+# table -> payload columns (name, DuckDB type). Everything hashed is text or integer, so a
+# value read back is byte-for-byte the value that was hashed.
+TABLES: dict[str, tuple[tuple[str, str], ...]] = {
+    "candidates": (
+        ("candidate_id", "VARCHAR"), ("track", "VARCHAR"), ("manifest_path", "VARCHAR"),
+        ("manifest_hash", "VARCHAR"), ("manifest_json", "VARCHAR"),
+    ),
+    "components": (("candidate_id", "VARCHAR"), ("component", "VARCHAR"), ("fingerprint", "VARCHAR")),
+    "questions": (
+        ("question_hash", "VARCHAR"), ("name", "VARCHAR"), ("item", "VARCHAR"),
+        ("source_path", "VARCHAR"), ("body_json", "VARCHAR"),
+    ),
+    "legs": (
+        ("leg_id", "VARCHAR"), ("candidate_id", "VARCHAR"), ("item", "VARCHAR"), ("arm", "VARCHAR"),
+        ("round", "BIGINT"), ("slot", "BIGINT"), ("concurrency", "BIGINT"), ("question_hash", "VARCHAR"),
+        ("status", "VARCHAR"), ("leg_dir", "VARCHAR"), ("detail_json", "VARCHAR"),
+    ),
+    "receipts": (("leg_id", "VARCHAR"), ("path", "VARCHAR"), ("sha256", "VARCHAR"), ("size_bytes", "BIGINT")),
+    "verdicts": (
+        ("verdict_id", "VARCHAR"), ("candidate_id", "VARCHAR"), ("item", "VARCHAR"),
+        ("question_hash", "VARCHAR"), ("verdict", "VARCHAR"), ("summary", "VARCHAR"),
+        ("numbers_json", "VARCHAR"), ("receipt_hashes_json", "VARCHAR"), ("judge_version", "VARCHAR"),
+        ("rerun_of", "VARCHAR"),
+    ),
+    "invalidations": (
+        ("invalidation_id", "VARCHAR"), ("track", "VARCHAR"), ("old_candidate_id", "VARCHAR"),
+        ("new_candidate_id", "VARCHAR"), ("component", "VARCHAR"), ("item", "VARCHAR"),
+        ("cause", "VARCHAR"), ("voided_verdict_ids_json", "VARCHAR"),
+    ),
+    "reruns": (
+        ("rerun_id", "VARCHAR"), ("original_kind", "VARCHAR"), ("original_id", "VARCHAR"),
+        ("new_id", "VARCHAR"), ("reason", "VARCHAR"),
+    ),
+}
+
+VIEWS = {
+    "ledger_chain": " UNION ALL ".join(
+        f"SELECT seq, prev_hash, row_hash, '{t}' AS tbl FROM {t}" for t in TABLES
+    ),
+    "candidate_tracks": """
+        SELECT candidate_id, any_value(track) AS track, min(seq) AS first_seq
+        FROM candidates GROUP BY candidate_id""",
+    "verdict_history": """
+        SELECT v.seq, v.recorded_at, t.track, v.candidate_id, v.item, v.verdict, v.summary,
+               v.question_hash, v.judge_version, v.rerun_of, v.verdict_id
+        FROM verdicts v LEFT JOIN candidate_tracks t USING (candidate_id)
+        ORDER BY v.seq""",
+    # The newest verdict per candidate and item, and whether a later invalidation on the same
+    # track voided that item (evidence is stale, never a silent pass).
+    "current_verdicts": """
+        WITH latest AS (
+            SELECT v.*, t.track,
+                   row_number() OVER (PARTITION BY v.candidate_id, v.item ORDER BY v.seq DESC) AS rn
+            FROM verdicts v LEFT JOIN candidate_tracks t USING (candidate_id)),
+        judged AS (
+            SELECT l.track, l.candidate_id, l.item, l.verdict, l.summary, l.question_hash,
+                   l.judge_version, l.seq AS verdict_seq, l.verdict_id,
+                   (SELECT string_agg(i.component || ': ' || i.cause, '; ' ORDER BY i.seq)
+                      FROM invalidations i
+                      WHERE i.track = l.track AND i.item = l.item AND i.seq > l.seq) AS stale_cause
+            FROM latest l WHERE rn = 1)
+        SELECT *, stale_cause IS NOT NULL AS stale FROM judged""",
+    # The newest verdict per track and item: what the acceptance report shows.
+    "track_verdicts": """
+        SELECT * EXCLUDE (rn) FROM (
+            SELECT c.*, row_number() OVER (PARTITION BY track, item ORDER BY verdict_seq DESC) AS rn
+            FROM current_verdicts c) WHERE rn = 1""",
+    "stale_evidence": """
+        SELECT track, candidate_id, item, verdict, verdict_id, stale_cause
+        FROM current_verdicts WHERE stale""",
+    "history": " UNION ALL ".join(
+        [
+            "SELECT seq, recorded_at, 'candidate' AS kind, track AS subject, candidate_id AS detail FROM candidates",
+            "SELECT seq, recorded_at, 'question', item, name || ' ' || question_hash FROM questions",
+            "SELECT seq, recorded_at, 'leg', item || '/' || arm, leg_id || ' ' || status FROM legs",
+            "SELECT seq, recorded_at, 'verdict', item, candidate_id || ' ' || verdict FROM verdicts",
+            "SELECT seq, recorded_at, 'invalidation', item, track || ' ' || component || ': ' || cause FROM invalidations",
+            "SELECT seq, recorded_at, 'rerun', original_kind, original_id || ' -> ' || new_id FROM reruns",
+        ]
+    ),
+}
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="microseconds")
+
+
+def row_hash(prev_hash: str, table: str, seq: int, recorded_at: str, payload: Mapping[str, Any]) -> str:
+    body = json.dumps(
+        {"table": table, "seq": seq, "recorded_at": recorded_at, "payload": dict(payload)},
+        sort_keys=True,
+        separators=(",", ":"),
+    )
+    return hashlib.sha256(f"{prev_hash}\n{body}".encode()).hexdigest()
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:16]}"
+
+
+def _is_lock_error(err: Exception) -> bool:
+    text = str(err).lower()
+    return "lock" in text or "conflicting" in text or "being used" in text
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    rows: int
+    head_hash: str
+    problems: tuple[str, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+class Ledger:
+    """Append-only access to one DuckDB ledger file."""
+
+    def __init__(self, path: str | Path, lock_timeout_s: float = 120.0) -> None:
+        self.path = Path(path)
+        self.lock_timeout_s = lock_timeout_s
+        self._lock_path = self.path.with_name(self.path.name + ".lock")
+
+    # -- connections -------------------------------------------------------------------
+    @contextmanager
+    def _writer(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self._lock_path, "a+") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                con = self._connect(read_only=False)
+                try:
+                    yield con
+                finally:
+                    con.close()
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def _connect(self, read_only: bool) -> duckdb.DuckDBPyConnection:
+        deadline = time.monotonic() + self.lock_timeout_s
+        delay = 0.01
+        while True:
+            try:
+                return duckdb.connect(str(self.path), read_only=read_only)
+            except duckdb.Error as err:  # another process holds the file
+                if not _is_lock_error(err) or time.monotonic() > deadline:
+                    raise TicaError(f"{self.path}: cannot open ledger: {err}") from err
+                time.sleep(delay * (1 + random.random()))
+                delay = min(delay * 2, 0.5)
+
+    @contextmanager
+    def reader(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        if not self.path.exists():
+            self.init()
+        con = self._connect(read_only=True)
+        try:
+            yield con
+        finally:
+            con.close()
+
+    # -- schema ----------------------------------------------------------------------
+    def init(self) -> "Ledger":
+        with self._writer() as con:
+            self._ensure_schema(con)
+        return self
+
+    @staticmethod
+    def _has_schema(con: duckdb.DuckDBPyConnection) -> bool:
+        names = {r[0] for r in con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()}
+        return set(VIEWS) <= names
+
+    @staticmethod
+    def _ensure_schema(con: duckdb.DuckDBPyConnection) -> None:
+        for table, columns in TABLES.items():
+            cols = ", ".join(f"{n} {t}" for n, t in columns)
+            con.execute(
+                f"CREATE TABLE IF NOT EXISTS {table} (seq BIGINT PRIMARY KEY, prev_hash VARCHAR NOT NULL, "
+                f"row_hash VARCHAR NOT NULL, recorded_at VARCHAR NOT NULL, {cols})"
+            )
+        for name, sql in VIEWS.items():
+            con.execute(f"CREATE OR REPLACE VIEW {name} AS {sql}")
+
+    # -- appending -------------------------------------------------------------------
+    def append(self, table: str, row: Mapping[str, Any]) -> int:
+        return self.append_many([(table, row)])[0]
+
+    def append_many(self, rows: Sequence[tuple[str, Mapping[str, Any]]]) -> list[int]:
+        """Append rows in one short transaction; returns their seq numbers."""
+        prepared = [(table, self._payload(table, row)) for table, row in rows]
+        with self._writer() as con:
+            if not self._has_schema(con):
+                self._ensure_schema(con)
+            con.execute("BEGIN TRANSACTION")
+            try:
+                head = con.execute(
+                    "SELECT seq, row_hash FROM ledger_chain ORDER BY seq DESC LIMIT 1"
+                ).fetchone()
+                seq, prev = (head[0], head[1]) if head else (0, GENESIS)
+                seqs = []
+                for table, payload in prepared:
+                    seq += 1
+                    at = _now()
+                    digest = row_hash(prev, table, seq, at, payload)
+                    names = [*CHAIN_COLUMNS, *payload]
+                    con.execute(
+                        f"INSERT INTO {table} ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})",
+                        [seq, prev, digest, at, *payload.values()],
+                    )
+                    prev = digest
+                    seqs.append(seq)
+                con.execute("COMMIT")
+            except BaseException:
+                con.execute("ROLLBACK")
+                raise
+        return seqs
+
+    @staticmethod
+    def _payload(table: str, row: Mapping[str, Any]) -> dict[str, Any]:
+        if table not in TABLES:
+            raise TicaError(f"ledger has no table {table!r}")
+        columns = TABLES[table]
+        unknown = set(row) - {n for n, _ in columns}
+        if unknown:
+            raise TicaError(f"ledger table {table} has no column(s) {sorted(unknown)}")
+        payload: dict[str, Any] = {}
+        for name, kind in columns:
+            value = row.get(name)
+            if value is not None and kind == "BIGINT" and not isinstance(value, int):
+                raise TicaError(f"ledger {table}.{name} must be an integer, got {value!r}")
+            if value is not None and kind == "VARCHAR" and not isinstance(value, str):
+                value = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+            payload[name] = value
+        return payload
+
+    # -- reading ---------------------------------------------------------------------
+    def query(self, sql: str, params: Sequence[Any] | None = None) -> tuple[list[str], list[tuple]]:
+        """Run SQL on a read-only connection: any attempt to write is refused by DuckDB."""
+        with self.reader() as con:
+            cur = con.execute(sql, params or [])
+            columns = [d[0] for d in cur.description] if cur.description else []
+            return columns, cur.fetchall()
+
+    def rows(self, sql: str, params: Sequence[Any] | None = None) -> list[dict[str, Any]]:
+        columns, rows = self.query(sql, params)
+        return [dict(zip(columns, r)) for r in rows]
+
+    def verify(self) -> VerifyReport:
+        """Recompute the chain; name every row whose content or link does not match."""
+        problems: list[str] = []
+        entries: list[tuple[int, str, dict[str, Any]]] = []
+        with self.reader() as con:
+            for table, columns in TABLES.items():
+                names = [n for n, _ in columns]
+                cur = con.execute(f"SELECT {', '.join((*CHAIN_COLUMNS, *names))} FROM {table}")
+                for r in cur.fetchall():
+                    entries.append((r[0], table, dict(zip((*CHAIN_COLUMNS, *names), r))))
+        entries.sort(key=lambda e: e[0])
+        prev = GENESIS
+        for expected_seq, (seq, table, r) in enumerate(entries, start=1):
+            where = f"{table} seq={seq}"
+            if seq != expected_seq:
+                problems.append(f"{where}: expected seq {expected_seq} (a row was removed or inserted)")
+            if r["prev_hash"] != prev:
+                problems.append(f"{where}: prev_hash does not match the row before it")
+            payload = {n: r[n] for n, _ in TABLES[table]}
+            if row_hash(r["prev_hash"], table, seq, r["recorded_at"], payload) != r["row_hash"]:
+                problems.append(f"{where}: content does not match its row_hash (edited behind the ledger)")
+            prev = r["row_hash"]
+        return VerifyReport(rows=len(entries), head_hash=prev, problems=tuple(problems))
+
+    def verify_or_raise(self) -> VerifyReport:
+        report = self.verify()
+        if not report.ok:
+            raise LedgerIntegrityError("; ".join(report.problems))
+        return report
+
+
+def default_ledger_path() -> Path:
+    return Path(os.environ.get("TICA_LEDGER", "data/ledger.duckdb"))

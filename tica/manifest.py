@@ -1,0 +1,235 @@
+"""The candidate manifest: every component of a candidate as resolved values, never names.
+
+A manifest is YAML, one file per candidate track. Paths inside it (the checkpoint, the
+problem set) are relative to the manifest's own folder. Validation errors name the file and
+the field.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from tica.errors import ManifestError, pydantic_errors
+from tica.evidence import Component, EvidenceItem
+
+DIGEST_PREFIXES = ("sha256:", "blake3:", "xxh3-128:")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _digest(value: str) -> str:
+    if not value.startswith(DIGEST_PREFIXES) or len(value.split(":", 1)[1]) < 16:
+        raise ValueError(f"{value!r} is not a content digest (expected one of {', '.join(DIGEST_PREFIXES)}<hex>)")
+    return value
+
+
+class Checkpoint(_Strict):
+    path: str = Field(..., description="folder or file of the deployed weights, relative to the manifest")
+    format: Literal["safetensors", "gguf", "dcp", "other"] = "safetensors"
+
+
+class Image(_Strict):
+    digest: str
+    reference: str | None = Field(None, description="human tag, informational only; the digest identifies it")
+
+    _check = field_validator("digest")(classmethod(lambda cls, v: _digest(v)))
+
+
+class Source(_Strict):
+    repository: str
+    commit: str = Field(..., min_length=7)
+    overlay_digest: str | None = None
+
+    @field_validator("overlay_digest")
+    @classmethod
+    def _overlay(cls, v: str | None) -> str | None:
+        return None if v is None else _digest(v)
+
+
+class Hardware(_Strict):
+    accelerator: str
+    count_per_node: int = Field(..., ge=1)
+    nodes: int = Field(1, ge=1)
+    driver: str | None = None
+    interconnect: str | None = None
+
+
+class Parallelism(_Strict):
+    tp: int = Field(1, ge=1)
+    pp: int = Field(1, ge=1)
+    dp: int = Field(1, ge=1)
+    ep: int = Field(1, ge=1)
+    cp: int = Field(1, ge=1)
+
+
+class Runner(_Strict):
+    rollout_engine: str = Field(..., description="e.g. vllm==0.26.0")
+    trainer: str = Field(..., description="e.g. megatron-core==0.16.1 or vllm_kernels")
+    parallelism: Parallelism = Parallelism()
+
+
+class Precision(_Strict):
+    weights: str
+    kv_cache: str
+
+
+class Backends(_Strict):
+    """Backends actually selected (read from the engine's log or receipt), not requested."""
+
+    attention: str
+    dense_gemm: str
+    moe: str | None = None
+    all_to_all: str | None = None
+
+
+class GraphCache(_Strict):
+    cuda_graph_mode: str
+    cuda_graph_sizes: tuple[int, ...] = ()
+    prefix_caching: bool
+    chunked_prefill: bool
+    max_num_batched_tokens: int | None = None
+    async_scheduling: bool = False
+
+
+class Recipe(_Strict):
+    """The recipe's resolved command per arm, as printed by its dry-run mode."""
+
+    bi1: str = Field(..., min_length=1)
+    bi0: str = Field(..., min_length=1)
+
+    @model_validator(mode="after")
+    def _one_switch(self) -> "Recipe":
+        if "VLLM_BATCH_INVARIANT=1" not in self.bi1:
+            raise ValueError("recipe.bi1 must set VLLM_BATCH_INVARIANT=1 in its resolved command")
+        if "VLLM_BATCH_INVARIANT=1" in self.bi0:
+            raise ValueError("recipe.bi0 sets VLLM_BATCH_INVARIANT=1: the switch must select the arm")
+        return self
+
+
+class Sampling(_Strict):
+    temperature: float = Field(..., ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = -1
+    seed: int = 0
+    n: int = Field(1, ge=1)
+    stop: tuple[str, ...] = ()
+
+
+class EvalContract(_Strict):
+    """The six items; two scores that differ in any of them are not the same score."""
+
+    dataset_version: str
+    prompt_template: str
+    thinking_mode: Literal["on", "off", "n/a"] = "n/a"
+    sampling: Sampling
+    repeats: int = Field(..., ge=1)
+    scorer: str
+    length_cap: int = Field(..., ge=1)
+
+
+class Workload(_Strict):
+    input_len: int = Field(8192, ge=1)
+    output_len: int = Field(1024, ge=1)
+    ignore_eos: bool = True
+    concurrencies: tuple[int, ...] = (1, 8, 32, 64)
+    num_prompts: int = Field(..., ge=1)
+    warmups: int = Field(1, ge=0)
+    seed: int = 0
+
+
+class Deviation(_Strict):
+    item: str
+    reference: str
+    ours: str
+    why: str
+    affects: tuple[EvidenceItem, ...]
+
+
+class Manifest(_Strict):
+    """A candidate: every component named in DESIGN.md, as resolved values."""
+
+    track: str = Field(..., pattern=r"^[a-z0-9][a-z0-9_-]*$", description="a candidate track (one model line)")
+    description: str = ""
+    checkpoint: Checkpoint
+    image: Image
+    source: Source
+    hardware: Hardware
+    runner: Runner
+    precision: Precision
+    backends: Backends
+    graph_cache: GraphCache
+    recipe: Recipe
+    eval_contract: EvalContract
+    workload: Workload
+    deviations: tuple[Deviation, ...] = ()
+
+    def component_values(self) -> dict[Component, Any]:
+        """The resolved value of every component except weights (hashed from files)."""
+        dump = self.model_dump(mode="json")
+        return {
+            Component.IMAGE: dump["image"]["digest"],
+            Component.SOURCE: dump["source"],
+            Component.HARDWARE: dump["hardware"],
+            Component.RUNNER: dump["runner"],
+            Component.PRECISION: dump["precision"],
+            Component.BACKENDS: dump["backends"],
+            Component.GRAPH_CACHE: dump["graph_cache"],
+            Component.RECIPE: dump["recipe"],
+            Component.EVAL_CONTRACT: dump["eval_contract"],
+            Component.WORKLOAD: dump["workload"],
+        }
+
+
+def value_fingerprint(value: Any) -> str:
+    """Fingerprint of a resolved (JSON-able) value: sha256 of canonical JSON."""
+    canonical = json.dumps(value, sort_keys=True, separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+
+
+class LoadedManifest(BaseModel):
+    """A validated manifest with where it came from and its checkpoint resolved on disk."""
+
+    model_config = ConfigDict(frozen=True)
+
+    path: Path
+    manifest: Manifest
+    checkpoint_path: Path
+    text_hash: str
+
+
+def load_manifest(path: str | Path) -> LoadedManifest:
+    """Read and validate a manifest; every failure names the file and the field."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as err:
+        raise ManifestError(path, "<file>", f"cannot read: {err.strerror}") from None
+    try:
+        data = yaml.safe_load(raw)
+    except yaml.YAMLError as err:
+        raise ManifestError(path, "<yaml>", f"malformed YAML: {err}") from None
+    if not isinstance(data, dict):
+        raise ManifestError(path, "<root>", "a manifest must be a mapping")
+    try:
+        manifest = Manifest.model_validate(data)
+    except ValidationError as err:
+        raise pydantic_errors(ManifestError, path, err) from None
+    ckpt = (path.parent / manifest.checkpoint.path).resolve()
+    if not ckpt.exists():
+        raise ManifestError(path, "checkpoint.path", f"{ckpt} does not exist")
+    if ckpt.is_dir() and not any(p.is_file() for p in ckpt.rglob("*")):
+        raise ManifestError(path, "checkpoint.path", f"{ckpt} holds no files")
+    return LoadedManifest(
+        path=path.resolve(),
+        manifest=manifest,
+        checkpoint_path=ckpt,
+        text_hash="sha256:" + hashlib.sha256(raw).hexdigest(),
+    )

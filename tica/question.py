@@ -1,0 +1,195 @@
+"""Questions: frozen criteria for one evidence item.
+
+A question fixes, before the first leg runs, what is compared, how it is computed, the pass
+line, the noise floor, repeats, pairing order, the aggregation formula, the budget per
+concurrency and how an invalid leg is detected. Its hash is over the canonical JSON of the
+validated model, so two files that say the same thing are the same question, and any change
+of substance is a new question.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from tica.errors import QuestionError, pydantic_errors
+from tica.evidence import EvidenceItem
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ThroughputFormula(str, Enum):
+    """The two statistics of the practice. They are not equivalent and never swapped."""
+
+    MEDIAN_PER_ROUND_PAIRED_LOSS = "median_per_round_paired_loss"  # median_r(1 - T1/T0)
+    RATIO_OF_MEDIAN_THROUGHPUTS = "ratio_of_median_throughputs"  # 1 - median_r(T1)/median_r(T0)
+
+
+FORMULA_LABELS: dict[ThroughputFormula, str] = {
+    ThroughputFormula.MEDIAN_PER_ROUND_PAIRED_LOSS: "median per-round paired loss: median_r(1 - T_BI1[c,r] / T_BI0[c,r])",
+    ThroughputFormula.RATIO_OF_MEDIAN_THROUGHPUTS: "ratio of median throughputs: 1 - median_r(T_BI1[c,r]) / median_r(T_BI0[c,r])",
+}
+
+
+class ForwardCriteria(_Strict):
+    item: Literal[EvidenceItem.FORWARD] = EvidenceItem.FORWARD
+    min_steps: int = Field(5, ge=1, description="steps that must each be present and judged")
+    # BI=1 passes only with max = mean = 0 at every step: not a parameter, a rule.
+    bi0_reference_mean: float = Field(..., gt=0, description="independent reference for BI=0 mean |diff|")
+    bi0_magnitude_factor: float = Field(10.0, gt=1, description="BI=0 mean within [ref/f, ref*f] is 'same magnitude'")
+    quantified_confounders: dict[str, str] = Field(
+        default_factory=dict, description="arm differences (dotted receipt keys) aligned or quantified elsewhere: key -> where"
+    )
+
+
+class BackwardCriteria(_Strict):
+    item: Literal[EvidenceItem.BACKWARD] = EvidenceItem.BACKWARD
+    min_params_with_grad_fraction: float = Field(1.0, gt=0, le=1)
+    require_deployed_bytes_forward: bool = True
+
+
+class UpdateCriteria(_Strict):
+    item: Literal[EvidenceItem.UPDATE] = EvidenceItem.UPDATE
+    optimizer: str = "adamw"
+    min_weight_change_fraction: float = Field(0.5, gt=0, le=1, description="share of tensors that must change")
+    recheck_forward_bitwise: bool = True
+
+
+class QualityCriteria(_Strict):
+    item: Literal[EvidenceItem.QUALITY] = EvidenceItem.QUALITY
+    threshold_points: float = Field(..., ge=0, description="max |score_BI1 - score_BI0| in percentage points")
+    expected_problems: int | None = Field(None, ge=1)
+    greedy: bool = True
+    quantified_confounders: dict[str, str] = Field(
+        default_factory=dict, description="arm differences (dotted receipt keys) aligned or quantified elsewhere: key -> where"
+    )
+
+
+class ThroughputCriteria(_Strict):
+    item: Literal[EvidenceItem.THROUGHPUT] = EvidenceItem.THROUGHPUT
+    input_len: int = Field(8192, ge=1)
+    output_len: int = Field(1024, ge=1)
+    ignore_eos: bool = True
+    concurrencies: tuple[int, ...] = (1, 8, 32, 64)
+    num_prompts: dict[int, int] | None = None
+    warmups: int = Field(1, ge=0)
+    formula: ThroughputFormula | None = None
+    budget: dict[int, float] | None = Field(None, description="max BI=1 loss per concurrency, e.g. {32: 0.10}")
+    tier_ratio: float = Field(1.15, gt=1, description="max/min throughput within an arm above this = fast/slow tiers")
+    throughput_metric: Literal["output_throughput", "total_token_throughput", "request_throughput"] = "output_throughput"
+    arm_a: Literal["bi1", "bi0"] = Field("bi1", description="the arm called A in pairing_order (AB = A in slot 1)")
+    token_tolerance: float = Field(0.0, ge=0, le=0.05, description="relative slack on total input/output tokens")
+    quantified_confounders: dict[str, str] = Field(
+        default_factory=dict, description="arm differences (dotted receipt keys) aligned or quantified elsewhere: key -> where"
+    )
+
+    @model_validator(mode="after")
+    def _budget_needs_formula(self) -> "ThroughputCriteria":
+        if self.budget and self.formula is None:
+            raise ValueError("a budget without a formula cannot be judged: set criteria.formula")
+        if self.budget:
+            unknown = sorted(set(self.budget) - set(self.concurrencies))
+            if unknown:
+                raise ValueError(f"budget names concurrencies {unknown} that are not in concurrencies")
+        if self.num_prompts:
+            missing = sorted(set(self.concurrencies) - set(self.num_prompts))
+            if missing:
+                raise ValueError(f"num_prompts lacks concurrencies {missing}")
+        return self
+
+
+class CleanExitCriteria(_Strict):
+    item: Literal[EvidenceItem.CLEAN_EXIT] = EvidenceItem.CLEAN_EXIT
+    required_roles: tuple[str, ...] = ("client", "api_server", "engine_core")
+
+
+class ArtifactsCriteria(_Strict):
+    item: Literal[EvidenceItem.ARTIFACTS] = EvidenceItem.ARTIFACTS
+    require_weights_hash: bool = True
+
+
+Criteria = Annotated[
+    Union[
+        ForwardCriteria,
+        BackwardCriteria,
+        UpdateCriteria,
+        QualityCriteria,
+        ThroughputCriteria,
+        CleanExitCriteria,
+        ArtifactsCriteria,
+    ],
+    Field(discriminator="item"),
+]
+
+
+class Question(_Strict):
+    """Frozen criteria for one evidence item (DESIGN.md: 'question')."""
+
+    name: str = Field(..., min_length=1)
+    item: EvidenceItem
+    compared: str = Field(..., min_length=1, description="the compared quantity")
+    computation: str = Field(..., min_length=1, description="how it is computed")
+    pass_line: str = Field(..., min_length=1)
+    noise_floor: float = Field(..., ge=0)
+    repeats: int = Field(1, ge=1)
+    pairing_order: tuple[Literal["AB", "BA"], ...] = ("AB",)
+    invalid_leg_rule: str = Field(..., min_length=1)
+    criteria: Criteria
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Question":
+        if self.criteria.item != self.item:
+            raise ValueError(f"criteria are for {self.criteria.item.value}, question is for {self.item.value}")
+        if len(self.pairing_order) != self.repeats and self.item is EvidenceItem.THROUGHPUT:
+            raise ValueError(
+                f"pairing_order has {len(self.pairing_order)} rounds but repeats is {self.repeats}"
+            )
+        if self.item is EvidenceItem.THROUGHPUT:
+            order = self.pairing_order
+            if any(order[i] == order[i + 1] for i in range(len(order) - 1)):
+                raise ValueError(f"pairing order {list(order)} is not crossed (AB/BA/AB ...)")
+        return self
+
+    def canonical_json(self) -> str:
+        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+
+    @property
+    def hash(self) -> str:
+        return "sha256:" + hashlib.sha256(self.canonical_json().encode()).hexdigest()
+
+    @property
+    def formula_label(self) -> str | None:
+        c = self.criteria
+        if isinstance(c, ThroughputCriteria) and c.formula is not None:
+            return FORMULA_LABELS[c.formula]
+        return None
+
+
+def parse_question(data: Any, source: str | Path = "<memory>") -> Question:
+    if not isinstance(data, dict):
+        raise QuestionError(source, "<root>", "a question must be a mapping")
+    try:
+        return Question.model_validate(data)
+    except ValidationError as err:
+        raise pydantic_errors(QuestionError, source, err) from None
+
+
+def load_question(path: str | Path) -> Question:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise QuestionError(path, "<file>", f"cannot read: {err.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise QuestionError(path, "<yaml>", f"malformed YAML: {err}") from None
+    return parse_question(data, path)

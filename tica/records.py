@@ -1,0 +1,187 @@
+"""What TICA writes into the ledger, as typed calls over the append-only API."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tica.candidate import CandidateIdentity, ComponentChange
+from tica.errors import FrozenQuestionError
+from tica.ledger import Ledger, new_id
+from tica.manifest import LoadedManifest
+from tica.question import Question, load_question
+from tica.seal import SEAL_FILE, seal_digest
+from tica.verdict import VerdictCell
+
+
+def record_candidate(ledger: Ledger, identity: CandidateIdentity, loaded: LoadedManifest) -> str:
+    """Record a candidate and its component fingerprints once; returns its id."""
+    cid = identity.candidate_id
+    if ledger.query("SELECT 1 FROM candidates WHERE candidate_id = ?", [cid])[1]:
+        return cid
+    rows = [
+        (
+            "candidates",
+            {
+                "candidate_id": cid,
+                "track": identity.track,
+                "manifest_path": identity.manifest_path,
+                "manifest_hash": loaded.text_hash,
+                "manifest_json": loaded.manifest.model_dump(mode="json"),
+            },
+        )
+    ]
+    rows += [
+        ("components", {"candidate_id": cid, "component": c.value, "fingerprint": fp})
+        for c, fp in identity.components.items()
+    ]
+    ledger.append_many(rows)
+    return cid
+
+
+def freeze_question(ledger: Ledger, path: str | Path) -> Question:
+    """Record a question with its hash. A name is frozen to one hash: an edited file must
+    become a new question under a new name, and results keep the hash they were judged under."""
+    question = load_question(path)
+    frozen = ledger.rows("SELECT question_hash, source_path FROM questions WHERE name = ?", [question.name])
+    hashes = {r["question_hash"] for r in frozen}
+    if question.hash in hashes:
+        return question
+    if hashes:
+        raise FrozenQuestionError(
+            f"{path}: question {question.name!r} is frozen as {sorted(hashes)[0]} "
+            f"(from {frozen[0]['source_path']}); its criteria cannot change. "
+            f"Give the changed question a new name: it is a new question."
+        )
+    ledger.append(
+        "questions",
+        {
+            "question_hash": question.hash,
+            "name": question.name,
+            "item": question.item.value,
+            "source_path": str(path),
+            "body_json": question.canonical_json(),
+        },
+    )
+    return question
+
+
+def frozen_question(ledger: Ledger, question_hash: str) -> Question:
+    rows = ledger.rows("SELECT body_json FROM questions WHERE question_hash = ?", [question_hash])
+    if not rows:
+        raise FrozenQuestionError(f"no frozen question {question_hash} in {ledger.path}")
+    return Question.model_validate_json(rows[0]["body_json"])
+
+
+def record_leg(
+    ledger: Ledger,
+    candidate_id: str,
+    question: Question,
+    leg_dir: str | Path,
+    meta: dict,
+    status: str,
+) -> str:
+    """Record a leg and one receipt row per sealed file."""
+    leg_dir = Path(leg_dir)
+    leg_id = new_id("leg")
+    seal = json.loads((leg_dir / SEAL_FILE).read_text()) if (leg_dir / SEAL_FILE).exists() else {"files": {}}
+    rows = [
+        (
+            "legs",
+            {
+                "leg_id": leg_id,
+                "candidate_id": candidate_id,
+                "item": question.item.value,
+                "arm": meta.get("arm"),
+                "round": meta.get("round"),
+                "slot": meta.get("slot"),
+                "concurrency": meta.get("concurrency"),
+                "question_hash": question.hash,
+                "status": status,
+                "leg_dir": str(leg_dir),
+                "detail_json": {
+                    "seal": seal_digest(leg_dir) if seal["files"] else None,
+                    "versions": meta.get("versions"),
+                    "device": meta.get("device"),
+                    "not_run_reason": meta.get("not_run_reason"),
+                },
+            },
+        )
+    ]
+    rows += [
+        (
+            "receipts",
+            {"leg_id": leg_id, "path": rel, "sha256": digest, "size_bytes": (leg_dir / rel).stat().st_size},
+        )
+        for rel, digest in sorted(seal["files"].items())
+        if (leg_dir / rel).exists()
+    ]
+    ledger.append_many(rows)
+    return leg_id
+
+
+def record_verdict(ledger: Ledger, candidate_id: str, cell: VerdictCell, rerun_of: str | None = None) -> str:
+    """Append a verdict; a rerun is linked to the verdict it reruns, never replaces it."""
+    verdict_id = new_id("verdict")
+    rows = [
+        (
+            "verdicts",
+            {
+                "verdict_id": verdict_id,
+                "candidate_id": candidate_id,
+                "item": cell.item.value,
+                "question_hash": cell.question_hash,
+                "verdict": cell.verdict.value,
+                "summary": cell.summary,
+                "numbers_json": {"numbers": cell.numbers, "reasons": list(cell.reasons)},
+                "receipt_hashes_json": cell.receipt_hashes,
+                "judge_version": cell.judge_version,
+                "rerun_of": rerun_of,
+            },
+        )
+    ]
+    if rerun_of:
+        rows.append(
+            (
+                "reruns",
+                {
+                    "rerun_id": new_id("rerun"),
+                    "original_kind": "verdict",
+                    "original_id": rerun_of,
+                    "new_id": verdict_id,
+                    "reason": "rerun of the same item for the same candidate",
+                },
+            )
+        )
+    ledger.append_many(rows)
+    return verdict_id
+
+
+def record_invalidations(
+    ledger: Ledger, old: CandidateIdentity, new: CandidateIdentity, changes: list[ComponentChange]
+) -> list[int]:
+    """One row per (changed component, voided item), naming the verdicts it voids."""
+    current = ledger.rows(
+        "SELECT item, verdict_id FROM track_verdicts WHERE track = ? AND NOT stale", [new.track]
+    )
+    by_item: dict[str, list[str]] = {}
+    for r in current:
+        by_item.setdefault(r["item"], []).append(r["verdict_id"])
+    rows = [
+        (
+            "invalidations",
+            {
+                "invalidation_id": new_id("inval"),
+                "track": new.track,
+                "old_candidate_id": old.candidate_id,
+                "new_candidate_id": new.candidate_id,
+                "component": change.component.value,
+                "item": item.value,
+                "cause": f"{change.component.value} {change.old[:19]} -> {change.new[:19]}: {change.why}",
+                "voided_verdict_ids_json": by_item.get(item.value, []),
+            },
+        )
+        for change in changes
+        for item in change.invalidates
+    ]
+    return ledger.append_many(rows) if rows else []

@@ -1,0 +1,71 @@
+"""Sealing a leg directory: `seal.json` names every file of the leg with its sha256.
+
+Standard library only: leg producers on GPU nodes call `seal_leg` as their last step, and
+judges call `check_seal` before reading anything.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+from pathlib import Path
+
+SEAL_FILE = "seal.json"
+SEAL_SCHEMA = "tica.seal/1"
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _leg_files(leg_dir: Path) -> list[Path]:
+    return sorted(p for p in leg_dir.rglob("*") if p.is_file() and p.name != SEAL_FILE)
+
+
+def seal_leg(leg_dir: str | Path) -> dict:
+    """Write seal.json over every file under leg_dir; return the seal."""
+    leg_dir = Path(leg_dir)
+    files = {p.relative_to(leg_dir).as_posix(): sha256_file(p) for p in _leg_files(leg_dir)}
+    seal = {
+        "schema": SEAL_SCHEMA,
+        "algorithm": "sha256",
+        "sealed_at": _dt.datetime.now(_dt.timezone.utc).isoformat(),
+        "files": files,
+    }
+    (leg_dir / SEAL_FILE).write_text(json.dumps(seal, indent=1, sort_keys=True))
+    return seal
+
+
+def seal_digest(leg_dir: str | Path) -> str:
+    """One hash naming the whole sealed leg (sha256 of its seal's file table)."""
+    seal = json.loads((Path(leg_dir) / SEAL_FILE).read_text())
+    table = json.dumps(seal["files"], sort_keys=True, separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(table.encode()).hexdigest()
+
+
+def check_seal(leg_dir: str | Path) -> list[str]:
+    """Problems with a leg's seal, empty when every file matches and none was added or removed."""
+    leg_dir = Path(leg_dir)
+    seal_path = leg_dir / SEAL_FILE
+    if not seal_path.is_file():
+        return [f"{seal_path}: missing seal"]
+    try:
+        seal = json.loads(seal_path.read_text())
+        files: dict[str, str] = seal["files"]
+    except (ValueError, KeyError, TypeError) as err:
+        return [f"{seal_path}: unreadable seal ({err})"]
+    problems = []
+    present = {p.relative_to(leg_dir).as_posix() for p in _leg_files(leg_dir)}
+    for rel, digest in sorted(files.items()):
+        if rel not in present:
+            problems.append(f"{leg_dir / rel}: sealed file is missing")
+        elif sha256_file(leg_dir / rel) != digest:
+            problems.append(f"{leg_dir / rel}: changed after sealing (sha256 differs)")
+    for rel in sorted(present - set(files)):
+        problems.append(f"{leg_dir / rel}: added after sealing")
+    return problems
