@@ -1,0 +1,750 @@
+"""Canaries: every criterion is shown able to fail before its verdicts count.
+
+For each evidence item a passing receipt set is built for the question at hand (the same file
+formats legs write), checked to pass, and then copied and mutated once per criterion with a
+known, planted error. The judge must return `fail` (or `inconclusive` where the practice says
+so). A criterion whose canary passes is reported as broken, and blocks acceptance.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+from tica.evidence import EvidenceItem
+from tica.metrics import forward_metrics
+from tica.question import (
+    CleanExitCriteria,
+    ForwardCriteria,
+    QualityCriteria,
+    Question,
+    ThroughputCriteria,
+    UpdateCriteria,
+    parse_question,
+)
+from tica.seal import seal_leg
+from tica.verdict import Verdict
+
+E = EvidenceItem
+WEIGHTS = "blake3:" + "5e1f" * 16
+IMAGE_VERSIONS = {"python": "3.12.3", "torch": "2.11.0+cu130", "vllm": "0.26.0", "transformers": "4.57.1"}
+DEVICE = {"kind": "cuda", "name": "NVIDIA H200", "driver": "580.95.05", "capability": "9.0", "count": 1}
+DEFAULT_PROMPTS = {1: 8, 8: 32, 32: 128, 64: 256}
+# Output tok/s of BI=0 at each concurrency on one H200 (8192 in / 1024 out), for realistic fixtures.
+_BASE_TPUT = {1: 151.2, 8: 1013.5, 32: 2871.4, 64: 4102.9}
+
+
+# ---------------------------------------------------------------- questions
+
+
+def default_questions() -> dict[EvidenceItem, Question]:
+    """The questions the fixtures and the built-in canaries are built for."""
+    common = {"noise_floor": 0.0, "invalid_leg_rule": "a leg whose receipts do not match the workload is retested"}
+    raw = {
+        E.FORWARD: {"name": "forward-bitwise", "compared": "rollout_probs_diff max/mean per step",
+                    "computation": "verl calculate_debug_metrics over fixed token histories",
+                    "pass_line": "BI=1 max = mean = 0 at every step",
+                    "criteria": {"item": "forward", "min_steps": 5, "bi0_reference_mean": 0.01}},
+        E.BACKWARD: {"name": "backward-reaches-master", "compared": "grad norm, params with grad",
+                     "computation": "one backward per step", "pass_line": "finite grads reaching every master param",
+                     "criteria": {"item": "backward"}},
+        E.UPDATE: {"name": "real-update", "compared": "weights changed, post-update forward",
+                   "computation": "one AdamW step, weight sync, forward re-check",
+                   "pass_line": "weights change, rollout reloads, BI=1 forward still bitwise",
+                   "criteria": {"item": "update"}},
+        E.QUALITY: {"name": "gsm8k-30-greedy", "compared": "accuracy per problem", "computation": "paired 2x2",
+                    "pass_line": "|score diff| <= 3.34 points",
+                    "criteria": {"item": "quality", "threshold_points": 3.34, "expected_problems": 30}},
+        E.THROUGHPUT: {"name": "rust-bench-8k-1k", "compared": "output tok/s per concurrency",
+                       "computation": "vllm bench serve, random 8192/1024, ignore EOS",
+                       "pass_line": "loss <= budget at every target c", "repeats": 3,
+                       "pairing_order": ["AB", "BA", "AB"],
+                       "criteria": {"item": "throughput", "num_prompts": DEFAULT_PROMPTS, "warmups": 1,
+                                    "formula": "median_per_round_paired_loss",
+                                    "budget": {1: 0.10, 8: 0.10, 32: 0.15, 64: 0.15}}},
+        E.CLEAN_EXIT: {"name": "clean-exit", "compared": "exit code and end state of every process",
+                       "computation": "leg receipts", "pass_line": "every process exited 0",
+                       "criteria": {"item": "clean_exit"}},
+        E.ARTIFACTS: {"name": "immutable-artifacts", "compared": "seals and weight names",
+                      "computation": "re-hash every sealed file", "pass_line": "all sealed, weights by content hash",
+                      "criteria": {"item": "artifacts"}},
+    }
+    return {item: parse_question({"item": item.value, **common, **q}) for item, q in raw.items()}
+
+
+# ---------------------------------------------------------------- writing legs
+
+
+def _meta(item: str, arm: str, **over: Any) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "schema": "tica.leg/1", "item": item, "arm": arm, "round": None, "slot": None, "concurrency": None,
+        "producer": f"tica.legs.{item}", "producer_version": "1",
+        "trainer": None,
+        "env": {"VLLM_BATCH_INVARIANT": "1" if arm == "bi1" else "0", "VLLM_USE_FLASHINFER_SAMPLER": "0"},
+        "versions": dict(IMAGE_VERSIONS), "device": dict(DEVICE),
+        "kernels": {"attention": "FLASH_ATTN"},
+        "resolved_config": {"model": "/ckpt/qwen3-8b", "weights_hash": WEIGHTS, "max_model_len": 12288,
+                            "enforce_eager": False, "enable_prefix_caching": False, "enable_chunked_prefill": False,
+                            "tensor_parallel_size": 1, "gpu_memory_utilization": 0.85},
+        "profiled": False, "started_at": "2026-11-29T10:00:00+00:00", "ended_at": "2026-11-29T10:05:00+00:00",
+        "processes": [], "not_run_reason": None,
+    }
+    meta.update(over)
+    return meta
+
+
+def _proc(role: str, pid: int) -> dict[str, Any]:
+    return {"role": role, "pid": pid, "exit_code": 0, "end_state": "exited", "signal": None, "evidence": None}
+
+
+def _write_leg(leg_dir: Path, meta: dict[str, Any], files: Mapping[str, str | bytes]) -> Path:
+    leg_dir.mkdir(parents=True, exist_ok=True)
+    (leg_dir / "leg.json").write_text(json.dumps(meta, indent=1))
+    for rel, content in files.items():
+        p = leg_dir / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(content) if isinstance(content, bytes) else p.write_text(content)
+    seal_leg(leg_dir)
+    return leg_dir
+
+
+def _jsonl(rows: Sequence[Mapping[str, Any]]) -> str:
+    return "".join(json.dumps(r) + "\n" for r in rows)
+
+
+def _arrays(step: int, arm: str, ref: float, seed: int) -> tuple[bytes, dict[str, Any]]:
+    """One step of a fixed-token forward: 3 sequences, 16 tokens; BI=1 bitwise, BI=0 noisy."""
+    rng = np.random.default_rng(seed * 1000 + step)
+    seq_lens = np.array([5, 7, 4], dtype=np.int32)
+    n = int(seq_lens.sum())
+    token_ids = rng.integers(0, 32000, n, dtype=np.int32)
+    p = rng.uniform(0.2, 0.9, n)
+    trainer = np.log(p).astype(np.float32)
+    if arm == "bi1":
+        rollout = trainer.copy()
+    else:
+        rollout = np.log(np.clip(p + rng.choice([-1.0, 1.0], n) * ref * rng.uniform(0.5, 1.5, n), 1e-6, 1)).astype(np.float32)
+    mask = np.zeros(n, dtype=np.bool_)
+    mask[[3, 4, 9, 10, 11, 15]] = True
+    import io
+
+    buf = io.BytesIO()
+    np.savez(buf, token_ids=token_ids, seq_lens=seq_lens, trainer_logprobs=trainer, rollout_logprobs=rollout,
+             decode_logprobs=rollout.copy(), decode_mask=mask)
+    return buf.getvalue(), forward_metrics(trainer, rollout)
+
+
+def _forward_files(arm: str, steps: Sequence[int], ref: float, seed: int, checkpoint: Callable[[int], str],
+                   prefix: str = "") -> dict[str, str | bytes]:
+    files: dict[str, str | bytes] = {}
+    rows = []
+    for s in steps:
+        blob, m = _arrays(s, arm, ref, seed)
+        files[f"{prefix}arrays/step_{s:04d}.npz"] = blob
+        rows.append({"step": s, "step_basis": "rollout", "checkpoint_version": checkpoint(s), **m})
+    files[f"{prefix}metrics.jsonl"] = _jsonl(rows)
+    return files
+
+
+def _ckpt(step: int) -> str:
+    return "blake3:" + f"{step:04x}" * 16
+
+
+def build_forward(question: Question, dest: Path) -> list[Path]:
+    c: ForwardCriteria = question.criteria  # type: ignore[assignment]
+    steps = list(range(1, c.min_steps + 1))
+    legs = []
+    for arm, trainer, seed in (("bi1", "vllm_kernels", 1), ("bi0", "megatron", 2)):
+        meta = _meta("forward", arm, trainer=trainer,
+                     processes=[_proc("trainer", 4100 + seed), _proc("engine_core", 4200 + seed)])
+        legs.append(_write_leg(dest / f"forward_{arm}", meta, _forward_files(arm, steps, c.bi0_reference_mean, seed, _ckpt)))
+    return legs
+
+
+def _grad_rows(n: int, extra: Callable[[int], dict[str, Any]] = lambda s: {}) -> list[dict[str, Any]]:
+    rows = []
+    for s in range(1, n + 1):
+        rows.append({"step": s, "step_basis": "optimizer", "checkpoint_version": _ckpt(s),
+                     "actor/grad_norm": 0.8 + 0.1 * s, "grad_finite": True, "params_total": 24,
+                     "params_with_grad": 24, "params_nonzero_grad": 24,
+                     "within_group_rewards": [[1.0, 0.0, 1.0, 1.0], [0.0, 0.0, 1.0, 0.0]],
+                     "deployed_bytes_equal": True, **extra(s)})
+    return rows
+
+
+def build_backward(question: Question, dest: Path) -> list[Path]:
+    legs = []
+    for arm, trainer in (("bi1", "vllm_kernels"), ("bi0", "megatron")):
+        meta = _meta("backward", arm, trainer=trainer, processes=[_proc("trainer", 5100)])
+        legs.append(_write_leg(dest / f"backward_{arm}", meta, {"metrics.jsonl": _jsonl(_grad_rows(3))}))
+    return legs
+
+
+def build_update(question: Question, dest: Path) -> list[Path]:
+    c: UpdateCriteria = question.criteria  # type: ignore[assignment]
+    updated = "blake3:" + "a9d3" * 16
+    rows = _grad_rows(1, lambda s: {"optimizer": c.optimizer, "weights_changed_tensors": 24,
+                                    "weights_total_tensors": 24, "updated_weights_hash": updated,
+                                    "reloaded_by_rollout": True})
+    files = {"metrics.jsonl": _jsonl(rows), **_forward_files("bi1", [1], 0.01, 3, lambda s: updated, "post_forward/")}
+    meta = _meta("update", "bi1", trainer="vllm_kernels", processes=[_proc("trainer", 6100), _proc("engine_core", 6101)])
+    return [_write_leg(dest / "update_bi1", meta, files)]
+
+
+def _contract() -> dict[str, Any]:
+    return {"dataset_version": "openai/gsm8k@main:test[:30] sha256:3f1c2a", "prompt_template":
+            "qwen3-chat sha256:9b1e", "thinking_mode": "off",
+            "sampling": {"temperature": 0, "top_p": 1, "top_k": -1, "seed": 0, "n": 1, "stop": []},
+            "repeats": 1, "scorer": "tica.scorer.boxed/1 sha256:77aa", "length_cap": 1024}
+
+
+def build_quality(question: Question, dest: Path) -> list[Path]:
+    c: QualityCriteria = question.criteria  # type: ignore[assignment]
+    n = c.expected_problems or 30
+    rng = np.random.default_rng(7)
+    base = rng.random(n) < 0.8
+    # One problem flips each way: the scores are equal, the per-problem results are not.
+    right = np.flatnonzero(base)
+    flips = {"bi1": {int(right[0])}, "bi0": {int(right[1])}}
+    legs = []
+    for arm in ("bi1", "bi0"):
+        rows = []
+        for i in range(n):
+            correct = bool(base[i]) != (i in flips[arm])
+            rows.append({"problem_id": f"gsm8k-test-{i:04d}", "correct": correct,
+                         "prompt_hash": f"sha256:{i:064x}", "response": f"... so the answer is \\boxed{{{i * 7}}}",
+                         "extracted": str(i * 7 if correct else i * 7 + 1), "truncated": i == 11})
+        meta = _meta("quality", arm, processes=[_proc("client", 7100), _proc("engine_core", 7101)])
+        legs.append(_write_leg(dest / f"quality_{arm}", meta, {"results.jsonl": _jsonl(rows),
+                                                               "contract.json": json.dumps(_contract(), indent=1)}))
+    return legs
+
+
+def bench_json(arm: str, round_no: int, slot: int, c: int, prompts: int, input_len: int, output_len: int,
+               output_throughput: float) -> dict[str, Any]:
+    """A `vllm bench serve --save-result --metadata arm=.. round=.. slot=..` result, field for field."""
+    out_tokens = prompts * output_len
+    duration = out_tokens / output_throughput
+    tpot = 1000.0 * c / output_throughput if c > 1 else 1000.0 / output_throughput
+    ttft = 310.0 * (1 + c / 16)
+    res: dict[str, Any] = {
+        "date": "20261129-100000", "endpoint_type": "vllm", "backend": "vllm", "label": None,
+        "model_id": "/ckpt/qwen3-8b", "tokenizer_id": "/ckpt/qwen3-8b", "num_prompts": prompts,
+        "arm": arm, "round": str(round_no), "slot": str(slot),
+        "request_rate": "inf", "burstiness": 1.0, "max_concurrency": c,
+        "duration": duration, "completed": prompts, "failed": 0,
+        "total_input_tokens": prompts * input_len, "total_output_tokens": out_tokens,
+        "request_throughput": prompts / duration, "request_goodput": None,
+        "output_throughput": output_throughput,
+        "total_token_throughput": (prompts * input_len + out_tokens) / duration,
+        "max_output_tokens_per_s": output_throughput * 1.08, "max_concurrent_requests": c,
+    }
+    for metric, mean in (("ttft", ttft), ("tpot", tpot), ("itl", tpot), ("e2el", ttft + tpot * (output_len - 1))):
+        res.update({f"mean_{metric}_ms": mean, f"median_{metric}_ms": mean * 0.99,
+                    f"std_{metric}_ms": mean * 0.03, f"p99_{metric}_ms": mean * 1.12})
+    return res
+
+
+def build_throughput(question: Question, dest: Path, loss: Mapping[int, float] | None = None) -> list[Path]:
+    c: ThroughputCriteria = question.criteria  # type: ignore[assignment]
+    budget = c.budget or {}
+    legs = []
+    minute = 0
+    other = "bi0" if c.arm_a == "bi1" else "bi1"
+    for conc in c.concurrencies:
+        prompts = (c.num_prompts or {}).get(conc) or DEFAULT_PROMPTS.get(conc, 4 * conc)
+        base = _BASE_TPUT.get(conc, 64.0 * conc)
+        target = loss.get(conc) if loss else budget.get(conc, 0.1) * 0.4
+        for r in range(1, question.repeats + 1):
+            order = question.pairing_order[r - 1] if r <= len(question.pairing_order) else "AB"
+            arms = (c.arm_a, other) if order == "AB" else (other, c.arm_a)
+            jitter = 1.0 + 0.01 * ((r % 3) - 1)
+            tputs = {"bi0": base * jitter, "bi1": base * jitter * (1 - target)}
+            for slot, arm in enumerate(arms, 1):
+                minute += 1
+                started = f"2026-11-29T{10 + minute // 60:02d}:{minute % 60:02d}:00+00:00"
+                meta = _meta("throughput", arm, round=r, slot=slot, concurrency=conc, started_at=started,
+                             ended_at=started.replace(":00+", ":50+"),
+                             processes=[_proc("client", 8000 + minute), _proc("api_server", 8100 + minute),
+                                        _proc("engine_core", 8200 + minute), _proc("worker", 8300 + minute)])
+                meta["resolved_config"].update(num_prompts=prompts, num_warmups=c.warmups, input_len=c.input_len,
+                                               output_len=c.output_len, ignore_eos=c.ignore_eos)
+                bench = bench_json(arm, r, slot, conc, prompts, c.input_len, c.output_len, tputs[arm])
+                legs.append(_write_leg(dest / f"tput_c{conc:03d}_r{r}_s{slot}_{arm}", meta,
+                                       {"bench.json": json.dumps(bench, indent=2)}))
+    return legs
+
+
+def build_clean_exit(question: Question, dest: Path) -> list[Path]:
+    c: CleanExitCriteria = question.criteria  # type: ignore[assignment]
+    legs = []
+    for i, arm in enumerate(("bi1", "bi0")):
+        roles = list(dict.fromkeys([*c.required_roles, "client", "api_server", "engine_core", "worker"]))
+        procs = [_proc(role, 9000 + 10 * i + k) for k, role in enumerate(roles)]
+        legs.append(_write_leg(dest / f"exit_{arm}", _meta("clean_exit", arm, processes=procs), {}))
+    return legs
+
+
+def build_artifacts(question: Question, dest: Path) -> list[Path]:
+    fq = default_questions()[E.FORWARD]
+    return build_forward(fq, dest) + build_update(default_questions()[E.UPDATE], dest)
+
+
+def recipe_dry_runs(optimizers: Sequence[str] = ("adamw", "muon")) -> dict[str, Any]:
+    """A passing recipe-identity receipt: BI=1 unchanged, BI=0 differs only by names, paths, new switches."""
+    combos = []
+    for mode in ("dry_run", "compose"):
+        for opt in optimizers:
+            bi1 = (f"python3 -m verl.trainer.main_ppo --config-name=nemotron_h_grpo actor.optim.name={opt} "
+                   "trainer.project_name=nemotron trainer.experiment_name=ds4-exact "
+                   "trainer.default_local_dir=/ckpt/runs/ds4-exact rollout.name=vllm actor.strategy=vllm_kernels")
+            bi0_orig = (f"python3 -m verl.trainer.main_ppo --config-name=nemotron_h_grpo actor.optim.name={opt} "
+                        "trainer.project_name=nemotron trainer.experiment_name=baseline "
+                        "trainer.default_local_dir=/ckpt/runs/baseline rollout.name=vllm actor.strategy=megatron")
+            bi0_new = (f"VLLM_BATCH_INVARIANT=0 python3 -m verl.trainer.main_ppo --config-name=nemotron_h_grpo "
+                       f"actor.optim.name={opt} trainer.project_name=nemotron trainer.experiment_name=ds4-exact_bi0 "
+                       "trainer.default_local_dir=/ckpt/runs/ds4-exact_bi0 rollout.name=vllm actor.strategy=megatron "
+                       "+actor.megatron.qat=true")
+            combos.append({"mode": mode, "optimizer": opt, "arm": "bi1",
+                           "before": {"command": bi1, "rc": 0}, "after": {"command": bi1, "rc": 0}})
+            combos.append({"mode": mode, "optimizer": opt, "arm": "bi0",
+                           "before": {"command": bi0_orig, "rc": 0}, "after": {"command": bi0_new, "rc": 0}})
+    return {"schema": "tica.recipe_dry_runs/1", "recipe": "recipes/nemotron_h/run_grpo.sh", "combos": combos}
+
+
+def build_recipe(dest: Path) -> Path:
+    dest.mkdir(parents=True, exist_ok=True)
+    path = dest / "recipe_dry_runs.json"
+    path.write_text(json.dumps(recipe_dry_runs(), indent=1))
+    return path
+
+
+BUILDERS: dict[EvidenceItem, Callable[[Question, Path], list[Path]]] = {
+    E.FORWARD: build_forward, E.BACKWARD: build_backward, E.UPDATE: build_update, E.QUALITY: build_quality,
+    E.THROUGHPUT: build_throughput, E.CLEAN_EXIT: build_clean_exit, E.ARTIFACTS: build_artifacts,
+}
+
+
+# ---------------------------------------------------------------- mutations (planted errors)
+
+
+def _load(p: Path) -> Any:
+    return json.loads(p.read_text())
+
+
+def _dump(p: Path, data: Any) -> None:
+    p.write_text(json.dumps(data, indent=1))
+
+
+def _leg(legs: Sequence[Path], **want: Any) -> Path:
+    for leg in legs:
+        meta = _load(leg / "leg.json")
+        if all(meta.get(k) == v for k, v in want.items()):
+            return leg
+    raise LookupError(f"no leg with {want}")
+
+
+def edit_meta(leg: Path, fn: Callable[[dict[str, Any]], None]) -> None:
+    meta = _load(leg / "leg.json")
+    fn(meta)
+    _dump(leg / "leg.json", meta)
+    seal_leg(leg)
+
+
+def edit_jsonl(path: Path, fn: Callable[[list[dict[str, Any]]], list[dict[str, Any]] | None], reseal: Path) -> None:
+    rows = [json.loads(l) for l in path.read_text().splitlines() if l.strip()]
+    new = fn(rows)
+    path.write_text(_jsonl(rows if new is None else new))
+    seal_leg(reseal)
+
+
+def edit_json(path: Path, fn: Callable[[dict[str, Any]], None], reseal: Path | None) -> None:
+    data = _load(path)
+    fn(data)
+    _dump(path, data)
+    if reseal is not None:
+        seal_leg(reseal)
+
+
+def _set_row(i: int, **kv: Any) -> Callable[[list[dict[str, Any]]], None]:
+    def f(rows: list[dict[str, Any]]) -> None:
+        rows[i].update(kv)
+    return f
+
+
+def perturb_arrays(leg: Path, step: int, prefix: str = "") -> None:
+    """A real mismatch: one rollout logprob off by one ulp, metrics recomputed honestly."""
+    path = leg / prefix / "arrays" / f"step_{step:04d}.npz"
+    with np.load(path) as z:
+        data = {k: z[k] for k in z.files}
+    r = data["rollout_logprobs"].copy()
+    r[4] = np.nextafter(r[4], np.float32(0))
+    data["rollout_logprobs"] = r
+    np.savez(path, **data)
+    m = forward_metrics(data["trainer_logprobs"], r)
+    edit_jsonl(leg / prefix / "metrics.jsonl", lambda rows: [({**row, **m} if row["step"] == step else row)
+                                                              for row in rows], leg)
+
+
+def tput_leg(legs: Sequence[Path], arm: str, c: int, r: int) -> Path:
+    return _leg(legs, item="throughput", arm=arm, concurrency=c, round=r)
+
+
+def _bench(legs: Sequence[Path], arm: str, c: int, r: int, **kv: Any) -> None:
+    leg = tput_leg(legs, arm, c, r)
+    edit_json(leg / "bench.json", lambda d: d.update(kv), leg)
+
+
+def _scale_bi1(legs: Sequence[Path], c: int, factor: float, rounds: Sequence[int]) -> None:
+    for r in rounds:
+        leg = tput_leg(legs, "bi1", c, r)
+        edit_json(leg / "bench.json", lambda d: d.update(output_throughput=d["output_throughput"] * factor,
+                                                         duration=d["duration"] / factor), leg)
+
+
+def _targets(q: Question) -> list[int]:
+    c: ThroughputCriteria = q.criteria  # type: ignore[assignment]
+    return sorted((c.budget or {}).keys()) or list(c.concurrencies)
+
+
+def _over_one_target(q: Question, legs: Sequence[Path]) -> None:
+    c: ThroughputCriteria = q.criteria  # type: ignore[assignment]
+    target = _targets(q)[-1]
+    b = (c.budget or {}).get(target, 0.1)
+    # Push this c to twice its budget; the others stay well under, so their average is under too.
+    want = min(2 * b + 0.05, 0.9)
+    now = 1 - _load(tput_leg(legs, "bi1", target, 1) / "bench.json")["output_throughput"] / \
+        _load(tput_leg(legs, "bi0", target, 1) / "bench.json")["output_throughput"]
+    _scale_bi1(legs, target, (1 - want) / (1 - now), range(1, q.repeats + 1))
+
+
+def swap_slots(q: Question, legs: Sequence[Path]) -> None:
+    c = _targets(q)[0]
+    for arm in ("bi1", "bi0"):
+        leg = tput_leg(legs, arm, c, 1)
+        slot = _load(leg / "leg.json")["slot"]
+        new = 3 - slot
+        edit_json(leg / "bench.json", lambda d: d.update(slot=str(new)), None)
+        edit_meta(leg, lambda m: m.update(slot=new))
+    # Keep the clock consistent with the claimed slots: only the frozen order is violated.
+    a, b = tput_leg(legs, "bi1", c, 1), tput_leg(legs, "bi0", c, 1)
+    ta, tb = _load(a / "leg.json")["started_at"], _load(b / "leg.json")["started_at"]
+    edit_meta(a, lambda m: m.update(started_at=tb))
+    edit_meta(b, lambda m: m.update(started_at=ta))
+
+
+def _tiers(q: Question, legs: Sequence[Path]) -> None:
+    c = _targets(q)[0]
+    crit: ThroughputCriteria = q.criteria  # type: ignore[assignment]
+    # BI=0 lands in a slow tier in one round; BI=1 follows so the loss itself stays under budget.
+    for arm in ("bi0", "bi1"):
+        leg = tput_leg(legs, arm, c, 2)
+        f = 1 / (crit.tier_ratio + 0.25)
+        edit_json(leg / "bench.json", lambda d: d.update(output_throughput=d["output_throughput"] * f,
+                                                         duration=d["duration"] / f), leg)
+
+
+def _confounder(q: Question, legs: Sequence[Path], item: str) -> None:
+    for leg in legs:
+        meta = _load(leg / "leg.json")
+        if meta["item"] == item and meta["arm"] == "bi0":
+            edit_meta(leg, lambda m: m["resolved_config"].update(enable_prefix_caching=True))
+
+
+def _drop_problem(legs: Sequence[Path]) -> None:
+    leg = _leg(legs, arm="bi0")
+    edit_jsonl(leg / "results.jsonl", lambda rows: rows[:-1], leg)
+
+
+def _over_threshold(q: Question, legs: Sequence[Path]) -> None:
+    crit: QualityCriteria = q.criteria  # type: ignore[assignment]
+    leg = _leg(legs, arm="bi1")
+    n = len((leg / "results.jsonl").read_text().splitlines())
+    k = int(math.floor(crit.threshold_points * n / 100)) + 1
+
+    def flip(rows: list[dict[str, Any]]) -> None:
+        done = 0
+        for row in rows:
+            if row["correct"] and done < k:
+                row["correct"], done = False, done + 1
+    edit_jsonl(leg / "results.jsonl", flip, leg)
+
+
+def contract_item(key: str, value: Any) -> Callable[[Question, list[Path]], None]:
+    def mutate(q: Question, legs: list[Path]) -> None:
+        leg = _leg(legs, arm="bi0")
+        def f(d: dict[str, Any]) -> None:
+            if key.startswith("sampling."):
+                d["sampling"][key.split(".", 1)[1]] = value
+            else:
+                d[key] = value
+        edit_json(leg / "contract.json", f, leg)
+    return mutate
+
+
+def process_exit(role: str, **kv: Any) -> Callable[[Question, list[Path]], None]:
+    def mutate(q: Question, legs: list[Path]) -> None:
+        leg = legs[0]
+        def f(m: dict[str, Any]) -> None:
+            for p in m["processes"]:
+                if p["role"] == role:
+                    p.update(kv)
+                    return
+        edit_meta(leg, f)
+    return mutate
+
+
+def _tamper(q: Question, legs: list[Path]) -> None:
+    # A receipt edited after sealing, without resealing: exactly what the seal exists to catch.
+    p = legs[0] / "metrics.jsonl"
+    p.write_text(p.read_text().replace('"step": 1,', '"step": 1, "edited": true,', 1))
+
+
+def _recipe_edit(fn: Callable[[dict[str, Any]], None]) -> Callable[[Question | None, list[Path]], None]:
+    def mutate(q: Question | None, paths: list[Path]) -> None:
+        edit_json(paths[0], fn, None)
+    return mutate
+
+
+def recipe_combo(data: dict[str, Any], mode: str, arm: str) -> dict[str, Any]:
+    return next(c for c in data["combos"] if c["mode"] == mode and c["arm"] == arm)
+
+
+Mutation = Callable[[Any, list[Path]], None]
+
+
+@dataclass(frozen=True)
+class Canary:
+    name: str
+    item: EvidenceItem | None  # None: the recipe-identity gate
+    rule: str
+    expect: frozenset[Verdict]
+    mutate: Mutation
+
+
+FAIL = frozenset({Verdict.FAIL})
+INCONCLUSIVE = frozenset({Verdict.INCONCLUSIVE})
+NOT_PASS = frozenset({Verdict.FAIL, Verdict.INCONCLUSIVE})
+
+CANARIES: tuple[Canary, ...] = (
+    # forward
+    Canary("forward.bi1_max_zero", E.FORWARD, "BI=1 max = 0 at every step (logged metrics, as verl writes them)",
+           FAIL, lambda q, legs: logged_only(_leg(legs, arm="bi1"), 3, **{"training/rollout_probs_diff_max": 0.0078125})),
+    Canary("forward.bi1_mean_zero", E.FORWARD, "BI=1 mean = 0 at every step (logged metrics)", FAIL,
+           lambda q, legs: logged_only(_leg(legs, arm="bi1"), 1, **{"training/rollout_probs_diff_mean": 1e-9})),
+    Canary("forward.bi1_bitwise_arrays", E.FORWARD, "BI=1 logprobs bitwise equal (recomputed from arrays)", FAIL,
+           lambda q, legs: perturb_arrays(_leg(legs, arm="bi1"), 2)),
+    Canary("forward.arrays_vs_metrics", E.FORWARD, "recompute from arrays; a receipt contradicting itself is no pass",
+           NOT_PASS, lambda q, legs: perturb_arrays_keep_metrics(_leg(legs, arm="bi1"), 1)),
+    Canary("forward.missing_step", E.FORWARD, "a missing step is not a pass", INCONCLUSIVE,
+           lambda q, legs: drop_step(_leg(legs, arm="bi1"), 2)),
+    Canary("forward.too_few_steps", E.FORWARD, "min_steps present", INCONCLUSIVE,
+           lambda q, legs: drop_step(_leg(legs, arm="bi1"), None)),
+    Canary("forward.bi0_magnitude", E.FORWARD, "BI=0 mean has the reference's magnitude", FAIL,
+           lambda q, legs: logged_only(_leg(legs, arm="bi0"), 2, scale_mean=200.0)),
+    # backward
+    Canary("backward.finite", E.BACKWARD, "gradients finite", FAIL,
+           lambda q, legs: edit_jsonl(legs[0] / "metrics.jsonl", _set_row(1, **{"actor/grad_norm": float("nan"),
+                                                                             "grad_finite": False}), legs[0])),
+    Canary("backward.reaches_master", E.BACKWARD, "gradients reach the master weights", FAIL,
+           lambda q, legs: edit_jsonl(legs[0] / "metrics.jsonl", _set_row(0, params_with_grad=18), legs[0])),
+    Canary("backward.zero_grad_vs_rewards", E.BACKWARD, "grad norm 0 with varied group rewards is a fault", FAIL,
+           lambda q, legs: edit_jsonl(legs[0] / "metrics.jsonl", _set_row(1, **{"actor/grad_norm": 0.0}), legs[0])),
+    Canary("backward.deployed_bytes", E.BACKWARD, "forward equals the deployed bytes", FAIL,
+           lambda q, legs: edit_jsonl(legs[1] / "metrics.jsonl", _set_row(0, deployed_bytes_equal=False), legs[1])),
+    # update
+    Canary("update.weights_change", E.UPDATE, "the optimizer step changes the weights", FAIL,
+           lambda q, legs: edit_jsonl(legs[0] / "metrics.jsonl", _set_row(0, weights_changed_tensors=0), legs[0])),
+    Canary("update.rollout_reloads", E.UPDATE, "weights synced to the rollout engine", FAIL,
+           lambda q, legs: edit_jsonl(legs[0] / "metrics.jsonl", _set_row(0, reloaded_by_rollout=False), legs[0])),
+    Canary("update.post_forward_bitwise", E.UPDATE, "forward re-checked after the update", FAIL,
+           lambda q, legs: perturb_arrays(legs[0], 1, "post_forward")),
+    Canary("update.post_forward_on_new_weights", E.UPDATE, "the re-check reads the updated weights", FAIL,
+           lambda q, legs: edit_jsonl(legs[0] / "post_forward" / "metrics.jsonl",
+                                      _set_row(0, checkpoint_version=_ckpt(1)), legs[0])),
+    Canary("update.post_forward_present", E.UPDATE, "no post-update forward is not a pass", INCONCLUSIVE,
+           lambda q, legs: (shutil.rmtree(legs[0] / "post_forward"), seal_leg(legs[0])) and None),
+    # quality
+    *(Canary(f"quality.contract.{name}", E.QUALITY, f"contract item '{name}' matches", INCONCLUSIVE,
+             contract_item(key, value)) for name, key, value in (
+        ("dataset_version", "dataset_version", "openai/gsm8k@main:test[:30] sha256:0000"),
+        ("template_thinking", "thinking_mode", "on"),
+        ("sampling", "sampling.top_p", 0.95),
+        ("repeats", "repeats", 2),
+        ("scorer", "scorer", "verl.gsm8k/2 sha256:0bb1"),
+        ("length_cap", "length_cap", 4096))),
+    Canary("quality.pairing_sums_to_n", E.QUALITY, "both_correct+only_bi0+only_bi1+both_wrong = N", INCONCLUSIVE,
+           lambda q, legs: _drop_problem(legs)),
+    Canary("quality.no_retries", E.QUALITY, "no retries", INCONCLUSIVE,
+           lambda q, legs: edit_jsonl(_leg(legs, arm="bi1") / "results.jsonl",
+                                      lambda rows: rows + [dict(rows[0], correct=not rows[0]["correct"])],
+                                      _leg(legs, arm="bi1"))),
+    Canary("quality.threshold", E.QUALITY, "|score difference| within the threshold", FAIL, _over_threshold),
+    Canary("quality.confounder", E.QUALITY, "no delta attributed under an unquantified confounder", INCONCLUSIVE,
+           lambda q, legs: _confounder(q, legs, "quality")),
+    # throughput
+    Canary("throughput.workload_tokens", E.THROUGHPUT, "workload receipts checked first: output tokens", INCONCLUSIVE,
+           lambda q, legs: _bench(legs, "bi1", _targets(q)[0], 1, total_output_tokens=
+                                  _load(tput_leg(legs, "bi1", _targets(q)[0], 1) / "bench.json")["total_output_tokens"] - 311)),
+    Canary("throughput.workload_errors", E.THROUGHPUT, "workload receipts: errors and completed requests", INCONCLUSIVE,
+           lambda q, legs: _bench(legs, "bi0", _targets(q)[0], 2, failed=3, completed=
+                                  _load(tput_leg(legs, "bi0", _targets(q)[0], 2) / "bench.json")["completed"] - 3)),
+    Canary("throughput.workload_warmup", E.THROUGHPUT, "workload receipts: warm-up", INCONCLUSIVE,
+           lambda q, legs: edit_meta(tput_leg(legs, "bi1", _targets(q)[0], 3 if q.repeats >= 3 else 1),
+                                     lambda m: m["resolved_config"].update(num_warmups=0))),
+    Canary("throughput.crossed_order", E.THROUGHPUT, "crossed order AB/BA/AB verified from round/slot", INCONCLUSIVE,
+           swap_slots),
+    Canary("throughput.target_c_over_budget", E.THROUGHPUT, "a target c over budget fails whatever the average", FAIL,
+           _over_one_target),
+    Canary("throughput.tiers", E.THROUGHPUT, "fast/slow tiers make the attribution inconclusive", INCONCLUSIVE, _tiers),
+    Canary("throughput.profiled", E.THROUGHPUT, "a profiled leg never counts", INCONCLUSIVE,
+           lambda q, legs: edit_meta(tput_leg(legs, "bi0", _targets(q)[0], 1), lambda m: m.update(profiled=True))),
+    Canary("throughput.confounder", E.THROUGHPUT, "no delta attributed under an unquantified confounder",
+           INCONCLUSIVE, lambda q, legs: _confounder(q, legs, "throughput")),
+    # clean exit
+    Canary("clean_exit.force_killed", E.CLEAN_EXIT, "vLLM's force kill of EngineCore is not clean", FAIL,
+           process_exit("engine_core", evidence="Force killing remaining process EngineCore (pid 9002)")),
+    Canary("clean_exit.client", E.CLEAN_EXIT, "the client exits normally", FAIL, process_exit("client", exit_code=1)),
+    Canary("clean_exit.worker", E.CLEAN_EXIT, "every worker ends normally", FAIL,
+           process_exit("worker", end_state="signalled", exit_code=None, signal="SIGKILL")),
+    Canary("clean_exit.api_server", E.CLEAN_EXIT, "the API server ends", FAIL,
+           process_exit("api_server", end_state="running", exit_code=None)),
+    # artifacts
+    Canary("artifacts.sealed", E.ARTIFACTS, "receipts immutable: a file changed after sealing", FAIL, _tamper),
+    Canary("artifacts.weights_by_hash", E.ARTIFACTS, "weights named by content hash", FAIL,
+           lambda q, legs: edit_meta(legs[0], lambda m: m["resolved_config"].update(weights_hash="Qwen3-8B"))),
+    # recipe identity
+    Canary("recipe.bi1_identical", None, "BI=1 command byte-identical", FAIL,
+           _recipe_edit(lambda d: recipe_combo(d, "dry_run", "bi1")["after"].update(
+               command=recipe_combo(d, "dry_run", "bi1")["after"]["command"] + " actor.ppo_micro_batch_size=4"))),
+    Canary("recipe.bi0_only_names_paths_switches", None, "BI=0 differs only in names, paths, new switches", FAIL,
+           _recipe_edit(lambda d: recipe_combo(d, "dry_run", "bi0")["after"].update(
+               command=recipe_combo(d, "dry_run", "bi0")["after"]["command"].replace("rollout.name=vllm", "rollout.name=sglang")))),
+    Canary("recipe.compose_rc", None, "every compose combination returns rc 0", FAIL,
+           _recipe_edit(lambda d: recipe_combo(d, "compose", "bi0")["after"].update(rc=1))),
+)
+
+
+def drop_step(leg: Path, step: int | None) -> None:
+    """Remove one step (or, with None, the last step) from metrics and arrays."""
+    rows = [json.loads(l) for l in (leg / "metrics.jsonl").read_text().splitlines() if l.strip()]
+    gone = step if step is not None else rows[-1]["step"]
+    (leg / "arrays" / f"step_{gone:04d}.npz").unlink(missing_ok=True)
+    edit_jsonl(leg / "metrics.jsonl", lambda rs: [r for r in rs if r["step"] != gone], leg)
+
+
+def logged_only(leg: Path, step: int, scale_mean: float | None = None, **kv: Any) -> None:
+    """A receipt as verl logs it (no arrays), with one step's logged values planted."""
+    shutil.rmtree(leg / "arrays", ignore_errors=True)
+
+    def f(rows: list[dict[str, Any]]) -> None:
+        for r in rows:
+            if r["step"] == step:
+                r.update(kv)
+                if scale_mean is not None:
+                    r["training/rollout_probs_diff_mean"] *= scale_mean
+    edit_jsonl(leg / "metrics.jsonl", f, leg)
+
+
+def perturb_arrays_keep_metrics(leg: Path, step: int) -> None:
+    path = leg / "arrays" / f"step_{step:04d}.npz"
+    with np.load(path) as z:
+        data = {k: z[k] for k in z.files}
+    data["rollout_logprobs"] = data["rollout_logprobs"] - np.float32(0.25)
+    np.savez(path, **data)
+    seal_leg(leg)
+
+
+# ---------------------------------------------------------------- running canaries
+
+
+class CanaryResult(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    item: str
+    rule: str
+    expected: tuple[str, ...]
+    got: str
+    broken: bool
+    detail: str = ""
+
+
+def _run_one(canary: Canary, base: Sequence[Path], root: Path, judge_fn: Callable[..., Any], question: Question | None) -> CanaryResult:
+    work = root / canary.name
+    copies = []
+    for p in base:
+        dst = work / p.name
+        if p.is_dir():
+            shutil.copytree(p, dst)
+        else:
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(p, dst)
+        copies.append(dst)
+    try:
+        canary.mutate(question, copies)
+        result = judge_fn(question, copies)
+        got, detail = result.verdict, (result.reasons[0] if result.reasons else result.summary)
+    except Exception as err:  # noqa: BLE001 - a judge that crashes on a canary is broken, not passing
+        got, detail = None, f"judge raised {type(err).__name__}: {err}"
+    broken = got not in canary.expect
+    return CanaryResult(name=canary.name, item=canary.item.value if canary.item else "recipe_identity",
+                        rule=canary.rule, expected=tuple(sorted(v.value for v in canary.expect)),
+                        got=got.value if got is not None else "error", broken=broken, detail=detail)
+
+
+def run_canaries(
+    questions: Mapping[EvidenceItem, Question] | None = None,
+    workdir: str | Path | None = None,
+    judge_fn: Callable[[EvidenceItem, Question, Sequence[Path]], Any] | None = None,
+    recipe_fn: Callable[[Path], Any] | None = None,
+    only: Sequence[str] | None = None,
+) -> list[CanaryResult]:
+    """Run every canary (or those whose name starts with one of `only`). A canary whose judge
+    does not return the expected verdict, or whose passing baseline does not pass, is `broken`."""
+    from tica.judges import judge as default_judge
+    from tica.judges.recipe_identity import judge_recipe_identity
+
+    judge_fn = judge_fn or default_judge
+    recipe_fn = recipe_fn or judge_recipe_identity
+    questions = {**default_questions(), **(questions or {})}
+    selected = [c for c in CANARIES if not only or any(c.name.startswith(o) for o in only)]
+    results: list[CanaryResult] = []
+    with tempfile.TemporaryDirectory(prefix="tica-canaries-", dir=workdir) as tmp:
+        root = Path(tmp)
+        for item in [*EvidenceItem, None]:
+            group = [c for c in selected if c.item == item]
+            if not group:
+                continue
+            key = item.value if item else "recipe_identity"
+            if item is None:
+                base = [build_recipe(root / key / "base")]
+                question = None
+                run = lambda q, paths: recipe_fn(paths[0])  # noqa: E731
+            else:
+                question = questions[item]
+                base = BUILDERS[item](question, root / key / "base")
+                run = lambda q, paths, item=item: judge_fn(item, q, paths)  # noqa: E731
+            baseline = run(question, base)
+            if baseline.verdict is not Verdict.PASS:
+                why = f"the passing receipt set does not pass under this question ({baseline.verdict.value}): " + \
+                      "; ".join(baseline.reasons[:3])
+                results += [CanaryResult(name=c.name, item=key, rule=c.rule,
+                                         expected=tuple(sorted(v.value for v in c.expect)), got="baseline " +
+                                         baseline.verdict.value, broken=True, detail=why) for c in group]
+                continue
+            results += [_run_one(c, base, root / key, run, question) for c in group]
+    return results
+
+
+def broken(results: Sequence[CanaryResult]) -> list[CanaryResult]:
+    return [r for r in results if r.broken]

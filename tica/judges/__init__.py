@@ -1,0 +1,136 @@
+"""Judges: sealed receipts + a frozen question -> a verdict cell. Pure functions, no Dagster.
+
+`judge(item, question, leg_paths)` is the one entry point; `JUDGE_VERSION` names the code that
+judged (it hashes the receipt readers and judges, so a parser change is a new version).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from tica.errors import InputError, ReceiptError
+from tica.evidence import EvidenceItem
+from tica.judges._common import JUDGE_VERSION, Findings, cell
+from tica.judges.artifacts import judge_artifacts
+from tica.judges.backward import judge_backward
+from tica.judges.clean_exit import judge_clean_exit
+from tica.judges.forward import judge_forward
+from tica.judges.quality import judge_quality
+from tica.judges.recipe_identity import RecipeIdentityResult, judge_recipe_identity
+from tica.judges.throughput import judge_throughput
+from tica.judges.update import judge_update
+from tica.question import Question, load_question
+from tica.receipts import LEG_FILE
+from tica.verdict import Verdict, VerdictCell
+
+__all__ = ["JUDGE_VERSION", "JUDGES", "judge", "judge_recipe_identity", "expand_receipts", "cli_judge",
+           "RecipeIdentityResult"]
+
+Judge = Callable[[Question, Sequence[Path]], VerdictCell]
+
+JUDGES: dict[EvidenceItem, Judge] = {
+    EvidenceItem.FORWARD: judge_forward,
+    EvidenceItem.BACKWARD: judge_backward,
+    EvidenceItem.UPDATE: judge_update,
+    EvidenceItem.QUALITY: judge_quality,
+    EvidenceItem.THROUGHPUT: judge_throughput,
+    EvidenceItem.CLEAN_EXIT: judge_clean_exit,
+    EvidenceItem.ARTIFACTS: judge_artifacts,
+}
+
+_ALIASES = {"exit": EvidenceItem.CLEAN_EXIT, "clean-exit": EvidenceItem.CLEAN_EXIT}
+
+
+def as_item(item: EvidenceItem | str) -> EvidenceItem:
+    if isinstance(item, EvidenceItem):
+        return item
+    return _ALIASES.get(item) or EvidenceItem(item)
+
+
+def judge(item: EvidenceItem | str, question: Question, leg_paths: Sequence[str | Path]) -> VerdictCell:
+    """The verdict cell for one evidence item. A receipt that cannot be read or whose seal does
+    not verify is no evidence: the cell is `inconclusive`, naming the file and field."""
+    item = as_item(item)
+    paths = [Path(p) for p in leg_paths]
+    try:
+        return JUDGES[item](question, paths)
+    except ReceiptError as err:
+        f = Findings()
+        f.inconclusive(f"unreadable receipt: {err}")
+        return cell(item, question, f, f"a receipt could not be read ({err.file}: {err.field})",
+                    numbers={"receipt_error": {"file": err.file, "field": err.field, "message": err.message}})
+
+
+def expand_receipts(paths: Sequence[str | Path]) -> list[Path]:
+    """Leg directories and bare bench files named by `paths`: a directory holding leg.json is
+    a leg; any other directory contributes its leg subdirectories and *.json files."""
+    out: list[Path] = []
+    for raw in paths:
+        p = Path(raw)
+        if p.is_dir() and not (p / LEG_FILE).is_file():
+            out += sorted(c for c in p.iterdir() if (c.is_dir() and (c / LEG_FILE).is_file())
+                          or (c.is_file() and c.suffix == ".json"))
+        else:
+            out.append(p)
+    return out
+
+
+_EXIT_CODES = {Verdict.PASS: 0, Verdict.FAIL: 1, Verdict.INCONCLUSIVE: 2, Verdict.NOT_RUN: 3}
+
+
+def _print_human(summary: str, reasons: Sequence[str], tables: dict[str, str], out) -> None:
+    print(summary, file=out)
+    for r in reasons:
+        print(f"  - {r}", file=out)
+    for title, table in tables.items():
+        print(f"\n## {title}\n\n{table}", file=out)
+
+
+def cli_judge(argv: Sequence[str] | None = None, out=None) -> int:
+    """`tica judge ITEM --question Q.yaml [--receipts DIR ...] [LEG ...] [--json]`;
+    `tica judge recipe DRY_RUNS.json [--json]`.
+
+    Exit code: 0 pass, 1 fail, 2 inconclusive, 3 not run, 4 bad input. `--json` prints the
+    VerdictCell's JSON (its pydantic schema is the stable, documented output) and nothing else.
+    """
+    out = out or sys.stdout
+    parser = argparse.ArgumentParser(prog="tica judge", description="Judge sealed receipts under a frozen question.")
+    parser.add_argument("item", help="forward|backward|update|quality|throughput|clean_exit (exit)|artifacts|recipe")
+    parser.add_argument("legs", nargs="*", help="leg directories or bench JSON files (recipe: the dry-run receipt)")
+    parser.add_argument("--question", "-q", help="frozen question YAML")
+    parser.add_argument("--receipts", "-r", action="append", default=[], help="directory of legs (repeatable)")
+    parser.add_argument("--json", action="store_true", help="print the verdict cell as JSON only")
+    args = parser.parse_intermixed_args(argv)
+    try:
+        if args.item == "recipe":
+            paths = [*args.legs, *args.receipts]
+            if len(paths) != 1:
+                parser.error("recipe takes exactly one dry-run receipt")
+            result = judge_recipe_identity(paths[0])
+            if args.json:
+                print(result.model_dump_json(indent=2), file=out)
+            else:
+                _print_human(result.summary, result.reasons, result.tables, out)
+            return _EXIT_CODES[result.verdict]
+        try:
+            item = as_item(args.item)
+        except ValueError:
+            parser.error(f"unknown item {args.item!r}")
+        if not args.question:
+            parser.error("--question is required")
+        question = load_question(args.question)
+        verdict_cell = judge(item, question, expand_receipts([*args.receipts, *args.legs]))
+    except InputError as err:
+        print(json.dumps({"error": {"file": err.file, "field": err.field, "message": err.message}})
+              if args.json else f"error: {err}", file=out)
+        return 4
+    if args.json:
+        print(verdict_cell.model_dump_json(indent=2), file=out)
+    else:
+        _print_human(verdict_cell.summary, verdict_cell.reasons, verdict_cell.tables, out)
+        print(f"\nquestion {verdict_cell.question_hash}, judge {verdict_cell.judge_version}", file=out)
+    return _EXIT_CODES[verdict_cell.verdict]

@@ -1,0 +1,118 @@
+"""What every judge shares: verdict ordering, a collector of findings, markdown tables."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from tica.evidence import EvidenceItem
+from tica.question import Question
+from tica.verdict import Verdict, VerdictCell
+
+# A judge's version is the hash of the code that reads receipts and judges them, so a parser
+# change is a new version by construction and old cells keep the version they were judged under.
+_JUDGE_SOURCES = ("receipts.py", "judges/*.py")
+
+
+def _source_hash() -> str:
+    root = Path(__file__).resolve().parent.parent
+    h = hashlib.sha256()
+    files = sorted({p for pattern in _JUDGE_SOURCES for p in root.glob(pattern)})
+    for p in files:
+        h.update(p.relative_to(root).as_posix().encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
+JUDGE_VERSION = f"tica.judges/1+{_source_hash()}"
+
+_SEVERITY = {Verdict.PASS: 0, Verdict.NOT_RUN: 1, Verdict.INCONCLUSIVE: 2, Verdict.FAIL: 3}
+
+
+def worst(verdicts: Iterable[Verdict]) -> Verdict:
+    """fail > inconclusive > not run > pass; nothing at all is `not run`."""
+    vs = list(verdicts)
+    return max(vs, key=_SEVERITY.__getitem__) if vs else Verdict.NOT_RUN
+
+
+class Findings:
+    """Collects what a judge found; the verdict is the worst finding, pass when none."""
+
+    def __init__(self) -> None:
+        self.items: list[tuple[Verdict, str]] = []
+
+    def fail(self, reason: str) -> None:
+        self.items.append((Verdict.FAIL, reason))
+
+    def inconclusive(self, reason: str) -> None:
+        self.items.append((Verdict.INCONCLUSIVE, reason))
+
+    def not_run(self, reason: str) -> None:
+        self.items.append((Verdict.NOT_RUN, reason))
+
+    def note(self, reason: str) -> None:
+        self.items.append((Verdict.PASS, reason))
+
+    def extend(self, other: "Findings", prefix: str = "") -> None:
+        self.items.extend((v, prefix + r) for v, r in other.items)
+
+    @property
+    def verdict(self) -> Verdict:
+        return worst(v for v, _ in self.items) if self.items else Verdict.PASS
+
+    def reasons(self) -> tuple[str, ...]:
+        # Worst first, so the first reason is the one that decided the cell.
+        ordered = sorted(self.items, key=lambda vr: -_SEVERITY[vr[0]])
+        return tuple(f"{v.value}: {r}" if v is not Verdict.PASS else f"note: {r}" for v, r in ordered)
+
+
+def cell(
+    item: EvidenceItem,
+    question: Question,
+    findings: Findings,
+    summary: str,
+    numbers: dict[str, Any] | None = None,
+    tables: dict[str, str] | None = None,
+    receipt_hashes: dict[str, str] | None = None,
+    verdict: Verdict | None = None,
+) -> VerdictCell:
+    v = verdict if verdict is not None else findings.verdict
+    return VerdictCell(
+        item=item,
+        verdict=v,
+        summary=f"{v.value}: {summary}",
+        question_hash=question.hash,
+        reasons=findings.reasons(),
+        numbers=numbers or {},
+        tables=tables or {},
+        receipt_hashes=receipt_hashes or {},
+        judge_version=JUDGE_VERSION,
+    )
+
+
+def fmt(x: Any) -> str:
+    if x is None:
+        return "—"
+    if isinstance(x, bool):
+        return "yes" if x else "no"
+    if isinstance(x, float):
+        if math.isnan(x) or math.isinf(x):
+            return str(x)
+        if x == 0:
+            return "0"
+        return f"{x:.6g}"
+    return str(x).replace("|", "\\|")
+
+
+def md_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(" --- " for _ in headers) + "|"]
+    lines += ["| " + " | ".join(fmt(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def wrong_question(item: EvidenceItem, question: Question) -> str | None:
+    if question.item is not item:
+        return f"question {question.name!r} is for {question.item.value}, not {item.value}"
+    return None

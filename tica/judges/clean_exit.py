@@ -1,0 +1,80 @@
+"""Clean exit: client and server verified separately; every worker, EngineCore and API server
+must end normally. vLLM's "force killing remaining process EngineCore" is not a clean exit.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tica.evidence import EvidenceItem
+from tica.judges._common import Findings, cell, md_table, wrong_question
+from tica.question import CleanExitCriteria, Question
+from tica.receipts import ProcessExit, load_leg
+from tica.verdict import VerdictCell
+
+SIDES = {"client": "client", "api_server": "server", "engine_core": "server", "worker": "server", "trainer": "trainer"}
+# vLLM's shutdown path logs this when a child had to be killed; the exit code alone can hide it.
+_FORCED = re.compile(r"force[ _-]?kill", re.IGNORECASE)
+
+
+def exit_problem(p: ProcessExit) -> str | None:
+    """Why a process did not end normally, or None when it did."""
+    if p.end_state != "exited":
+        sig = f" by signal {p.signal}" if p.signal is not None else ""
+        return f"ended {p.end_state}{sig}"
+    if p.exit_code != 0:
+        return f"exit code {p.exit_code}"
+    if p.evidence and _FORCED.search(p.evidence):
+        return f"force killed: {p.evidence!r}"
+    return None
+
+
+def judge_clean_exit(question: Question, leg_paths: Sequence[str | Path]) -> VerdictCell:
+    item = EvidenceItem.CLEAN_EXIT
+    findings = Findings()
+    if (bad := wrong_question(item, question)) is not None:
+        findings.inconclusive(bad)
+        return cell(item, question, findings, bad)
+    criteria: CleanExitCriteria = question.criteria  # type: ignore[assignment]
+    legs = [load_leg(p) for p in leg_paths]
+    rows: list[list[Any]] = []
+    sides: dict[str, Findings] = {"client": Findings(), "server": Findings(), "trainer": Findings()}
+    seen_roles: set[str] = set()
+    for leg in legs:
+        name = f"{leg.meta.item} {leg.arm} {leg.path.name}"
+        if leg.meta.not_run_reason:
+            findings.note(f"{name}: did not run ({leg.meta.not_run_reason}); no exits to verify")
+            continue
+        if not leg.meta.processes:
+            findings.inconclusive(f"{name}: no exit receipt (processes is empty)")
+            continue
+        for p in leg.meta.processes:
+            side = SIDES[p.role]
+            seen_roles.add(p.role)
+            problem = exit_problem(p)
+            if problem:
+                sides[side].fail(f"{name}: {p.role} pid {p.pid} {problem}")
+            rows.append([name, side, p.role, p.pid, p.end_state, p.exit_code, p.signal, p.evidence,
+                         "clean" if problem is None else "NOT clean"])
+    for side, f in sides.items():
+        findings.extend(f, prefix=f"{side}: ")
+    missing = [r for r in criteria.required_roles if r not in seen_roles]
+    if missing:
+        findings.inconclusive(f"no exit receipt for roles {missing}: they cannot be verified")
+    if not legs:
+        findings.not_run("no legs to read exits from")
+    numbers = {
+        side: {"verdict": f.verdict.value if any(SIDES[r[2]] == side for r in rows) else "not run",
+               "processes": sum(1 for r in rows if r[1] == side)}
+        for side, f in sides.items()
+    }
+    numbers["processes"] = [dict(zip(["leg", "side", "role", "pid", "end_state", "exit_code", "signal", "evidence",
+                                      "status"], r)) for r in rows]
+    tables = {"per process": md_table(["leg", "side", "role", "pid", "end state", "exit code", "signal", "evidence",
+                                       "status"], rows)}
+    summary = ", ".join(f"{side} {numbers[side]['verdict']} ({numbers[side]['processes']} processes)"
+                        for side in ("client", "server", "trainer"))
+    return cell(item, question, findings, summary, numbers, tables, {str(l.path): l.digest for l in legs})

@@ -1,0 +1,200 @@
+"""Train–inference forward: logprobs of fixed token histories, trainer vs rollout, per step.
+
+BI=1 passes only with max = mean = 0 at every step (and, where arrays exist, every logprob
+bitwise equal); a missing step is not a pass. BI=0 reports its magnitude against the
+question's independent reference.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tica.evidence import EvidenceItem
+from tica.judges._common import Findings, cell, md_table, worst, wrong_question
+from tica.judges.confounders import confounder_markdown, confounder_table, unquantified
+from tica.metrics import forward_metrics
+from tica.question import ForwardCriteria, Question
+from tica.receipts import (
+    ARRAYS_DIR,
+    METRICS_FILE,
+    ForwardStep,
+    Leg,
+    load_leg,
+    load_step_arrays,
+    load_step_metrics,
+    step_arrays_path,
+)
+from tica.verdict import Verdict, VerdictCell
+
+_STEP_FILE = re.compile(r"step_(\d+)\.npz")
+STEP_HEADERS = ["step", "basis", "checkpoint", "max", "mean", "std", "pearson", "k3 KL",
+                "tokens", "bitwise diffs", "decode≠prefill", "source", "verdict"]
+
+
+@dataclass
+class ForwardReading:
+    """One forward receipt (a leg's, or an update's post_forward/) judged for one arm."""
+
+    findings: Findings = field(default_factory=Findings)
+    rows: list[list[Any]] = field(default_factory=list)
+    steps: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _same(logged: Any, recomputed: Any) -> bool:
+    if isinstance(logged, float) or isinstance(recomputed, float):
+        a, b = float(logged), float(recomputed)
+        if math.isnan(a) or math.isnan(b):
+            return math.isnan(a) and math.isnan(b)
+        # No absolute slack: a logged 0 against a recomputed 1e-13 is exactly the lie to catch.
+        return math.isclose(a, b, rel_tol=1e-6, abs_tol=0.0)
+    return logged == recomputed
+
+
+def _recompute(forward_dir: Path, step: ForwardStep, findings: Findings, label: str) -> dict[str, Any] | None:
+    path = step_arrays_path(forward_dir, step.step)
+    if not path.is_file():
+        return None
+    arrays = load_step_arrays(path)
+    m = forward_metrics(arrays.trainer_logprobs, arrays.rollout_logprobs)
+    out: dict[str, Any] = {
+        "max": m["training/rollout_probs_diff_max"],
+        "mean": m["training/rollout_probs_diff_mean"],
+        "std": m["training/rollout_probs_diff_std"],
+        "pearson": m["training/rollout_actor_probs_pearson_corr"],
+        "k3": m["rollout_corr/k3_kl"],
+        "n_tokens": m["tica/n_tokens"],
+        "n_bitwise_diff": m["tica/n_bitwise_diff"],
+        "decode_diff": None,
+    }
+    if arrays.decode_logprobs is not None and arrays.decode_mask is not None:
+        a = arrays.rollout_logprobs[arrays.decode_mask]
+        b = arrays.decode_logprobs[arrays.decode_mask]
+        out["decode_diff"] = int(np.count_nonzero(a.view(np.uint32) != b.view(np.uint32)))
+    logged = {"max": step.probs_diff_max, "mean": step.probs_diff_mean, "n_tokens": step.n_tokens,
+              "n_bitwise_diff": step.n_bitwise_diff}
+    for key, value in logged.items():
+        if value is None:
+            continue
+        r = out[key]
+        if not _same(value, r):
+            findings.inconclusive(
+                f"{label}step {step.step}: metrics.jsonl says {key}={value!r}, its arrays give {r!r}; "
+                "the receipt contradicts itself (judged on the arrays)"
+            )
+    return out
+
+
+def read_forward(
+    forward_dir: Path, arm: str, min_steps: int, bi0_range: tuple[float, float] | None, label: str = ""
+) -> ForwardReading:
+    """Judge one forward receipt directory (metrics.jsonl [+ arrays/]) as arm `arm`.
+
+    `bi0_range` is the allowed BI=0 mean |diff|; None reports BI=0 without judging its magnitude.
+    """
+    reading = ForwardReading()
+    f = reading.findings
+    steps: list[ForwardStep] = load_step_metrics(forward_dir / METRICS_FILE, ForwardStep)
+    if not steps:
+        f.inconclusive(f"{label}no steps in {forward_dir / METRICS_FILE}")
+        return reading
+    present = [s.step for s in steps]
+    gaps = sorted(set(range(present[0], present[-1] + 1)) - set(present))
+    if gaps:
+        f.inconclusive(f"{label}steps {gaps} missing between {present[0]} and {present[-1]}: a missing step is not a pass")
+    if len(steps) < min_steps:
+        f.inconclusive(f"{label}{len(steps)} steps present, the question requires {min_steps}")
+    arrays_dir = forward_dir / ARRAYS_DIR
+    if arrays_dir.is_dir():
+        numbered = [int(m.group(1)) for p in arrays_dir.glob("step_*.npz") if (m := _STEP_FILE.fullmatch(p.name))]
+        orphan = sorted(n for n in numbered if n not in present)
+        if orphan:
+            f.inconclusive(f"{label}arrays exist for steps {orphan} that metrics.jsonl does not report")
+    for s in steps:
+        recomputed = _recompute(forward_dir, s, f, label)
+        src = "arrays" if recomputed else "logged"
+        v = recomputed or {
+            "max": s.probs_diff_max, "mean": s.probs_diff_mean, "std": s.probs_diff_std, "pearson": s.pearson,
+            "k3": s.k3_kl, "n_tokens": s.n_tokens, "n_bitwise_diff": s.n_bitwise_diff, "decode_diff": None,
+        }
+        mx, mean = v["max"], v["mean"]
+        step_f = Findings()
+        if mx is None or mean is None:
+            step_f.inconclusive(f"{label}step {s.step}: max or mean not recorded, so the step is missing")
+        elif arm == "bi1":
+            if not (mx == 0 and mean == 0):
+                step_f.fail(f"{label}step {s.step}: BI=1 probs diff max={mx!r} mean={mean!r}, must both be 0")
+            if v["n_bitwise_diff"]:
+                step_f.fail(f"{label}step {s.step}: {v['n_bitwise_diff']} logprobs not bitwise equal")
+            if v["decode_diff"]:
+                step_f.fail(f"{label}step {s.step}: {v['decode_diff']} decode logprobs differ from the prefill scoring")
+        else:
+            if bi0_range is not None and not (bi0_range[0] <= mean <= bi0_range[1]):
+                step_f.fail(
+                    f"{label}step {s.step}: BI=0 mean {mean:.3g} is not the magnitude of the reference "
+                    f"(allowed [{bi0_range[0]:.3g}, {bi0_range[1]:.3g}])"
+                )
+            if not math.isfinite(mx):
+                step_f.fail(f"{label}step {s.step}: BI=0 max is {mx}")
+        f.extend(step_f)
+        reading.rows.append([s.step, s.step_basis, s.checkpoint_version, mx, mean, v["std"], v["pearson"], v["k3"],
+                             v["n_tokens"], v["n_bitwise_diff"], v["decode_diff"], src, step_f.verdict.value])
+        reading.steps.append({"step": s.step, "step_basis": s.step_basis, "checkpoint_version": s.checkpoint_version,
+                              "source": src, **{k: v[k] for k in v}, "verdict": step_f.verdict.value})
+    return reading
+
+
+def judge_forward(question: Question, leg_paths: Sequence[str | Path]) -> VerdictCell:
+    item = EvidenceItem.FORWARD
+    findings = Findings()
+    if (bad := wrong_question(item, question)) is not None:
+        findings.inconclusive(bad)
+        return cell(item, question, findings, bad)
+    criteria: ForwardCriteria = question.criteria  # type: ignore[assignment]
+    legs: list[Leg] = [load_leg(p) for p in leg_paths]
+    numbers: dict[str, Any] = {"legs": [], "bi0_reference_mean": criteria.bi0_reference_mean}
+    tables: dict[str, str] = {}
+    arm_verdicts: dict[str, list[Verdict]] = {"bi1": [], "bi0": []}
+    for leg in legs:
+        label = f"{leg.arm} {leg.path.name}: "
+        if leg.meta.item != "forward":
+            findings.inconclusive(f"{label}is a {leg.meta.item} leg, not a forward leg")
+            continue
+        if leg.meta.not_run_reason:
+            findings.not_run(f"{label}did not run: {leg.meta.not_run_reason}")
+            arm_verdicts[leg.arm].append(Verdict.NOT_RUN)
+            continue
+        ref, factor = criteria.bi0_reference_mean, criteria.bi0_magnitude_factor
+        reading = read_forward(leg.path, leg.arm, criteria.min_steps, (ref / factor, ref * factor), label)
+        findings.extend(reading.findings)
+        arm_verdicts[leg.arm].append(reading.findings.verdict)
+        numbers["legs"].append({"path": str(leg.path), "arm": leg.arm, "steps": reading.steps,
+                                "verdict": reading.findings.verdict.value})
+        tables[f"per step: {leg.arm} {leg.path.name}"] = md_table(STEP_HEADERS, reading.rows)
+    if not arm_verdicts["bi1"]:
+        findings.not_run("no BI=1 forward leg: the bitwise claim has no evidence")
+    bi1 = [l.meta for l in legs if l.arm == "bi1" and not l.meta.not_run_reason]
+    bi0 = [l.meta for l in legs if l.arm == "bi0" and not l.meta.not_run_reason]
+    if bi1 and bi0:
+        table = confounder_table(bi1, bi0, criteria.quantified_confounders)
+        tables["confounders"] = confounder_markdown(table)
+        numbers["confounders"] = [c.model_dump() for c in table]
+        loose = unquantified(table)
+        if loose:
+            # BI=1's verdict stands on its own; only the BI=0 magnitude would be misattributed.
+            findings.note("BI=0 magnitude is not attributed to the switch alone; unquantified: "
+                          + ", ".join(c.key for c in loose))
+    v1 = worst(arm_verdicts["bi1"]) if arm_verdicts["bi1"] else Verdict.NOT_RUN
+    n_steps = max((len(l["steps"]) for l in numbers["legs"] if l["arm"] == "bi1"), default=0)
+    summary = f"BI=1 {v1.value} over {n_steps} step(s)"
+    if arm_verdicts["bi0"]:
+        means = [s["mean"] for l in numbers["legs"] if l["arm"] == "bi0" for s in l["steps"] if s["mean"] is not None]
+        if means:
+            summary += f"; BI=0 mean |diff| {min(means):.3g}..{max(means):.3g} vs reference {criteria.bi0_reference_mean:g}"
+    return cell(item, question, findings, summary, numbers, tables, {str(l.path): l.digest for l in legs})

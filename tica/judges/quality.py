@@ -1,0 +1,156 @@
+"""Quality pairing: the same problems under the same six-item contract, paired per problem.
+
+If any contract item differs it is not the same score (`inconclusive`, naming the item). The
+2x2 of per-problem outcomes must sum to the problem count. Each side's score, the absolute
+point difference and the threshold are reported; under greedy decoding a score moves in steps
+of 1/N, so a finer threshold is flagged.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tica.evidence import EvidenceItem
+from tica.judges._common import Findings, cell, md_table, wrong_question
+from tica.judges.confounders import confounder_markdown, confounder_table, unquantified
+from tica.question import QualityCriteria, Question
+from tica.receipts import CONTRACT_FILE, RESULTS_FILE, Leg, ProblemResult, load_eval_contract, load_leg, load_quality_results
+from tica.verdict import Verdict, VerdictCell
+
+_SHOW = 5
+
+
+def _ids(ids: Sequence[str]) -> str:
+    ids = sorted(ids)
+    return ", ".join(ids[:_SHOW]) + (f" (+{len(ids) - _SHOW} more)" if len(ids) > _SHOW else "")
+
+
+def _truncation(results: Sequence[ProblemResult]) -> float | None:
+    flags = [r.truncated for r in results]
+    if not flags or any(t is None for t in flags):
+        return None
+    return sum(1 for t in flags if t) / len(flags)
+
+
+def judge_quality(question: Question, leg_paths: Sequence[str | Path]) -> VerdictCell:
+    item = EvidenceItem.QUALITY
+    findings = Findings()
+    if (bad := wrong_question(item, question)) is not None:
+        findings.inconclusive(bad)
+        return cell(item, question, findings, bad)
+    criteria: QualityCriteria = question.criteria  # type: ignore[assignment]
+    legs = [load_leg(p) for p in leg_paths]
+    hashes = {str(l.path): l.digest for l in legs}
+    by_arm: dict[str, list[Leg]] = {"bi1": [], "bi0": []}
+    for leg in legs:
+        if leg.meta.item != "quality":
+            findings.inconclusive(f"{leg.path.name}: is a {leg.meta.item} leg, not a quality leg")
+        elif leg.meta.not_run_reason:
+            findings.not_run(f"{leg.arm} {leg.path.name}: did not run: {leg.meta.not_run_reason}")
+        else:
+            by_arm[leg.arm].append(leg)
+    for arm, arm_legs in by_arm.items():
+        if len(arm_legs) != 1:
+            findings.inconclusive(f"{len(arm_legs)} {arm} quality legs: pairing needs exactly one per arm")
+    if any(len(v) != 1 for v in by_arm.values()):
+        return cell(item, question, findings, "no pair of quality legs to compare", receipt_hashes=hashes)
+    l1, l0 = by_arm["bi1"][0], by_arm["bi0"][0]
+    c1, c0 = load_eval_contract(l1.path / CONTRACT_FILE), load_eval_contract(l0.path / CONTRACT_FILE)
+    r1, r0 = load_quality_results(l1.path / RESULTS_FILE), load_quality_results(l0.path / RESULTS_FILE)
+    tables: dict[str, str] = {}
+    numbers: dict[str, Any] = {}
+
+    # 1. The six contract items: a difference in any means these are not the same score.
+    contract_rows, differing = [], []
+    for (name, v1), (_, v0) in zip(c1.six_items().items(), c0.six_items().items()):
+        same = v1 == v0
+        contract_rows.append([name, json.dumps(v1), json.dumps(v0), same])
+        if not same:
+            differing.append(name)
+            findings.inconclusive(f"evaluation contract differs in {name}: BI=1 {json.dumps(v1)} vs BI=0 {json.dumps(v0)}")
+    tables["evaluation contract"] = md_table(["item", "BI=1", "BI=0", "same"], contract_rows)
+    numbers["contract_differs"] = differing
+    if criteria.greedy and not (c1.greedy and c0.greedy):
+        findings.inconclusive("the question asks about greedy decoding, the contract samples (temperature > 0)")
+
+    # 2. Per-problem pairing. A problem listed twice in one arm is a retry; none are allowed.
+    for arm, results in (("bi1", r1), ("bi0", r0)):
+        dup = [pid for pid, k in Counter(r.problem_id for r in results).items() if k > 1]
+        if dup:
+            findings.inconclusive(f"{arm}: problems {_ids(dup)} appear more than once (retries are not allowed)")
+    m1 = {r.problem_id: r for r in r1}
+    m0 = {r.problem_id: r for r in r0}
+    union = set(m1) | set(m0)
+    n = criteria.expected_problems if criteria.expected_problems is not None else len(union)
+    if criteria.expected_problems is not None and len(union) != criteria.expected_problems:
+        findings.inconclusive(f"{len(union)} problems present, the question fixes {criteria.expected_problems}")
+    for only, side in ((set(m1) - set(m0), "BI=0"), (set(m0) - set(m1), "BI=1")):
+        if only:
+            findings.inconclusive(f"problems {_ids(only)} have no {side} result: they cannot be paired")
+    prompt_differs = [p for p in set(m1) & set(m0)
+                      if m1[p].prompt_hash and m0[p].prompt_hash and m1[p].prompt_hash != m0[p].prompt_hash]
+    if prompt_differs:
+        findings.inconclusive(f"problems {_ids(prompt_differs)} have the same id but different prompts")
+    both = sorted(set(m1) & set(m0))
+    counts = {
+        "both_correct": sum(1 for p in both if m1[p].correct and m0[p].correct),
+        "only_bi0": sum(1 for p in both if m0[p].correct and not m1[p].correct),
+        "only_bi1": sum(1 for p in both if m1[p].correct and not m0[p].correct),
+        "both_wrong": sum(1 for p in both if not m1[p].correct and not m0[p].correct),
+    }
+    total = sum(counts.values())
+    if n == 0:
+        findings.inconclusive("no problems in either arm: nothing was scored")
+    if total != n:
+        findings.inconclusive(f"both_correct + only_bi0 + only_bi1 + both_wrong = {total}, not N = {n}")
+    tables["pairing (2x2)"] = md_table(
+        ["", "BI=0 correct", "BI=0 wrong"],
+        [["BI=1 correct", counts["both_correct"], counts["only_bi1"]],
+         ["BI=1 wrong", counts["only_bi0"], counts["both_wrong"]]],
+    )
+
+    # 3. Scores on the paired problems, the difference in points, the threshold.
+    score1 = 100.0 * (counts["both_correct"] + counts["only_bi1"]) / n if n else float("nan")
+    score0 = 100.0 * (counts["both_correct"] + counts["only_bi0"]) / n if n else float("nan")
+    diff = abs(score1 - score0)
+    resolution = 100.0 / n if n else float("nan")
+    greedy = criteria.greedy or (c1.greedy and c0.greedy)
+    finer = greedy and criteria.threshold_points < resolution
+    if finer:
+        findings.note(
+            f"threshold {criteria.threshold_points:g} points is finer than one problem ({resolution:.4g} points of "
+            f"{n}) under greedy decoding: smaller differences are invisible"
+        )
+    if diff > criteria.threshold_points + 1e-9:
+        findings.fail(f"|{score1:.4g} - {score0:.4g}| = {diff:.4g} points exceeds the threshold {criteria.threshold_points:g}")
+    t1, t0 = _truncation(r1), _truncation(r0)
+    for arm, t in (("BI=1", t1), ("BI=0", t0)):
+        if t is None:
+            findings.note(f"{arm} truncation not recorded for every problem: read accuracy without it with care")
+    tables["scores"] = md_table(
+        ["arm", "score (%)", "correct", "N", "truncation ratio"],
+        [["BI=1", score1, counts["both_correct"] + counts["only_bi1"], n, t1],
+         ["BI=0", score0, counts["both_correct"] + counts["only_bi0"], n, t0]],
+    )
+    numbers.update(counts, n=n, score_bi1=score1, score_bi0=score0, abs_diff_points=diff,
+                   threshold_points=criteria.threshold_points, one_problem_points=resolution,
+                   threshold_finer_than_one_problem=finer, truncation_ratio_bi1=t1, truncation_ratio_bi0=t0)
+
+    # 4. Confounders: a pass would attribute the (small) delta to the switch.
+    table = confounder_table([l1.meta], [l0.meta], criteria.quantified_confounders)
+    tables["confounders"] = confounder_markdown(table)
+    numbers["confounders"] = [c.model_dump() for c in table]
+    loose = unquantified(table)
+    if loose:
+        keys = ", ".join(c.key for c in loose)
+        if findings.verdict is Verdict.FAIL:
+            findings.note(f"the difference is not attributed to the switch alone; unquantified confounders: {keys}")
+        else:
+            findings.inconclusive(f"unquantified confounders between the arms: {keys}")
+    summary = (f"BI=1 {score1:.4g}% vs BI=0 {score0:.4g}% on N={n}, |diff| {diff:.4g} points "
+               f"(threshold {criteria.threshold_points:g})")
+    return cell(item, question, findings, summary, numbers, tables, hashes)

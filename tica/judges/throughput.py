@@ -1,0 +1,300 @@
+"""Throughput pairing over `vllm bench serve --save-result` JSON, one file per leg.
+
+Order of work, as the practice prescribes: workload receipts first (a mismatched leg is
+`inconclusive` and never enters a loss); the crossed order of every round; per-round raw
+throughput and loss 1 - T_BI1/T_BI0; then per concurrency the question's frozen formula,
+labelled. A target c over budget fails whatever the average says; single-round and aggregate
+overruns are reported apart; invalid rounds are kept with their reasons; fast/slow tiers in an
+arm make the attribution `inconclusive`; a profiled leg never counts.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import statistics
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tica.evidence import EvidenceItem
+from tica.judges._common import Findings, cell, md_table, wrong_question
+from tica.judges.confounders import confounder_markdown, confounder_table, unquantified
+from tica.question import Question, ThroughputCriteria, ThroughputFormula
+from tica.receipts import BenchLeg, load_bench_leg
+from tica.verdict import Verdict, VerdictCell
+
+
+def formal_statistic(formula: ThroughputFormula, t_bi1: Sequence[float], t_bi0: Sequence[float]) -> float:
+    """The frozen per-concurrency statistic over paired rounds (index r pairs t_bi1[r] with t_bi0[r])."""
+    if len(t_bi1) != len(t_bi0) or not t_bi1:
+        raise ValueError("paired rounds need equal, non-zero counts")
+    if formula is ThroughputFormula.MEDIAN_PER_ROUND_PAIRED_LOSS:
+        return statistics.median(1.0 - a / b for a, b in zip(t_bi1, t_bi0))
+    return 1.0 - statistics.median(t_bi1) / statistics.median(t_bi0)
+
+
+def expected_order(pairing_order: Sequence[str], round_no: int) -> str:
+    """The frozen order of round r; retest rounds past the frozen ones keep alternating."""
+    if round_no <= len(pairing_order):
+        return pairing_order[round_no - 1]
+    last = pairing_order[-1] if pairing_order else "AB"
+    steps = round_no - len(pairing_order)
+    return last if steps % 2 == 0 else ("BA" if last == "AB" else "AB")
+
+
+@dataclass
+class LegCheck:
+    leg: BenchLeg
+    throughput: float
+    problems: list[str] = field(default_factory=list)
+
+
+def _metric(leg: BenchLeg, criteria: ThroughputCriteria) -> float:
+    v = getattr(leg.bench, criteria.throughput_metric)
+    return float(v) if v is not None else float("nan")
+
+
+def check_workload(leg: BenchLeg, criteria: ThroughputCriteria) -> LegCheck:
+    """The leg's workload receipt, item by item, against the frozen workload."""
+    b = leg.bench
+    chk = LegCheck(leg=leg, throughput=_metric(leg, criteria))
+    p = chk.problems
+    if leg.meta is not None and leg.meta.item != "throughput":
+        p.append(f"a {leg.meta.item} leg, not a throughput leg")
+    if leg.meta is not None and leg.meta.not_run_reason:
+        p.append(f"did not run: {leg.meta.not_run_reason}")
+    if leg.profiled:
+        p.append("profiled: never a formal end-to-end measurement")
+    if leg.round is None or leg.slot is None:
+        p.append("round/slot not recorded (--metadata round=R slot=S)")
+    c = leg.concurrency
+    want = criteria.num_prompts.get(c) if criteria.num_prompts and c is not None else None
+    if want is not None and b.num_prompts != want:
+        p.append(f"num_prompts {b.num_prompts}, the workload fixes {want}")
+    expected = want if want is not None else b.num_prompts
+    if b.completed != expected:
+        p.append(f"completed {b.completed} of {expected} requests")
+    if b.error_count:
+        p.append(f"{b.error_count} failed requests")
+    tol = criteria.token_tolerance
+    for name, actual, per in (("input", b.total_input_tokens, criteria.input_len),
+                              ("output", b.total_output_tokens, criteria.output_len)):
+        exp = expected * per
+        if abs(actual - exp) > tol * exp:
+            p.append(f"total_{name}_tokens {actual}, the workload gives {exp} ({expected} x {per})")
+    for key, frozen in (("input_len", criteria.input_len), ("output_len", criteria.output_len),
+                        ("ignore_eos", criteria.ignore_eos)):
+        got = leg.workload(key)
+        if got is not None and got != frozen:
+            p.append(f"{key} {got!r}, the workload fixes {frozen!r}")
+    warm = leg.workload("num_warmups")
+    if warm is None:
+        p.append("warm-up not recorded (resolved_config.num_warmups or --metadata num_warmups=W)")
+    elif int(warm) != criteria.warmups:
+        p.append(f"{warm} warm-up requests, the workload fixes {criteria.warmups}")
+    if not (chk.throughput > 0):
+        p.append(f"{criteria.throughput_metric} is {chk.throughput}")
+    return chk
+
+
+def _started(leg: BenchLeg) -> _dt.datetime | None:
+    if leg.meta is None or not leg.meta.started_at:
+        return None
+    try:
+        return _dt.datetime.fromisoformat(leg.meta.started_at)
+    except ValueError:
+        return None
+
+
+@dataclass
+class Round:
+    c: int
+    number: int
+    legs: list[LegCheck]
+    expected: str
+    problems: list[str] = field(default_factory=list)
+    t_bi1: float | None = None
+    t_bi0: float | None = None
+
+    @property
+    def valid(self) -> bool:
+        return not self.problems
+
+    @property
+    def loss(self) -> float | None:
+        return 1.0 - self.t_bi1 / self.t_bi0 if self.t_bi1 is not None and self.t_bi0 else None
+
+    @property
+    def observed(self) -> str:
+        by_slot = {lc.leg.slot: lc.leg.arm for lc in self.legs}
+        return "/".join(str(by_slot.get(s, "?")) for s in (1, 2))
+
+
+def check_round(rnd: Round, criteria: ThroughputCriteria) -> None:
+    p = rnd.problems
+    arms = sorted(str(lc.leg.arm) for lc in rnd.legs)
+    if arms != ["bi0", "bi1"]:
+        p.append(f"legs {arms}: a round is one BI=1 and one BI=0 leg")
+        return
+    for lc in rnd.legs:
+        for prob in lc.problems:
+            p.append(f"{lc.leg.arm} leg {lc.leg.path.name}: {prob}")
+    slots = {lc.leg.slot: lc for lc in rnd.legs}
+    if set(slots) != {1, 2}:
+        p.append(f"slots {sorted(map(str, slots))}: a round has slot 1 and slot 2")
+    else:
+        b_arm = "bi0" if criteria.arm_a == "bi1" else "bi1"
+        first = criteria.arm_a if rnd.expected == "AB" else b_arm
+        if slots[1].leg.arm != first:
+            p.append(f"order {slots[1].leg.arm} then {slots[2].leg.arm}; the frozen order {rnd.expected} "
+                     f"(A = {criteria.arm_a}) puts {first} first")
+        s1, s2 = _started(slots[1].leg), _started(slots[2].leg)
+        if s1 is not None and s2 is not None and not s1 < s2:
+            p.append(f"slot 1 started at {s1.isoformat()}, not before slot 2 at {s2.isoformat()}")
+    legs = {lc.leg.arm: lc for lc in rnd.legs}
+    if legs["bi1"].leg.bench.completed != legs["bi0"].leg.bench.completed:
+        p.append("the arms completed different request volumes; no loss is computed from them")
+    if not p:
+        rnd.t_bi1, rnd.t_bi0 = legs["bi1"].throughput, legs["bi0"].throughput
+
+
+def judge_throughput(question: Question, leg_paths: Sequence[str | Path]) -> VerdictCell:
+    item = EvidenceItem.THROUGHPUT
+    findings = Findings()
+    if (bad := wrong_question(item, question)) is not None:
+        findings.inconclusive(bad)
+        return cell(item, question, findings, bad)
+    criteria: ThroughputCriteria = question.criteria  # type: ignore[assignment]
+    legs = [load_bench_leg(p) for p in leg_paths]
+    hashes = {str(l.path): l.digest for l in legs}
+    checks = [check_workload(l, criteria) for l in legs]
+    tables: dict[str, str] = {}
+    numbers: dict[str, Any] = {"metric": criteria.throughput_metric,
+                               "formula": criteria.formula.value if criteria.formula else None,
+                               "formula_label": question.formula_label}
+
+    # Group legs into rounds per concurrency; a leg outside the frozen concurrencies is set aside.
+    grouped: dict[tuple[int, int], list[LegCheck]] = defaultdict(list)
+    unplaced: list[LegCheck] = []
+    for chk in checks:
+        c, r = chk.leg.concurrency, chk.leg.round
+        if c is None or c not in criteria.concurrencies or r is None:
+            unplaced.append(chk)
+            why = "max_concurrency not in the question's concurrencies" if r is not None else "no round"
+            findings.note(f"{chk.leg.path.name}: set aside ({why}: c={c})")
+            continue
+        grouped[(c, r)].append(chk)
+    rounds = [Round(c=c, number=r, legs=lcs, expected=expected_order(question.pairing_order, r))
+              for (c, r), lcs in sorted(grouped.items())]
+    for rnd in rounds:
+        check_round(rnd, criteria)
+        if not rnd.valid:
+            findings.note(f"c={rnd.c} round {rnd.number} invalid, kept: " + "; ".join(rnd.problems))
+
+    leg_rows = []
+    for chk in checks:
+        b = chk.leg.bench
+        leg_rows.append([chk.leg.path.name, chk.leg.arm, chk.leg.concurrency, chk.leg.round, chk.leg.slot,
+                         b.completed, b.error_count, b.total_input_tokens, b.total_output_tokens,
+                         chk.leg.workload("num_warmups"), b.duration, chk.throughput, b.mean_ttft_ms,
+                         b.median_ttft_ms, b.p99_ttft_ms, b.mean_tpot_ms, b.median_tpot_ms, b.p99_tpot_ms,
+                         "ok" if not chk.problems else "inconclusive: " + "; ".join(chk.problems)])
+    tables["per leg (workload receipts)"] = md_table(
+        ["file", "arm", "c", "round", "slot", "completed", "errors", "input tokens", "output tokens", "warm-ups",
+         "duration s", criteria.throughput_metric, "mean TTFT ms", "median TTFT ms", "p99 TTFT ms",
+         "mean TPOT ms", "median TPOT ms", "p99 TPOT ms", "status"], leg_rows)
+    tables["per round"] = md_table(
+        ["c", "round", "frozen order", "slot 1/slot 2", "T_BI1", "T_BI0", "loss 1-T_BI1/T_BI0", "valid", "reasons"],
+        [[r.c, r.number, r.expected, r.observed, r.t_bi1, r.t_bi0, r.loss, r.valid, "; ".join(r.problems)]
+         for r in rounds])
+    numbers["rounds"] = [{"c": r.c, "round": r.number, "expected_order": r.expected, "observed": r.observed,
+                          "t_bi1": r.t_bi1, "t_bi0": r.t_bi0, "loss": r.loss, "valid": r.valid,
+                          "reasons": r.problems} for r in rounds]
+
+    # Per concurrency: the frozen formula over valid rounds, the budget, single-round overruns, tiers.
+    budget = criteria.budget or {}
+    per_c: dict[int, dict[str, Any]] = {}
+    single_overruns, aggregate_overruns, tiers = [], [], []
+    for c in criteria.concurrencies:
+        valid = [r for r in rounds if r.c == c and r.valid]
+        t1 = [r.t_bi1 for r in valid]
+        t0 = [r.t_bi0 for r in valid]
+        entry: dict[str, Any] = {"valid_rounds": [r.number for r in valid], "t_bi1": t1, "t_bi0": t0,
+                                 "losses": [r.loss for r in valid], "statistic": None, "budget": budget.get(c),
+                                 "over_budget": None, "single_round_overruns": [], "tiers": {}}
+        per_c[c] = entry
+        target = c in budget
+        if len(valid) < question.repeats:
+            msg = f"c={c}: {len(valid)} valid round(s) of the {question.repeats} frozen"
+            (findings.inconclusive if target else findings.note)(msg)
+        for arm, ts in (("bi1", t1), ("bi0", t0)):
+            if len(ts) >= 2 and min(ts) > 0 and max(ts) / min(ts) > criteria.tier_ratio:
+                entry["tiers"][arm] = max(ts) / min(ts)
+                tiers.append((c, arm, max(ts) / min(ts)))
+        if not valid or criteria.formula is None:
+            continue
+        stat = formal_statistic(criteria.formula, t1, t0)  # type: ignore[arg-type]
+        entry["statistic"] = stat
+        if target:
+            entry["single_round_overruns"] = [r.number for r in valid if r.loss > budget[c]]
+            single_overruns += [(c, r.number, r.loss) for r in valid if r.loss > budget[c]]
+            if len(valid) >= question.repeats:
+                entry["over_budget"] = stat > budget[c]
+                if stat > budget[c]:
+                    aggregate_overruns.append((c, stat))
+    numbers["per_concurrency"] = {str(c): e for c, e in per_c.items()}
+    stats = [e["statistic"] for e in per_c.values() if e["statistic"] is not None]
+    # Shown because people ask for it; never judged, so it cannot hide one c over budget.
+    numbers["average_across_concurrencies_not_judged"] = statistics.fmean(stats) if stats else None
+    numbers["single_round_overruns"] = [{"c": c, "round": r, "loss": l} for c, r, l in single_overruns]
+    numbers["aggregate_overruns"] = [{"c": c, "statistic": s} for c, s in aggregate_overruns]
+    label = question.formula_label or "no frozen formula"
+    tables["per concurrency"] = md_table(
+        ["c", "valid rounds", "median T_BI1", "median T_BI0", f"statistic ({label})", "budget", "over budget",
+         "single-round overruns", "fast/slow tiers"],
+        [[c, len(e["t_bi1"]), statistics.median(e["t_bi1"]) if e["t_bi1"] else None,
+          statistics.median(e["t_bi0"]) if e["t_bi0"] else None, e["statistic"], e["budget"], e["over_budget"],
+          ", ".join(f"r{r}" for r in e["single_round_overruns"]),
+          ", ".join(f"{a} x{x:.3g}" for a, x in e["tiers"].items())] for c, e in per_c.items()])
+
+    for c, s in aggregate_overruns:
+        findings.fail(f"c={c}: {label} = {s:.4g} over the budget {budget[c]:g} (aggregate overrun)")
+    for c, r, l in single_overruns:
+        findings.note(f"c={c} round {r}: loss {l:.4g} over the budget {budget[c]:g} (single-round overrun)")
+    if criteria.formula is None or not budget:
+        findings.inconclusive("no frozen formula and budget: measured values only, the budget is not declared passed")
+    for c, arm, x in tiers:
+        findings.inconclusive(f"c={c}: {arm} throughput shows fast/slow tiers (max/min {x:.3g} > "
+                              f"{criteria.tier_ratio:g}): the loss's causal attribution is inconclusive")
+
+    # Confounders, per concurrency (workload settings legitimately differ between concurrencies).
+    loose_keys: set[str] = set()
+    conf_rows = []
+    bare = [chk.leg.path.name for chk in checks if chk.leg.meta is None]
+    if bare:
+        findings.inconclusive(f"{len(bare)} bare bench file(s) carry no resolved config: confounders cannot be listed")
+    for c in criteria.concurrencies:
+        ok = [lc.leg.meta for r in rounds if r.c == c and r.valid for lc in r.legs if lc.leg.meta is not None]
+        m1 = [m for m in ok if m.arm == "bi1"]
+        m0 = [m for m in ok if m.arm == "bi0"]
+        if m1 and m0:
+            table = confounder_table(m1, m0, criteria.quantified_confounders)
+            conf_rows += table
+            loose_keys |= {x.key for x in unquantified(table)}
+    if conf_rows:
+        tables["confounders"] = confounder_markdown(list({x.key + str(x.bi1) + str(x.bi0): x for x in conf_rows}.values()))
+    numbers["unquantified_confounders"] = sorted(loose_keys)
+    if loose_keys:
+        msg = "unquantified confounders between the arms: " + ", ".join(sorted(loose_keys))
+        if findings.verdict is Verdict.FAIL:
+            findings.note(msg + " (the overrun stands; its cause is not attributed to the switch)")
+        else:
+            findings.inconclusive(msg)
+
+    judged = [c for c in budget if per_c.get(c, {}).get("over_budget") is not None]
+    summary = (f"{sum(r.valid for r in rounds)}/{len(rounds)} valid rounds; {label}; "
+               + (", ".join(f"c={c} {per_c[c]['statistic']:.3g}{' OVER' if per_c[c]['over_budget'] else ''}"
+                            for c in judged) or "no target c judged"))
+    return cell(item, question, findings, summary, numbers, tables, hashes)

@@ -1,0 +1,84 @@
+"""Real update: one optimizer step, weight sync to the rollout engine, forward re-checked on
+the updated weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tica.evidence import EvidenceItem
+from tica.judges._common import Findings, cell, md_table, wrong_question
+from tica.judges.backward import GRAD_HEADERS, is_quantized, read_grads
+from tica.judges.forward import STEP_HEADERS, read_forward
+from tica.question import Question, UpdateCriteria
+from tica.receipts import METRICS_FILE, POST_FORWARD_DIR, UpdateStep, load_leg, load_step_metrics
+from tica.verdict import VerdictCell
+
+UPDATE_HEADERS = ["step", "optimizer", "tensors changed", "tensors total", "updated weights", "reloaded by rollout"]
+
+
+def judge_update(question: Question, leg_paths: Sequence[str | Path]) -> VerdictCell:
+    item = EvidenceItem.UPDATE
+    findings = Findings()
+    if (bad := wrong_question(item, question)) is not None:
+        findings.inconclusive(bad)
+        return cell(item, question, findings, bad)
+    criteria: UpdateCriteria = question.criteria  # type: ignore[assignment]
+    legs = [load_leg(p) for p in leg_paths]
+    numbers: dict[str, Any] = {"legs": []}
+    tables: dict[str, str] = {}
+    for leg in legs:
+        label = f"{leg.arm} {leg.path.name}: "
+        if leg.meta.item != "update":
+            findings.inconclusive(f"{label}is a {leg.meta.item} leg, not an update leg")
+            continue
+        if leg.meta.not_run_reason:
+            findings.not_run(f"{label}did not run: {leg.meta.not_run_reason}")
+            continue
+        f = Findings()
+        steps: list[UpdateStep] = load_step_metrics(leg.path / METRICS_FILE, UpdateStep)
+        grads = read_grads(steps, 1.0, False, is_quantized(leg), label)
+        f.extend(grads.findings)
+        rows = []
+        for s in steps:
+            if s.optimizer != criteria.optimizer:
+                f.inconclusive(f"{label}step {s.step}: optimizer {s.optimizer!r}, the question asks about {criteria.optimizer!r}")
+            frac = s.weights_changed_tensors / s.weights_total_tensors
+            if frac < criteria.min_weight_change_fraction:
+                f.fail(f"{label}step {s.step}: {s.weights_changed_tensors} of {s.weights_total_tensors} weight tensors "
+                       f"changed ({frac:.0%} < {criteria.min_weight_change_fraction:.0%}): the step did not update")
+            if s.reloaded_by_rollout is False:
+                f.fail(f"{label}step {s.step}: the rollout engine did not reload the updated weights")
+            elif s.reloaded_by_rollout is None:
+                f.inconclusive(f"{label}step {s.step}: weight sync to the rollout engine not recorded")
+            if not s.updated_weights_hash:
+                f.inconclusive(f"{label}step {s.step}: updated weights not named by a content hash")
+            rows.append([s.step, s.optimizer, s.weights_changed_tensors, s.weights_total_tensors,
+                         s.updated_weights_hash, s.reloaded_by_rollout])
+        post_dir = leg.path / POST_FORWARD_DIR
+        post: dict[str, Any] | None = None
+        if not (post_dir / METRICS_FILE).is_file():
+            if criteria.recheck_forward_bitwise:
+                f.inconclusive(f"{label}no post-update forward ({POST_FORWARD_DIR}/): the update's forward was not re-checked")
+        else:
+            # BI=1 must stay bitwise after the update; BI=0's post-update magnitude is reported only.
+            check_bi1 = leg.arm == "bi1" and criteria.recheck_forward_bitwise
+            reading = read_forward(post_dir, leg.arm if check_bi1 else "bi0", 1, None, f"{label}post-update ")
+            f.extend(reading.findings)
+            tables[f"post-update forward: {leg.arm} {leg.path.name}"] = md_table(STEP_HEADERS, reading.rows)
+            post = {"steps": reading.steps, "verdict": reading.findings.verdict.value}
+            updated = steps[-1].updated_weights_hash if steps else None
+            served = {s["checkpoint_version"] for s in reading.steps}
+            if updated and served and served != {updated}:
+                f.fail(f"{label}post-update forward ran on {sorted(served)}, not the updated weights {updated}")
+        findings.extend(f)
+        tables[f"per step: {leg.arm} {leg.path.name}"] = md_table(GRAD_HEADERS, grads.rows)
+        tables[f"update: {leg.arm} {leg.path.name}"] = md_table(UPDATE_HEADERS, rows)
+        numbers["legs"].append({"path": str(leg.path), "arm": leg.arm, "steps": grads.steps, "update": [
+            dict(zip(UPDATE_HEADERS, r)) for r in rows], "post_forward": post, "verdict": f.verdict.value})
+    if not legs:
+        findings.not_run("no update leg")
+    summary = f"{len(numbers['legs'])} update leg(s) judged"
+    return cell(item, question, findings, summary, numbers, tables, {str(l.path): l.digest for l in legs})

@@ -1,0 +1,525 @@
+"""Receipts: pydantic models and loaders for what a leg leaves behind (docs/receipts.md).
+
+Every loader raises `ReceiptError` naming the file and the field. A leg directory is read only
+after its seal verifies; a bare `vllm bench serve --save-result` JSON (no leg directory) is
+accepted for throughput so teams can feed their own runs, and is identified by its sha256.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from tica.errors import ReceiptError, pydantic_errors
+from tica.metrics import K3_KL, PEARSON, PROBS_DIFF_MAX, PROBS_DIFF_MEAN, PROBS_DIFF_STD
+from tica.seal import SEAL_FILE, check_seal, seal_digest, sha256_file
+
+LEG_FILE = "leg.json"
+METRICS_FILE = "metrics.jsonl"
+ARRAYS_DIR = "arrays"
+POST_FORWARD_DIR = "post_forward"
+RESULTS_FILE = "results.jsonl"
+CONTRACT_FILE = "contract.json"
+BENCH_FILE = "bench.json"
+
+Arm = Literal["bi1", "bi0"]
+EndState = Literal["exited", "killed", "force_killed", "signalled", "running"]
+
+
+class _Receipt(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+# ---------------------------------------------------------------- leg.json
+
+
+class ProcessExit(_Receipt):
+    role: Literal["client", "api_server", "engine_core", "worker", "trainer"]
+    pid: int | None = None
+    exit_code: int | None = None
+    end_state: EndState
+    signal: str | int | None = None
+    evidence: str | None = None
+
+
+class LegMeta(_Receipt):
+    schema_: Literal["tica.leg/1"] = Field(alias="schema")
+    item: Literal["forward", "backward", "update", "quality", "throughput", "clean_exit"]
+    arm: Arm
+    round: int | None = Field(None, ge=1)
+    slot: Literal[1, 2] | None = None
+    concurrency: int | None = Field(None, ge=1)
+    producer: str
+    producer_version: str
+    trainer: Literal["vllm_kernels", "transformers", "megatron", "external"] | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    versions: dict[str, str] = Field(default_factory=dict)
+    device: dict[str, Any] = Field(default_factory=dict)
+    kernels: dict[str, Any] = Field(default_factory=dict)
+    resolved_config: dict[str, Any] = Field(default_factory=dict)
+    profiled: bool = False
+    started_at: str | None = None
+    ended_at: str | None = None
+    processes: tuple[ProcessExit, ...] = ()
+    not_run_reason: str | None = None
+
+    @model_validator(mode="after")
+    def _switch_matches_arm(self) -> "LegMeta":
+        # The arm is selected by one switch; a leg whose environment says otherwise is mislabelled.
+        bi = self.env.get("VLLM_BATCH_INVARIANT")
+        if bi is not None and bi != ("1" if self.arm == "bi1" else "0"):
+            raise ValueError(f"arm is {self.arm} but env.VLLM_BATCH_INVARIANT is {bi!r}")
+        return self
+
+
+# ---------------------------------------------------------------- per-step metrics
+
+
+class ForwardStep(_Receipt):
+    """One line of a forward metrics.jsonl, in verl's names. Extra verl keys are kept."""
+
+    model_config = ConfigDict(extra="allow", frozen=True, populate_by_name=True)
+
+    step: int
+    step_basis: Literal["rollout", "optimizer"]
+    checkpoint_version: str = Field(..., min_length=1)
+    probs_diff_max: float | None = Field(None, alias=PROBS_DIFF_MAX)
+    probs_diff_mean: float | None = Field(None, alias=PROBS_DIFF_MEAN)
+    probs_diff_std: float | None = Field(None, alias=PROBS_DIFF_STD)
+    pearson: float | None = Field(None, alias=PEARSON)
+    k3_kl: float | None = Field(None, alias=K3_KL)
+    n_tokens: int | None = Field(None, alias="tica/n_tokens", ge=0)
+    n_bitwise_diff: int | None = Field(None, alias="tica/n_bitwise_diff", ge=0)
+    logprob_abs_diff_max: float | None = Field(None, alias="tica/logprob_abs_diff_max")
+
+    @field_validator("step")
+    @classmethod
+    def _no_invented_step_zero(cls, v: int) -> int:
+        if v < 1:
+            raise ValueError(f"step {v}: verl's training steps start at 1; a step 0 row is padding, not a measurement")
+        return v
+
+
+class BackwardStep(_Receipt):
+    model_config = ConfigDict(extra="allow", frozen=True, populate_by_name=True)
+
+    step: int
+    step_basis: Literal["rollout", "optimizer"] | None = None
+    checkpoint_version: str | None = None
+    grad_norm: float | None = Field(None, alias="actor/grad_norm")
+    grad_finite: bool | None = None
+    params_total: int = Field(..., ge=1)
+    params_with_grad: int = Field(..., ge=0)
+    params_nonzero_grad: int | None = Field(None, ge=0)
+    within_group_rewards: list[list[float]] | None = None
+    deployed_bytes_equal: bool | None = None
+
+    @field_validator("step")
+    @classmethod
+    def _no_invented_step_zero(cls, v: int) -> int:
+        return ForwardStep._no_invented_step_zero(v)
+
+    @model_validator(mode="after")
+    def _counts(self) -> "BackwardStep":
+        if self.params_with_grad > self.params_total:
+            raise ValueError(f"params_with_grad {self.params_with_grad} > params_total {self.params_total}")
+        return self
+
+
+class UpdateStep(BackwardStep):
+    optimizer: str
+    weights_changed_tensors: int = Field(..., ge=0)
+    weights_total_tensors: int = Field(..., ge=1)
+    updated_weights_hash: str | None = None
+    reloaded_by_rollout: bool | None = None
+
+
+def load_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise ReceiptError(path, "<file>", f"cannot read: {err.strerror}") from None
+    rows = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as err:
+            raise ReceiptError(path, f"line {n}", f"malformed JSON: {err}") from None
+        if not isinstance(row, dict):
+            raise ReceiptError(path, f"line {n}", "each line must be a JSON object")
+        rows.append(row)
+    return rows
+
+
+def load_json(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except OSError as err:
+        raise ReceiptError(path, "<file>", f"cannot read: {err.strerror}") from None
+    except ValueError as err:
+        raise ReceiptError(path, "<json>", f"malformed JSON: {err}") from None
+    if not isinstance(data, dict):
+        raise ReceiptError(path, "<root>", "must be a JSON object")
+    return data
+
+
+def _validate(model: type[BaseModel], data: Any, path: Path, where: str = "") -> Any:
+    try:
+        return model.model_validate(data)
+    except ValidationError as err:
+        e = pydantic_errors(ReceiptError, path, err)
+        if where:
+            raise ReceiptError(path, f"{where}.{e.field}", e.message) from None
+        raise e from None
+
+
+def load_step_metrics(path: str | Path, model: type[BackwardStep] | type[ForwardStep]) -> list[Any]:
+    """Steps in file order; duplicates, decreasing steps and mixed step bases are refused."""
+    path = Path(path)
+    steps = [_validate(model, row, path, f"line {n}") for n, row in enumerate(load_jsonl(path), 1)]
+    seen: set[int] = set()
+    for n, s in enumerate(steps, 1):
+        if s.step in seen:
+            raise ReceiptError(path, f"line {n}.step", f"step {s.step} appears twice")
+        if seen and s.step < max(seen):
+            raise ReceiptError(path, f"line {n}.step", f"step {s.step} after step {max(seen)}: steps must increase")
+        seen.add(s.step)
+    bases = {s.step_basis for s in steps if s.step_basis is not None}
+    if len(bases) > 1:
+        raise ReceiptError(path, "step_basis", f"mixes step bases {sorted(bases)}: one file, one basis")
+    return steps
+
+
+# ---------------------------------------------------------------- per-token arrays
+
+
+@dataclass(frozen=True)
+class StepArrays:
+    path: Path
+    token_ids: np.ndarray
+    seq_lens: np.ndarray
+    trainer_logprobs: np.ndarray
+    rollout_logprobs: np.ndarray
+    decode_logprobs: np.ndarray | None
+    decode_mask: np.ndarray | None
+
+
+_ARRAY_DTYPES = {
+    "token_ids": np.int32,
+    "seq_lens": np.int32,
+    "trainer_logprobs": np.float32,
+    "rollout_logprobs": np.float32,
+    "decode_logprobs": np.float32,
+    "decode_mask": np.bool_,
+}
+
+
+def load_step_arrays(path: str | Path) -> StepArrays:
+    path = Path(path)
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            data = {k: z[k] for k in z.files}
+    except (OSError, ValueError) as err:
+        raise ReceiptError(path, "<npz>", f"cannot read arrays: {err}") from None
+    for key in ("token_ids", "seq_lens", "trainer_logprobs", "rollout_logprobs"):
+        if key not in data:
+            raise ReceiptError(path, key, "missing array")
+    for key, arr in data.items():
+        want = _ARRAY_DTYPES.get(key)
+        if want is not None and arr.dtype != want:
+            raise ReceiptError(path, key, f"dtype {arr.dtype}, expected {np.dtype(want)}")
+    n = data["token_ids"].size
+    if n == 0:
+        raise ReceiptError(path, "token_ids", "no tokens: an empty step is not a measurement")
+    if int(data["seq_lens"].sum()) != n:
+        raise ReceiptError(path, "seq_lens", f"sum {int(data['seq_lens'].sum())} != {n} tokens")
+    for key in ("trainer_logprobs", "rollout_logprobs", "decode_logprobs", "decode_mask"):
+        if key in data and data[key].size != n:
+            raise ReceiptError(path, key, f"{data[key].size} entries for {n} tokens")
+    if ("decode_logprobs" in data) != ("decode_mask" in data):
+        raise ReceiptError(path, "decode_mask", "decode_logprobs and decode_mask come together")
+    return StepArrays(
+        path=path,
+        token_ids=data["token_ids"],
+        seq_lens=data["seq_lens"],
+        trainer_logprobs=data["trainer_logprobs"],
+        rollout_logprobs=data["rollout_logprobs"],
+        decode_logprobs=data.get("decode_logprobs"),
+        decode_mask=data.get("decode_mask"),
+    )
+
+
+def step_arrays_path(forward_dir: Path, step: int) -> Path:
+    return forward_dir / ARRAYS_DIR / f"step_{step:04d}.npz"
+
+
+# ---------------------------------------------------------------- quality
+
+
+class ProblemResult(_Receipt):
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    problem_id: str = Field(..., min_length=1)
+    correct: bool
+    prompt_hash: str | None = None
+    response: str | None = None
+    extracted: str | None = None
+    truncated: bool | None = None
+
+
+class Sampling(_Receipt):
+    temperature: float = Field(..., ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = -1
+    seed: int | None = None
+    n: int = Field(1, ge=1)
+    stop: tuple[str, ...] = ()
+
+
+class EvalContract(_Receipt):
+    """The six items of the evaluation contract; two scores differing in any are not one score."""
+
+    dataset_version: str = Field(..., min_length=1)
+    prompt_template: str = Field(..., min_length=1)
+    thinking_mode: str
+    sampling: Sampling
+    repeats: int = Field(..., ge=1)
+    scorer: str = Field(..., min_length=1)
+    length_cap: int = Field(..., ge=1)
+
+    def six_items(self) -> dict[str, Any]:
+        """The six items, as the practice names them."""
+        return {
+            "dataset version": self.dataset_version,
+            "prompt/chat template and thinking mode": (self.prompt_template, self.thinking_mode),
+            "sampling parameters": self.sampling.model_dump(mode="json"),
+            "number of repeats": self.repeats,
+            "scorer": self.scorer,
+            "length cap": self.length_cap,
+        }
+
+    @property
+    def greedy(self) -> bool:
+        return self.sampling.temperature == 0
+
+
+def load_quality_results(path: str | Path) -> list[ProblemResult]:
+    path = Path(path)
+    return [_validate(ProblemResult, row, path, f"line {n}") for n, row in enumerate(load_jsonl(path), 1)]
+
+
+def load_eval_contract(path: str | Path) -> EvalContract:
+    path = Path(path)
+    return _validate(EvalContract, load_json(path), path)
+
+
+# ---------------------------------------------------------------- throughput (vllm bench serve JSON)
+
+
+class BenchResult(BaseModel):
+    """What `vllm bench serve --save-result` writes. `--metadata k=v` pairs are top-level strings."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    num_prompts: int = Field(..., ge=0)
+    max_concurrency: int | None = Field(..., ge=1)
+    duration: float = Field(..., ge=0)
+    completed: int = Field(..., ge=0)
+    failed: int = Field(0, ge=0)
+    total_input_tokens: int = Field(..., ge=0)
+    total_output_tokens: int = Field(..., ge=0)
+    request_throughput: float = Field(..., ge=0)
+    output_throughput: float = Field(..., ge=0)
+    total_token_throughput: float | None = None
+    mean_ttft_ms: float | None = None
+    median_ttft_ms: float | None = None
+    p99_ttft_ms: float | None = None
+    mean_tpot_ms: float | None = None
+    median_tpot_ms: float | None = None
+    p99_tpot_ms: float | None = None
+    errors: list[str | None] | None = None
+    arm: Arm | None = None
+    round: int | None = None
+    slot: Literal[1, 2] | None = None
+    num_warmups: int | None = None
+    ignore_eos: bool | None = None
+    profiled: bool | None = None
+
+    @field_validator("round", "slot", "num_warmups", mode="before")
+    @classmethod
+    def _metadata_int(cls, v: Any) -> Any:
+        return int(v) if isinstance(v, str) and v.strip().lstrip("-").isdigit() else v
+
+    @field_validator("ignore_eos", "profiled", mode="before")
+    @classmethod
+    def _metadata_bool(cls, v: Any) -> Any:
+        if isinstance(v, str) and v.lower() in ("true", "1", "false", "0"):
+            return v.lower() in ("true", "1")
+        return v
+
+    @property
+    def error_count(self) -> int:
+        listed = sum(1 for e in self.errors or () if e)
+        return max(self.failed, listed)
+
+
+def load_bench(path: str | Path) -> BenchResult:
+    path = Path(path)
+    data = load_json(path)
+    bench = _validate(BenchResult, data, path)
+    for key in ("duration", "output_throughput", "request_throughput"):
+        if not math.isfinite(getattr(bench, key)):
+            raise ReceiptError(path, key, "not a finite number")
+    return bench
+
+
+# ---------------------------------------------------------------- legs
+
+
+@dataclass(frozen=True)
+class Leg:
+    """A sealed leg directory, read after its seal verified."""
+
+    path: Path
+    meta: LegMeta
+    digest: str
+
+    @property
+    def arm(self) -> Arm:
+        return self.meta.arm
+
+
+def verify_seal(leg_dir: str | Path) -> str:
+    """Raise ReceiptError unless the seal verifies; return the leg's digest."""
+    leg_dir = Path(leg_dir)
+    problems = check_seal(leg_dir)
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise ReceiptError(leg_dir / SEAL_FILE, "files", problems[0] + more)
+    return seal_digest(leg_dir)
+
+
+def load_leg_meta(path: str | Path) -> LegMeta:
+    path = Path(path)
+    return _validate(LegMeta, load_json(path), path)
+
+
+def load_process_exits(leg_dir: str | Path) -> tuple[ProcessExit, ...]:
+    """The exit receipts of a sealed leg: how every client, server, EngineCore, worker ended."""
+    return load_leg(leg_dir).meta.processes
+
+
+def load_leg(leg_dir: str | Path) -> Leg:
+    leg_dir = Path(leg_dir)
+    if not leg_dir.is_dir():
+        raise ReceiptError(leg_dir, "<dir>", "not a leg directory")
+    digest = verify_seal(leg_dir)
+    return Leg(path=leg_dir, meta=load_leg_meta(leg_dir / LEG_FILE), digest=digest)
+
+
+@dataclass(frozen=True)
+class BenchLeg:
+    """One throughput leg: a bench JSON, inside a sealed leg directory or bare."""
+
+    path: Path
+    bench: BenchResult
+    meta: LegMeta | None
+    digest: str
+
+    @property
+    def arm(self) -> Arm | None:
+        return self.meta.arm if self.meta else self.bench.arm
+
+    @property
+    def round(self) -> int | None:
+        return self.bench.round if self.bench.round is not None else (self.meta.round if self.meta else None)
+
+    @property
+    def slot(self) -> int | None:
+        return self.bench.slot if self.bench.slot is not None else (self.meta.slot if self.meta else None)
+
+    @property
+    def concurrency(self) -> int | None:
+        return self.bench.max_concurrency
+
+    @property
+    def profiled(self) -> bool:
+        return bool(self.bench.profiled) or bool(self.meta and self.meta.profiled)
+
+    def workload(self, key: str) -> Any:
+        """A workload setting from the leg's resolved config, else from the bench metadata."""
+        if self.meta is not None and key in self.meta.resolved_config:
+            return self.meta.resolved_config[key]
+        return getattr(self.bench, key, None)
+
+
+def load_bench_leg(path: str | Path) -> BenchLeg:
+    path = Path(path)
+    if path.is_dir():
+        leg = load_leg(path)
+        bench = load_bench(path / BENCH_FILE)
+        for key in ("arm", "round", "slot"):
+            said, meta_said = getattr(bench, key), getattr(leg.meta, key)
+            if said is not None and meta_said is not None and said != meta_said:
+                raise ReceiptError(path / BENCH_FILE, key, f"{said!r} but leg.json says {meta_said!r}")
+        if bench.max_concurrency is not None and leg.meta.concurrency not in (None, bench.max_concurrency):
+            raise ReceiptError(path / BENCH_FILE, "max_concurrency",
+                               f"{bench.max_concurrency} but leg.json says {leg.meta.concurrency}")
+        return BenchLeg(path=path, bench=bench, meta=leg.meta, digest=leg.digest)
+    bench = load_bench(path)
+    if bench.arm is None:
+        raise ReceiptError(path, "arm", "missing: run vllm bench serve with --metadata arm=bi1|bi0 round=R slot=S")
+    return BenchLeg(path=path, bench=bench, meta=None, digest="sha256:" + sha256_file(path))
+
+
+# ---------------------------------------------------------------- recipe dry runs
+
+
+class ResolvedCommand(_Receipt):
+    command: str
+    rc: int
+
+
+class RecipeCombo(_Receipt):
+    """One mode x optimizer x arm, printed by the recipe's dry-run (or compose) mode."""
+
+    mode: Literal["dry_run", "compose"]
+    optimizer: str = Field(..., min_length=1)
+    arm: Arm
+    before: ResolvedCommand | None = Field(None, description="the original recipe (for BI=0: the original baseline recipe)")
+    after: ResolvedCommand | None = None
+
+
+class RecipeDryRuns(_Receipt):
+    schema_: Literal["tica.recipe_dry_runs/1"] = Field(alias="schema")
+    recipe: str
+    combos: tuple[RecipeCombo, ...] = Field(..., min_length=1)
+
+    @model_validator(mode="after")
+    def _unique(self) -> "RecipeDryRuns":
+        keys = [(c.mode, c.optimizer, c.arm) for c in self.combos]
+        dup = {k for k in keys if keys.count(k) > 1}
+        if dup:
+            raise ValueError(f"combination {sorted(dup)[0]} listed twice")
+        return self
+
+
+def load_recipe_dry_runs(path: str | Path) -> tuple[RecipeDryRuns, str]:
+    """The dry-run receipt and its identity (seal digest of its directory, or the file's sha256)."""
+    path = Path(path)
+    if path.is_dir():
+        digest = verify_seal(path)
+        path = path / "recipe_dry_runs.json"
+    else:
+        digest = "sha256:" + sha256_file(path) if path.is_file() else ""
+    return _validate(RecipeDryRuns, load_json(path), path), digest
