@@ -6,7 +6,6 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 from tica.candidate import diff, identify, identify_file, voided_items
 from tica.errors import TicaError
@@ -83,22 +82,11 @@ def cmd_ledger_verify(args: argparse.Namespace) -> int:
     return 1
 
 
-def cmd_judge(args: argparse.Namespace) -> int:
-    from tica.judges import judge  # judges load numpy receipts; keep the other commands light
-    from tica.question import load_question
-
-    question = load_question(args.question)
-    cell = judge(question.item, question, [Path(p) for p in args.legs])
-    print(json.dumps(cell.model_dump(mode="json", exclude={"tables"}), indent=1, default=str))
-    for name, table in cell.tables.items():
-        print(f"\n## {name}\n{table}")
-    return 0
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tica", description=__doc__)
     parser.add_argument("--ledger", help="DuckDB ledger file (default: $TICA_LEDGER or data/ledger.duckdb)")
     sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("judge", help="judge sealed receipts under a frozen question: tica judge ITEM -q Q.yaml LEG...")
 
     cand = sub.add_parser("candidate", help="candidate manifests").add_subparsers(dest="sub", required=True)
     p = cand.add_parser("fingerprint", help="fingerprint every component of a manifest")
@@ -125,14 +113,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = led.add_parser("verify", help="recompute the hash chain; name any edited row")
     p.set_defaults(func=cmd_ledger_verify)
 
-    p = sub.add_parser("judge", help="judge sealed receipts under a frozen question")
-    p.add_argument("--question", required=True)
-    p.add_argument("legs", nargs="+", help="leg directories or receipt files")
-    p.set_defaults(func=cmd_judge)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["judge"]:
+        # judging owns its arguments and exit codes (0 pass, 1 fail, 2 inconclusive, 3 not run, 4 bad input)
+        from tica.judges import cli_judge
+
+        return cli_judge(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
