@@ -166,7 +166,7 @@ def build_forward(question: Question, dest: Path) -> list[Path]:
     for arm, trainer, seed in (("bi1", "vllm_kernels", 1), ("bi0", "megatron", 2)):
         meta = _meta("forward", arm, trainer=trainer,
                      processes=[_proc("trainer", 4100 + seed), _proc("engine_core", 4200 + seed)])
-        legs.append(_write_leg(dest / f"forward_{arm}", meta, _forward_files(arm, steps, c.bi0_reference_mean, seed, _ckpt)))
+        legs.append(_write_leg(dest / f"forward_{arm}", meta, _forward_files(arm, steps, c.bi0_reference_mean or 0.01, seed, _ckpt)))
     return legs
 
 

@@ -43,7 +43,9 @@ class ForwardCriteria(_Strict):
     item: Literal[EvidenceItem.FORWARD] = EvidenceItem.FORWARD
     min_steps: int = Field(5, ge=1, description="steps that must each be present and judged")
     # BI=1 passes only with max = mean = 0 at every step: not a parameter, a rule.
-    bi0_reference_mean: float = Field(..., gt=0, description="independent reference for BI=0 mean |diff|")
+    bi0_reference_mean: float | None = Field(
+        ..., gt=0, description="independent reference for BI=0 mean |diff|; null: BI=0 is reported, not judged"
+    )
     bi0_magnitude_factor: float = Field(10.0, gt=1, description="BI=0 mean within [ref/f, ref*f] is 'same magnitude'")
     quantified_confounders: dict[str, str] = Field(
         default_factory=dict, description="arm differences (dotted receipt keys) aligned or quantified elsewhere: key -> where"

@@ -118,6 +118,15 @@ def test_bi0_magnitude_is_judged_against_the_questions_reference(receipts):
     assert cell.verdict is Verdict.PASS and "BI=0 mean |diff|" in cell.summary
 
 
+def test_without_a_reference_bi0_is_reported_not_judged(receipts):
+    """A question may name no independent BI=0 reference (e.g. random weights): then the
+    magnitude is reported; the negative control above shows a named reference is enforced."""
+    legs = receipts("forward")
+    logged_only(leg(legs, "bi0"), 2, scale_mean=200.0)
+    cell = judge("forward", question("forward", bi0_reference_mean=None), legs)
+    assert cell.verdict is Verdict.PASS and "the question names no reference" in cell.summary
+
+
 def test_bi1_leg_that_did_not_run_is_not_run(receipts):
     legs = receipts("forward")
     edit_meta(leg(legs, "bi1"), lambda m: m.update(

@@ -171,7 +171,8 @@ def judge_forward(question: Question, leg_paths: Sequence[str | Path]) -> Verdic
             arm_verdicts[leg.arm].append(Verdict.NOT_RUN)
             continue
         ref, factor = criteria.bi0_reference_mean, criteria.bi0_magnitude_factor
-        reading = read_forward(leg.path, leg.arm, criteria.min_steps, (ref / factor, ref * factor), label)
+        bi0_range = None if ref is None else (ref / factor, ref * factor)
+        reading = read_forward(leg.path, leg.arm, criteria.min_steps, bi0_range, label)
         findings.extend(reading.findings)
         arm_verdicts[leg.arm].append(reading.findings.verdict)
         numbers["legs"].append({"path": str(leg.path), "arm": leg.arm, "steps": reading.steps,
@@ -196,5 +197,7 @@ def judge_forward(question: Question, leg_paths: Sequence[str | Path]) -> Verdic
     if arm_verdicts["bi0"]:
         means = [s["mean"] for l in numbers["legs"] if l["arm"] == "bi0" for s in l["steps"] if s["mean"] is not None]
         if means:
-            summary += f"; BI=0 mean |diff| {min(means):.3g}..{max(means):.3g} vs reference {criteria.bi0_reference_mean:g}"
+            ref = criteria.bi0_reference_mean
+            against = f"vs reference {ref:g}" if ref is not None else "(reported; the question names no reference)"
+            summary += f"; BI=0 mean |diff| {min(means):.3g}..{max(means):.3g} {against}"
     return cell(item, question, findings, summary, numbers, tables, {str(l.path): l.digest for l in legs})

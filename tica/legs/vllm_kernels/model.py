@@ -1,0 +1,222 @@
+"""``KernelLlama``: a Llama/Qwen2-family dense decoder whose forward is vLLM's kernels.
+
+* reads the safetensors vLLM serves (HF names) into fp32 **master** parameters;
+* the forward casts each master to the deployed dtype (bf16: the bytes vLLM loads) and fuses
+  q/k/v and gate/up by concatenation exactly as vLLM's QKVParallelLinear /
+  MergedColumnParallelLinear load them, so every matmul sees the deployed bytes;
+* layer order and norms as vLLM's LlamaDecoderLayer (first input norm unfused, then
+  fused_add_rms_norm), rotary neox style with vLLM's cos/sin cache, varlen causal attention
+  over packed sequences, lm_head on the scored rows only (the matmul is batch invariant),
+  logprobs with the V2 runner's kernel;
+* gradients flow through the casts and concatenations to the masters.
+
+Packed input: ``ids`` [T] (sequences concatenated), ``cu_seqlens`` int32 [n+1]. Output: the
+logprob of every token but each sequence's first, in order (sum(L_i - 1) values).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from . import autograd as A
+
+DECODE_CHUNK = 255  # rows per fused_add_rms_norm call for decode rows (< 256: vLLM's decode launch shape)
+FAULT_LOGPROB = "logprob:torch.log_softmax"
+FAULT_FINAL_NORM = "model.norm:hf_rmsnorm"
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def load_safetensors_dir(model_dir: str | Path, device="cpu") -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    d = Path(model_dir)
+    files = sorted(d.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors in {d}")
+    sd: dict[str, torch.Tensor] = {}
+    for f in files:
+        sd.update(load_file(str(f), device=str(device)))
+    return sd
+
+
+class KernelLlama(torch.nn.Module):
+    def __init__(self, config: dict, state_dict: dict[str, torch.Tensor], kernels, *,
+                 compute_dtype: torch.dtype | None = None, device=None) -> None:
+        super().__init__()
+        arch = (config.get("architectures") or ["?"])[0]
+        if arch not in SUPPORTED_ARCHITECTURES:
+            raise NotImplementedError(f"KernelLlama supports {SUPPORTED_ARCHITECTURES}, not {arch}")
+        rs = config.get("rope_scaling") or (config.get("rope_parameters") or {})
+        rtype = rs.get("rope_type", rs.get("type", "default")) if isinstance(rs, dict) else "default"
+        if rtype not in (None, "default"):
+            raise NotImplementedError(f"rope scaling {rtype!r} is not implemented (vLLM builds a different cache)")
+        if config.get("mlp_bias"):
+            raise NotImplementedError("mlp_bias is not implemented")
+        self.config = config
+        self.kernels = kernels
+        self.arch = arch
+        self.H = config["num_attention_heads"]
+        self.KVH = config.get("num_key_value_heads") or self.H
+        self.D = config.get("head_dim") or config["hidden_size"] // self.H
+        self.n_layers = config["num_hidden_layers"]
+        self.eps = float(config.get("rms_norm_eps", 1e-6))
+        self.tie = bool(config.get("tie_word_embeddings", False))
+        theta = (config.get("rope_parameters") or {}).get("rope_theta", config.get("rope_theta", 10000.0))
+        self.theta = float(theta)
+        self.max_pos = int(config.get("max_position_embeddings", 4096))
+        self.deployed_dtype = _DTYPES[str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")]
+        self.compute_dtype = compute_dtype or self.deployed_dtype
+        dev = torch.device(device) if device is not None else next(iter(state_dict.values())).device
+        self.device_ = dev
+        self.names = sorted(state_dict)
+        self.master = torch.nn.ParameterList(
+            [torch.nn.Parameter(state_dict[n].to(device=dev, dtype=torch.float32)) for n in self.names])
+        self._idx = {n: i for i, n in enumerate(self.names)}
+        # planted faults (canaries): a linear's name (computed with torch's default F.linear),
+        # FAULT_LOGPROB or FAULT_FINAL_NORM
+        self.fault: str | None = None
+        # bool [T] per packed token: True where the rollout computed that row in a decode step
+        self.decode_rows: torch.Tensor | None = None
+        # rotary cache as vLLM builds it (fp32 math on the device, cast to the model dtype)
+        self.register_buffer("cos_sin", _cache(self.max_pos, self.D, self.theta, dev, self.compute_dtype),
+                             persistent=False)
+
+    # ---------------------------------------------------------------- weights
+    def p(self, name: str) -> torch.Tensor:
+        return self.master[self._idx[name]]
+
+    def has(self, name: str) -> bool:
+        return name in self._idx
+
+    def w(self, name: str) -> torch.Tensor:
+        """The weight as the forward sees it: master cast to the deployed dtype (the deployed
+        bytes), then to the compute dtype (a no-op on the GPU; float64 in CPU tests)."""
+        return self.p(name).to(self.deployed_dtype).to(self.compute_dtype)
+
+    def deployed_state_dict(self) -> dict[str, torch.Tensor]:
+        return {n: self.p(n).detach().to(self.deployed_dtype).contiguous() for n in self.names}
+
+    def fused(self, prefix: str, parts: tuple[str, ...], suffix: str = "weight") -> torch.Tensor | None:
+        names = [f"{prefix}{x}.{suffix}" for x in parts]
+        if not all(self.has(n) for n in names):
+            if suffix == "bias" and not any(self.has(n) for n in names):
+                return None
+            raise KeyError(f"missing {names}")
+        return torch.cat([self.w(n) for n in names], 0)
+
+    # ---------------------------------------------------------------- forward
+    def _lin(self, name: str, x, w, b=None):
+        if self.fault == name:
+            return F.linear(x, w, b)  # torch's default (cuBLAS) matmul: the planted fault
+        return A.linear(self.kernels, x, w, b)
+
+    def _fused_add(self, h, residual, w):
+        """fused_add_rms_norm as the rollout engine ran it for each row. vLLM 0.26's
+        _C.fused_add_rms_norm picks its launch shape from the number of tokens in the call
+        (>= 256 or not), and the bits of some rows depend on it (kernel_probe.json). With
+        ``self.decode_rows`` set, prompt rows go through one call (>= 256 rows, as in a prefill
+        step) and decode rows through calls of at most 255 rows (as in a decode step)."""
+        K = self.kernels
+        dr = self.decode_rows
+        if dr is None:
+            return A.fused_add_rms_norm(K, h, residual, w, self.eps)
+        idx_p = torch.nonzero(~dr).squeeze(-1)
+        idx_d = torch.nonzero(dr).squeeze(-1)
+        ys, rs, order = [], [], []
+        if idx_p.numel():
+            y, r = A.fused_add_rms_norm(K, h[idx_p], residual[idx_p], w, self.eps)
+            ys.append(y), rs.append(r), order.append(idx_p)
+        for c in range(0, idx_d.numel(), DECODE_CHUNK):
+            ic = idx_d[c:c + DECODE_CHUNK]
+            y, r = A.fused_add_rms_norm(K, h[ic], residual[ic], w, self.eps)
+            ys.append(y), rs.append(r), order.append(ic)
+        inv = torch.argsort(torch.cat(order))
+        return torch.cat(ys)[inv], torch.cat(rs)[inv]
+
+    def hidden(self, ids: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int) -> torch.Tensor:
+        K = self.kernels
+        H, KVH, D = self.H, self.KVH, self.D
+        T = ids.numel()
+        pos = torch.cat([torch.arange(int(e - s), device=ids.device)
+                         for s, e in zip(cu_seqlens[:-1].tolist(), cu_seqlens[1:].tolist())])
+        h = F.embedding(ids, self.w("model.embed_tokens.weight"))
+        residual = None
+        for i in range(self.n_layers):
+            p = f"model.layers.{i}."
+            if residual is None:
+                residual = h
+                h = A.rms_norm(K, h, self.w(p + "input_layernorm.weight"), self.eps)
+            else:
+                h, residual = self._fused_add(h, residual, self.w(p + "input_layernorm.weight"))
+            wqkv = self.fused(p + "self_attn.", ("q_proj", "k_proj", "v_proj"))
+            bqkv = self.fused(p + "self_attn.", ("q_proj", "k_proj", "v_proj"), "bias")
+            qkv = self._lin(p + "self_attn.qkv_proj", h, wqkv, bqkv)
+            q, k, v = qkv.split([H * D, KVH * D, KVH * D], dim=-1)
+            q, k = A.rotary(K, pos, q, k, D, self.cos_sin)
+            o = A.attention(K, q.reshape(T, H, D), k.reshape(T, KVH, D), v.reshape(T, KVH, D),
+                            cu_seqlens, max_seqlen, D ** -0.5)
+            h = self._lin(p + "self_attn.o_proj", o.reshape(T, H * D), self.w(p + "self_attn.o_proj.weight"))
+            h, residual = self._fused_add(h, residual, self.w(p + "post_attention_layernorm.weight"))
+            gu = self._lin(p + "mlp.gate_up_proj", h, self.fused(p + "mlp.", ("gate_proj", "up_proj")))
+            a = A.silu_and_mul(K, gu)
+            h = self._lin(p + "mlp.down_proj", a, self.w(p + "mlp.down_proj.weight"))
+        if self.fault == FAULT_FINAL_NORM:
+            # planted fault: HF transformers' LlamaRMSNorm (bf16 residual add, fp32 variance, weight * x.to(bf16))
+            r = residual + h
+            x32 = r.float()
+            x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+            return self.w("model.norm.weight") * x32.to(r.dtype)
+        h, _ = self._fused_add(h, residual, self.w("model.norm.weight"))
+        return h
+
+    def lm_head_weight(self) -> torch.Tensor:
+        if self.tie or not self.has("lm_head.weight"):
+            return self.w("model.embed_tokens.weight")
+        return self.w("lm_head.weight")
+
+    def logprobs(self, ids: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int | None = None) -> torch.Tensor:
+        """logprob of ids[s+1:e] given their prefix, for every sequence [s, e), concatenated."""
+        cu = cu_seqlens.to(device=ids.device, dtype=torch.int32)
+        if max_seqlen is None:
+            max_seqlen = int((cu[1:] - cu[:-1]).max())
+        h = self.hidden(ids, cu, max_seqlen)
+        rows, tgt = scored_rows(ids, cu)
+        logits = self._lin("lm_head", h[rows], self.lm_head_weight())
+        if self.fault == FAULT_LOGPROB:
+            # planted fault: torch's log_softmax on fp32 logits instead of the V2 runner's logprob kernel
+            return torch.log_softmax(logits.float(), dim=-1).gather(-1, tgt.reshape(-1, 1)).squeeze(-1)
+        return A.token_logprobs(self.kernels, logits, tgt)
+
+
+def _cache(max_pos, D, theta, dev, dtype):
+    from .kernels import cos_sin_cache
+
+    return cos_sin_cache(max_pos, D, theta, dev, dtype)
+
+
+def scored_rows(ids: torch.Tensor, cu: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rows whose logits score the next token, those next tokens), sequence by sequence."""
+    rows = []
+    for s, e in zip(cu[:-1].tolist(), cu[1:].tolist()):
+        rows.append(torch.arange(s, e - 1, device=ids.device))
+    r = torch.cat(rows)
+    return r, ids[r + 1]
+
+
+def pack(seqs: list[list[int]], device) -> tuple[torch.Tensor, torch.Tensor, int]:
+    ids = torch.tensor([t for s in seqs for t in s], dtype=torch.long, device=device)
+    lens = [len(s) for s in seqs]
+    cu = torch.zeros(len(seqs) + 1, dtype=torch.int32)
+    cu[1:] = torch.tensor(lens).cumsum(0)
+    return ids, cu.to(device), max(lens)
+
+
+def from_dir(model_dir: str | Path, kernels, *, device="cpu", compute_dtype=None) -> KernelLlama:
+    cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    sd = load_safetensors_dir(model_dir, device=device)
+    return KernelLlama(cfg, sd, kernels, compute_dtype=compute_dtype, device=device)
