@@ -37,7 +37,11 @@ class ComponentChange(BaseModel):
 
 
 def identify(loaded: LoadedManifest, cache: FingerprintCache | None = None) -> CandidateIdentity:
-    components = {Component.WEIGHTS: fingerprint_checkpoint(loaded.checkpoint_path, cache)}
+    if loaded.checkpoint_path is not None:
+        weights = fingerprint_checkpoint(loaded.checkpoint_path, cache)
+    else:
+        weights = loaded.manifest.checkpoint.digest or ""
+    components = {Component.WEIGHTS: weights}
     for component, value in loaded.manifest.component_values().items():
         components[component] = value_fingerprint(value)
     return CandidateIdentity(

@@ -32,8 +32,20 @@ def _digest(value: str) -> str:
 
 
 class Checkpoint(_Strict):
-    path: str = Field(..., description="folder or file of the deployed weights, relative to the manifest")
+    """The deployed weights: a path TICA hashes itself, or, for a track measured elsewhere whose
+    weights are not on this machine, the content digest its producer recorded."""
+
+    path: str | None = Field(None, description="folder or file of the deployed weights, relative to the manifest")
+    digest: str | None = Field(None, description="recorded content digest, only when the weights are not here")
     format: Literal["safetensors", "gguf", "dcp", "other"] = "safetensors"
+
+    @model_validator(mode="after")
+    def _one_identity(self) -> "Checkpoint":
+        if (self.path is None) == (self.digest is None):
+            raise ValueError("give exactly one of checkpoint.path (hashed here) or checkpoint.digest (recorded elsewhere)")
+        if self.digest is not None:
+            _digest(self.digest)
+        return self
 
 
 class Image(_Strict):
@@ -201,7 +213,7 @@ class LoadedManifest(BaseModel):
 
     path: Path
     manifest: Manifest
-    checkpoint_path: Path
+    checkpoint_path: Path | None
     text_hash: str
 
 
@@ -222,11 +234,13 @@ def load_manifest(path: str | Path) -> LoadedManifest:
         manifest = Manifest.model_validate(data)
     except ValidationError as err:
         raise pydantic_errors(ManifestError, path, err) from None
-    ckpt = (path.parent / manifest.checkpoint.path).resolve()
-    if not ckpt.exists():
-        raise ManifestError(path, "checkpoint.path", f"{ckpt} does not exist")
-    if ckpt.is_dir() and not any(p.is_file() for p in ckpt.rglob("*")):
-        raise ManifestError(path, "checkpoint.path", f"{ckpt} holds no files")
+    ckpt = None
+    if manifest.checkpoint.path is not None:
+        ckpt = (path.parent / manifest.checkpoint.path).resolve()
+        if not ckpt.exists():
+            raise ManifestError(path, "checkpoint.path", f"{ckpt} does not exist")
+        if ckpt.is_dir() and not any(p.is_file() for p in ckpt.rglob("*")):
+            raise ManifestError(path, "checkpoint.path", f"{ckpt} holds no files")
     return LoadedManifest(
         path=path.resolve(),
         manifest=manifest,

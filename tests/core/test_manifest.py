@@ -21,6 +21,8 @@ def test_a_valid_manifest_loads_with_its_checkpoint_resolved(candidate_dir, mani
     ("mutate", "field", "message"),
     [
         (lambda m: m.update(checkpoint={"path": "missing"}), "checkpoint.path", "does not exist"),
+        (lambda m: m.update(checkpoint={"path": "ckpt", "digest": "sha256:" + "0" * 64}), "checkpoint", "exactly one"),
+        (lambda m: m.update(checkpoint={"digest": "my-model-v2"}), "checkpoint", "not a content digest"),
         (lambda m: m["backends"].update(flash="yes"), "backends.flash", "Extra inputs"),
         (lambda m: m["image"].update(digest="latest"), "image.digest", "not a content digest"),
         (lambda m: m.pop("workload"), "workload", "Field required"),
@@ -28,7 +30,7 @@ def test_a_valid_manifest_loads_with_its_checkpoint_resolved(candidate_dir, mani
         (lambda m: m["eval_contract"].update(repeats=0), "eval_contract.repeats", "greater than or equal"),
         (lambda m: m.update(track="Has Spaces"), "track", "pattern"),
     ],
-    ids=["missing-checkpoint", "unknown-field", "name-not-digest", "missing-workload", "recipe-switch",
+    ids=["missing-checkpoint", "path-and-digest", "digest-is-a-name", "unknown-field", "name-not-digest", "missing-workload", "recipe-switch",
          "zero-repeats", "bad-track"],
 )
 def test_bad_manifests_name_file_and_field(candidate_dir, manifest_data, mutate, field, message):
@@ -59,3 +61,12 @@ def test_record_is_idempotent_and_bad_input_writes_nothing(tmp_path, candidate_d
     assert "bad.yaml: backends.flash" in capsys.readouterr().err
     assert ledger.query("SELECT count(*) FROM ledger_chain")[1] == before == [(12,)]
     assert ledger.verify().ok
+
+
+def test_a_recorded_digest_is_the_weights_fingerprint_when_weights_are_elsewhere(candidate_dir, manifest_data):
+    from tica.candidate import identify
+
+    manifest_data["checkpoint"] = {"digest": "sha256:" + "1" * 64}
+    loaded = load_manifest(write_manifest(candidate_dir, manifest_data))
+    assert loaded.checkpoint_path is None
+    assert identify(loaded).components["weights"] == "sha256:" + "1" * 64
