@@ -80,7 +80,8 @@ VIEWS = {
         FROM verdicts v LEFT JOIN candidate_tracks t USING (candidate_id)
         ORDER BY v.seq""",
     # The newest verdict per candidate and item, and whether a later invalidation on the same
-    # track voided that item (evidence is stale, never a silent pass).
+    # track voided that item (evidence is stale, never a silent pass). An invalidation that moves
+    # the track *to* this verdict's candidate does not void it: it was judged on those bytes.
     "current_verdicts": """
         WITH latest AS (
             SELECT v.*, t.track,
@@ -91,7 +92,8 @@ VIEWS = {
                    l.judge_version, l.seq AS verdict_seq, l.verdict_id,
                    (SELECT string_agg(i.component || ': ' || i.cause, '; ' ORDER BY i.seq)
                       FROM invalidations i
-                      WHERE i.track = l.track AND i.item = l.item AND i.seq > l.seq) AS stale_cause
+                      WHERE i.track = l.track AND i.item = l.item AND i.seq > l.seq
+                        AND i.new_candidate_id IS DISTINCT FROM l.candidate_id) AS stale_cause
             FROM latest l WHERE rn = 1)
         SELECT *, stale_cause IS NOT NULL AS stale FROM judged""",
     # The newest verdict per track and item: what the acceptance report shows.

@@ -53,3 +53,18 @@ def test_a_rerun_is_appended_and_linked_never_replacing_the_failure(tmp_path, ca
     current = ledger.rows("SELECT verdict_id FROM track_verdicts WHERE item = 'throughput'")
     assert current == [{"verdict_id": rerun}]
     assert ledger.verify().ok
+
+
+def test_a_verdict_judged_on_the_new_candidate_before_the_invalidation_is_not_stale(
+    tmp_path, candidate_dir, manifest_data
+):
+    ledger, old, _ = _setup(tmp_path, candidate_dir, manifest_data)
+    changed = copy.deepcopy(manifest_data)
+    changed["workload"]["output_len"] = 32
+    new_loaded = load_manifest(write_manifest(candidate_dir, changed, "track.yaml"))
+    new = identify(new_loaded)
+    record_candidate(ledger, new, new_loaded)
+    record_verdict(ledger, new.candidate_id, _cell(EvidenceItem.THROUGHPUT))  # judged before the sensor ticked
+    record_invalidations(ledger, old, new, diff(old, new))
+    stale = {r["item"] for r in ledger.rows("SELECT item FROM track_verdicts WHERE stale")}
+    assert "throughput" not in stale and {"clean_exit", "artifacts"} <= stale

@@ -1,0 +1,30 @@
+"""The ledger as a Dagster resource.
+
+Writers go through `tica.ledger.Ledger`, which holds an exclusive file lock around one short
+DuckDB transaction; inside Dagster runs the ops that write are also in pools of one (`ledger`,
+`gpu`; limits in dagster.yaml), so writers queue in Dagster before they queue on the lock.
+Readers open the file read-only. Unlike `DuckDBResource`, nothing here opens DuckDB read-write
+for a read.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dagster import ConfigurableResource
+from pydantic import Field
+
+from tica.ledger import Ledger
+
+
+class LedgerResource(ConfigurableResource):
+    """The DuckDB ledger (TICA_LEDGER)."""
+
+    path: str = Field(description="DuckDB file of the append-only ledger")
+    lock_timeout_s: float = 120.0
+
+    def ledger(self) -> Ledger:
+        ledger = Ledger(Path(self.path), lock_timeout_s=self.lock_timeout_s)
+        if not ledger.path.exists():
+            ledger.init()
+        return ledger

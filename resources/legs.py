@@ -1,0 +1,209 @@
+"""Leg runners: where a frozen question's legs run, as a Dagster resource.
+
+`LegRunner` is the interface; an evidence asset hands it one `LegRequest` (item, frozen
+question, candidate, output folder) and gets back the sealed leg directories. Judges read those
+directories and nothing else, so every runner is interchangeable:
+
+- `CpuLegRunner` (the default): each leg's producer in its own process through Dagster Pipes
+  (`PipesSubprocessClient` over `tica.legs.runner.leg_command`), the arm's switches set in the
+  child's environment before anything imports vLLM.
+- `ReplayLegRunner`: replays committed sealed receipts (a track measured elsewhere, e.g. on an
+  H200, and fast tests). Nothing is re-run; the receipts are judged where they lie.
+- A GPU runner subclasses `LegRunner` the same way, launching the same child through another
+  Pipes client (Kubernetes, Slurm) with the GPU pool holding the device.
+"""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+
+from dagster import AssetExecutionContext, ConfigurableResource, PipesSubprocessClient
+from pydantic import Field
+
+from tica.evidence import EvidenceItem
+from tica.manifest import LoadedManifest
+from tica.question import Question, ThroughputCriteria
+from tica.seal import SEAL_FILE
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+LEG_FILE = "leg.json"
+
+# A round's pairing order names which arm runs first: A is the candidate arm (BI=1), B the
+# regular baseline (BI=0). "AB" runs BI=1 then BI=0, "BA" the reverse.
+PAIR_ARMS: dict[str, tuple[str, str]] = {"AB": ("bi1", "bi0"), "BA": ("bi0", "bi1")}
+
+
+@dataclass(frozen=True)
+class LegSpec:
+    """One leg: one arm of one item, at one round / slot / concurrency where they apply."""
+
+    item: EvidenceItem
+    arm: str
+    round: int | None = None
+    slot: int | None = None
+    concurrency: int | None = None
+
+    @property
+    def name(self) -> str:
+        parts = [self.arm]
+        if self.concurrency is not None:
+            parts.append(f"c{self.concurrency}")
+        if self.round is not None:
+            parts.append(f"r{self.round}")
+        if self.slot is not None:
+            parts.append(f"s{self.slot}")
+        return "-".join(parts)
+
+
+@dataclass(frozen=True)
+class LegRequest:
+    track: str
+    item: EvidenceItem
+    question: Question
+    manifest: LoadedManifest
+    candidate_id: str
+    out_dir: Path
+
+
+def plan_legs(item: EvidenceItem, question: Question) -> list[LegSpec]:
+    """The legs a frozen question calls for, in the frozen order.
+
+    Throughput: per round, the round's pair in its pairing order; each leg runs every
+    concurrency of the question (one sealed sub-leg per concurrency, each warmed up on its
+    own). Other items: one leg per arm, in the first round's order. The final artifacts run no
+    legs of their own.
+    """
+    if item is EvidenceItem.ARTIFACTS:
+        return []
+    if isinstance(question.criteria, ThroughputCriteria):
+        return [
+            LegSpec(item, arm, round=r, slot=slot)
+            for r, order in enumerate(question.pairing_order, start=1)
+            for slot, arm in enumerate(PAIR_ARMS[order], start=1)
+        ]
+    first = PAIR_ARMS[question.pairing_order[0]]
+    return [LegSpec(item, arm, slot=slot) for slot, arm in enumerate(first, start=1)]
+
+
+def sealed_leg_dirs(folder: Path) -> list[Path]:
+    """Every sealed leg directory under folder (outermost only: a leg's own sub-receipts,
+    such as an update's post-update forward, belong to it)."""
+    if not folder.is_dir():
+        return []
+    legs: list[Path] = []
+    for seal in sorted(folder.rglob(SEAL_FILE)):
+        leg = seal.parent
+        if not any(parent in legs for parent in leg.parents):
+            legs.append(leg)
+    return legs
+
+
+class LegRunner(ConfigurableResource, ABC):
+    """Runs the legs of one evidence item and returns their sealed directories."""
+
+    @abstractmethod
+    def run_legs(self, context: AssetExecutionContext, request: LegRequest) -> list[Path]: ...
+
+    @property
+    def kind(self) -> str:
+        return type(self).__name__
+
+
+class CpuLegRunner(LegRunner):
+    """Each leg a producer process (`python -m tica.legs.<item> --out --arm ...`, built by
+    `tica.legs.runner.leg_command`) launched through Dagster Pipes: the producer opens Pipes
+    itself, so its logs and messages land in the run, and it seals its leg last."""
+
+    producer_module: str = Field(
+        "", description="module run in place of tica.legs.<item> (a site's wrapper around the producers); empty = the producer"
+    )
+
+    def run_legs(self, context: AssetExecutionContext, request: LegRequest) -> list[Path]:
+        from tica.legs.runner import leg_command  # standard library only
+
+        client = PipesSubprocessClient(cwd=str(PROJECT_ROOT))
+        legs: list[Path] = []
+        for spec in plan_legs(request.item, request.question):
+            out = request.out_dir / spec.name
+            out.parent.mkdir(parents=True, exist_ok=True)
+            # The arm's switch is in the child's environment, so it holds before the child (or
+            # anything it spawns) imports vLLM.
+            command, env = leg_command(spec.item.value, spec.arm, out, **leg_params(spec, request))
+            if self.producer_module:
+                command[command.index("-m") + 1] = self.producer_module
+            context.log.info(f"leg {request.item.value}/{spec.name}: {' '.join(command[1:7])} ...")
+            try:
+                client.run(context=context, command=command, env=env)
+            except Exception as err:  # a failed leg that sealed its receipt is evidence, kept as is
+                if not sealed_leg_dirs(out):
+                    raise
+                context.log.warning(f"leg {spec.name} exited with an error but left a sealed receipt: {err}")
+            sealed = sealed_leg_dirs(out)  # a throughput leg holds one sealed leg per concurrency
+            if not sealed:
+                raise RuntimeError(f"leg {spec.name} left no sealed receipt in {out}")
+            legs += sealed
+        return legs
+
+
+class ReplayLegRunner(LegRunner):
+    """Replays committed sealed receipts: every sealed leg under `<receipts_dir>/<track>/` (or,
+    when there is no such folder, under `<receipts_dir>/`) whose leg.json names the item, in
+    any layout (`<item>/<leg>/` or flat `<item>_<arm>_r1_c8/`). Nothing re-runs; a broken seal
+    is caught by the receipt-integrity check and the judge, not hidden here."""
+
+    receipts_dir: str = Field(description="folder of committed sealed receipts")
+
+    def track_folder(self, track: str) -> Path:
+        root = Path(self.receipts_dir)
+        return root / track if (root / track).is_dir() else root
+
+    def run_legs(self, context: AssetExecutionContext, request: LegRequest) -> list[Path]:
+        if request.item is EvidenceItem.ARTIFACTS:
+            return []
+        folder = self.track_folder(request.track)
+        legs = [leg for leg in sealed_leg_dirs(folder) if leg_item(leg) == request.item.value]
+        context.log.info(f"replaying {len(legs)} sealed leg(s) of {request.item.value} from {folder}")
+        return legs
+
+
+def leg_item(leg: Path) -> str | None:
+    """The item a leg says it is (leg.json), else the name of the folder it sits in."""
+    try:
+        return json.loads((leg / LEG_FILE).read_text()).get("item")
+    except (OSError, ValueError, AttributeError):
+        return leg.parent.name
+
+
+TRAINERS = ("vllm_kernels", "megatron", "transformers", "external")
+
+
+def trainer_flag(trainer: str) -> str | None:
+    """The producer's --trainer for the manifest's runner.trainer (e.g. megatron-core==0.16.1)."""
+    return next((t for t in TRAINERS if t in trainer.replace("-core", "")), None)
+
+
+def leg_params(spec: LegSpec, request: LegRequest) -> dict:
+    """The producer's flags for one leg (`tica.legs.<item> --key value`), from the manifest and
+    the frozen question."""
+    m = request.manifest.manifest
+    item = request.item
+    params: dict = {"model": str(request.manifest.checkpoint_path)}
+    if item in (EvidenceItem.FORWARD, EvidenceItem.BACKWARD, EvidenceItem.UPDATE):
+        params["trainer"] = trainer_flag(m.runner.trainer)
+    criteria = request.question.criteria
+    if item is EvidenceItem.FORWARD:
+        params["steps"] = criteria.min_steps
+    if item is EvidenceItem.QUALITY:
+        params["length_cap"] = m.eval_contract.length_cap
+        params["limit"] = criteria.expected_problems
+    if item is EvidenceItem.THROUGHPUT and isinstance(criteria, ThroughputCriteria):
+        params.update(
+            round=spec.round, slot=spec.slot, concurrencies=list(criteria.concurrencies),
+            input_len=criteria.input_len, output_len=criteria.output_len,
+            num_prompts=dict(criteria.num_prompts) if criteria.num_prompts else m.workload.num_prompts,
+            num_warmups=criteria.warmups,
+        )
+    return {k: v for k, v in params.items() if v is not None}

@@ -1,0 +1,113 @@
+"""The real `dagster dev` on loopback and headless Debian chromium, for the browser test."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+from tica_assets.settings import PROJECT_ROOT
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+DAGSTER = Path(os.environ.get("VIRTUAL_ENV", PROJECT_ROOT / ".venv")) / "bin" / "dagster"
+CHROMIUM_FLAGS = (
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def graphql(base: str, query: str, variables: dict | None = None, timeout: float = 30) -> dict:
+    body = json.dumps({"query": query, "variables": variables or {}}).encode()
+    req = urllib.request.Request(f"{base}/graphql", data=body, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        return json.loads(resp.read())
+
+
+def wait_for(predicate, timeout: float, what: str, interval: float = 2.0):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            last = predicate()
+            if last:
+                return last
+        except OSError as err:  # server not up yet
+            last = err
+        time.sleep(interval)
+    raise TimeoutError(f"{what} not within {timeout:.0f}s (last: {last!r})")
+
+
+ASSETS_LOADED = "{ assetNodes { assetKey { path } } }"
+
+
+@contextlib.contextmanager
+def dagster_dev(env: dict[str, str], log_path: Path, timeout: float = 240):
+    """`dagster dev -w workspace.yaml` in its own process group; yields the base URL. Stopped
+    with SIGTERM to dagster dev first, then to whatever it left in its group."""
+    port = free_port()
+    log = open(log_path, "wb")
+    proc = subprocess.Popen(
+        [str(DAGSTER), "dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(port)],
+        cwd=PROJECT_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: proc.poll() is None and graphql(base, ASSETS_LOADED)["data"]["assetNodes"],
+                 timeout, "the code location in dagster dev")
+        yield base
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pass
+        for sig in (signal.SIGTERM, signal.SIGKILL):  # children dagster dev left behind
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                break
+            time.sleep(5)
+        log.close()
+
+
+def chromium(url: str, *, screenshot: Path | None = None, budget_ms: int = 20000, size: str = "1600,1000") -> str:
+    """The DOM after `budget_ms` of virtual time (or a screenshot), from a fresh profile."""
+    profile = tempfile.mkdtemp(prefix="tica-chromium-")
+    try:
+        args = [CHROMIUM, *CHROMIUM_FLAGS, f"--window-size={size}", f"--user-data-dir={profile}",
+                f"--virtual-time-budget={budget_ms}"]
+        args += [f"--screenshot={screenshot}"] if screenshot else ["--dump-dom"]
+        out = subprocess.run([*args, url], capture_output=True, timeout=180, check=False)
+        return out.stdout.decode(errors="replace")
+    finally:
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+def visible_text(dom: str) -> str:
+    dom = re.sub(r"<(script|style)\b.*?</\1>", " ", dom, flags=re.S)
+    text = re.sub(r"<[^>]+>", "\n", dom)
+    return "\n".join(line.strip() for line in text.splitlines() if line.strip())
+
+
+def graph_nodes(dom: str) -> dict[str, bool]:
+    """Asset-graph node label -> whether it carries the stale (unsynced) marker."""
+    nodes = {}
+    for fo in re.findall(r"<foreignObject\b.*?</foreignObject>", dom, flags=re.S):
+        label = " ".join(re.sub(r"<[^>]+>", " ", fo).split())
+        nodes[label] = "StaleDot" in fo or "Unsynced" in fo
+    return nodes

@@ -1,0 +1,77 @@
+"""What a user sees in the real `dagster dev` UI, in headless chromium: the evidence nodes of
+the asset graph, the unsynced marker on exactly the evidence a manifest change voids (set by
+the daemon's own tick of the manifest sensor), and the acceptance report's cells showing that
+evidence as stale. Screenshots are kept under .tica/artifacts/browser/."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+
+import pytest
+from dagster_browser import CHROMIUM, chromium, dagster_dev, graph_nodes, graphql, visible_text, wait_for
+from dagster_project import TRACK
+from dagster_helpers import build_defs, kept_instance, materialize_track, tick
+
+from tica.evidence import Component, EvidenceItem, invalidated_by
+from tica_assets.settings import PROJECT_ROOT
+
+pytestmark = [pytest.mark.browser, pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed")]
+ARTIFACTS = PROJECT_ROOT / ".tica" / "artifacts" / "browser"
+TIMESTAMP = re.compile(r"^[A-Z][a-z]{2} \d{1,2}, \d{1,2}:\d{2} [AP]M$")
+STALE = """query { assetNodes(assetKeys: [{path: ["demo", "evidence", "quality"]}]) { staleStatus } }"""
+
+
+def metadata_value(text: str, key: str) -> str:
+    """The value a metadata table row shows: the line after the key and its timestamp."""
+    lines = text.splitlines()
+    i = lines.index(key) + 1
+    while TIMESTAMP.match(lines[i]):
+        i += 1
+    return lines[i]
+
+
+def test_graph_unsynced_marker_and_report_cells_in_the_browser(project, tmp_path):
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    home = tmp_path / "dagster_home"
+    defs = build_defs(project.settings)
+    instance = kept_instance(home)
+    tick(defs, instance)
+    assert materialize_track(defs, instance, TRACK).success
+
+    env = {**os.environ, **project.env(), "DAGSTER_HOME": str(home)}
+    with dagster_dev(env, tmp_path / "dagster-dev.log") as base:
+        graph_url = f"{base}/asset-groups/{TRACK}"
+        nodes = graph_nodes(chromium(graph_url))
+        evidence = {item.value for item in EvidenceItem}
+        assert evidence | {"report"} <= set(nodes), nodes
+        assert not any(nodes.values()), f"unsynced before any change: {nodes}"
+
+        # A new scorer: the daemon's sensor tick observes it and records the invalidations.
+        project.edit("eval_contract", scorer="tica.scorer.boxed/2")
+        wait_for(lambda: graphql(base, STALE)["data"]["assetNodes"][0]["staleStatus"] == "STALE",
+                 120, "the manifest sensor's tick in the daemon")
+        dom = chromium(graph_url)
+        chromium(graph_url, screenshot=ARTIFACTS / "asset-graph-after-scorer-change.png", size="1600,1800")
+        nodes = graph_nodes(dom)
+        voided = {i.value for i in invalidated_by(Component.EVAL_CONTRACT)}
+        assert {label for label, stale in nodes.items() if stale} == voided, nodes
+
+        quality = visible_text(chromium(f"{base}/assets/{TRACK}/evidence/quality"))
+        forward = visible_text(chromium(f"{base}/assets/{TRACK}/evidence/forward"))
+        assert "Unsynced" in quality and "Unsynced" not in forward
+        assert "receipt_hashes" in quality and "question_hash" in quality and "verdict" in quality
+
+        # The report re-read from the ledger shows the voided cells as stale, never as a pass.
+        assert materialize_track(defs, instance, TRACK, job="report").success
+        report_url = f"{base}/assets/{TRACK}/report"
+        text = visible_text(chromium(report_url))
+        chromium(report_url, screenshot=ARTIFACTS / "report-after-scorer-change.png")
+        for item in evidence:
+            shown = metadata_value(text, f"cell: {item}")
+            assert shown.startswith("stale (was pass)") == (item in voided), (item, shown)
+            if item not in voided:
+                assert shown == "pass"
+        assert metadata_value(text, "acceptance").startswith("not accepted")
+    shutil.copy(tmp_path / "dagster-dev.log", ARTIFACTS / "dagster-dev.log")

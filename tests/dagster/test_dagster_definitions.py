@@ -1,0 +1,77 @@
+"""The graph's shape, pinned: which component feeds which evidence (the invalidation matrix
+through `sensitive_components`), pools, blocking checks, and `dagster definitions validate`."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+from dagster_browser import DAGSTER
+from dagster_project import TRACK
+from dagster_helpers import build_defs
+
+from tica.evidence import Component, EvidenceItem, sensitive_components
+from tica_assets.evidence import COVERS
+from tica_assets.keys import GPU_POOL, LEDGER_POOL, component_key, evidence_key, report_key
+from tica_assets.settings import PROJECT_ROOT
+
+# The snapshot: an accidental change of the matrix or of the factory shows up here.
+SNAPSHOT = {
+    "forward": "backends graph_cache hardware image precision recipe runner source weights",
+    "backward": "backends hardware image precision recipe runner source weights",
+    "update": "backends graph_cache hardware image precision recipe runner source weights",
+    "quality": "backends eval_contract graph_cache hardware image precision recipe runner source weights",
+    "throughput": "backends graph_cache hardware image precision recipe runner source weights workload",
+    "clean_exit": "backends graph_cache hardware image precision recipe runner source weights workload"
+                  " +backward +forward +quality +throughput +update",
+    "artifacts": "backends eval_contract graph_cache hardware image precision recipe runner source weights workload"
+                 " +backward +clean_exit +forward +quality +throughput +update",
+}
+
+
+def deps_line(graph, item: EvidenceItem) -> str:
+    parents = graph.get(evidence_key(TRACK, item)).parent_keys
+    comps = sorted(k.path[-1] for k in parents if k.path[1] == "candidate")
+    evidence = sorted("+" + k.path[-1] for k in parents if k.path[1] == "evidence")
+    return " ".join(comps + evidence)
+
+
+def test_evidence_depends_exactly_on_its_sensitive_components(project):
+    graph = build_defs(project.settings).resolve_asset_graph()
+    for item in EvidenceItem:
+        parents = graph.get(evidence_key(TRACK, item)).parent_keys
+        assert {k for k in parents if k.path[1] == "candidate"} == {component_key(TRACK, c) for c in sensitive_components(item)}
+        assert {k for k in parents if k.path[1] == "evidence"} == {evidence_key(TRACK, i) for i in COVERS.get(item, ())}
+        assert deps_line(graph, item) == SNAPSHOT[item.value], item
+    assert graph.get(report_key(TRACK)).parent_keys == {evidence_key(TRACK, i) for i in EvidenceItem}
+    for c in Component:
+        assert graph.get(component_key(TRACK, c)).is_observable
+
+
+def test_pools_and_blocking_checks(project):
+    defs = build_defs(project.settings)
+    graph = defs.resolve_asset_graph()
+    for item in EvidenceItem:
+        node = graph.get(evidence_key(TRACK, item))
+        assert node.pools == {LEDGER_POOL if item in COVERS else GPU_POOL}
+        checks = {k.name: graph.get_check_spec(k).blocking for k in node.check_keys}
+        assert checks.get("canaries_caught") is True
+        if item is not EvidenceItem.ARTIFACTS:
+            assert checks.get("receipts_sealed") is True
+    quality = {k.name for k in graph.get(evidence_key(TRACK, EvidenceItem.QUALITY)).check_keys}
+    assert "quality_sums" in quality
+    throughput = {k.name: graph.get_check_spec(k).blocking for k in graph.get(evidence_key(TRACK, EvidenceItem.THROUGHPUT)).check_keys}
+    assert throughput["workload_receipts"] is False
+
+
+@pytest.mark.parametrize("where", ["test project", "repository defaults"])
+def test_dagster_definitions_validate(project, tmp_path, where):
+    env = {**os.environ, "DAGSTER_HOME": str(tmp_path / "home")}
+    (tmp_path / "home").mkdir()
+    if where == "test project":
+        env.update(project.env())
+    out = subprocess.run([str(DAGSTER), "definitions", "validate", "-w", "workspace.yaml"], cwd=PROJECT_ROOT,
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "All code locations passed validation" in out.stdout + out.stderr

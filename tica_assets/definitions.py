@@ -1,0 +1,56 @@
+"""The TICA code location: gathers each track's domain modules and the shared resources.
+
+    export DAGSTER_HOME=$PWD/data/dagster            # a kept folder: staleness lives here
+    mkdir -p $DAGSTER_HOME && ln -sf $PWD/dagster.yaml $DAGSTER_HOME/dagster.yaml
+    export TICA_REPLAY=h200=tests/fixtures/h200       # tracks replayed from committed receipts
+    .venv/bin/dagster dev -w workspace.yaml
+
+Per track (one manifest in TICA_CANDIDATES_DIR): `<track>/candidate/<component>` (observable,
+data version = fingerprint), `<track>/evidence/<item>` (one per evidence item, deps from the
+invalidation matrix), `<track>/report`; jobs `<track>_evidence` and `<track>_report`; the
+`tica_manifest_sensor`. Other variables: tica_assets/settings.py.
+"""
+
+from __future__ import annotations
+
+from dagster import Definitions
+
+from resources import CpuLegRunner, LedgerResource, ReplayLegRunner
+from sensors import autorun_sensor, manifest_sensor
+from tica_assets.candidates import candidate_defs
+from tica_assets.checks import check_defs
+from tica_assets.evidence import evidence_defs
+from tica_assets.jobs import job_defs
+from tica_assets.keys import leg_runner_key
+from tica_assets.report import report_defs
+from tica_assets.settings import Settings
+from tica_assets.tracks import discover_tracks
+
+
+def build_defs(settings: Settings | None = None, resources: dict | None = None) -> Definitions:
+    """The whole code location for the tracks in the candidates folder; `resources` replaces
+    resources by key (tests, or a GPU leg runner in a deployment)."""
+    settings = settings or Settings.from_env()
+    overrides = resources or {}
+    tracks = discover_tracks(settings.candidates_dir)
+    resources = {"ledger": LedgerResource(path=str(settings.ledger_path)), "leg_runner": CpuLegRunner()}
+    per_track: list[Definitions] = []
+    for track in tracks:
+        replay = settings.replay_folder(track.name)
+        if replay is not None:
+            resources[leg_runner_key(track.name, True)] = ReplayLegRunner(receipts_dir=str(replay))
+        per_track += [
+            candidate_defs(track, settings),
+            evidence_defs(track, settings),
+            check_defs(track, settings),
+            report_defs(track, settings),
+            job_defs(track),
+        ]
+    sensors = [manifest_sensor(tracks, settings)]
+    autorun = autorun_sensor(tracks, settings)
+    if autorun is not None:
+        sensors.append(autorun)
+    return Definitions.merge(*per_track, Definitions(resources={**resources, **overrides}, sensors=sensors))
+
+
+defs = build_defs()

@@ -1,0 +1,84 @@
+"""Where the code location finds its inputs and writes its outputs: one helper, read from the
+environment once, so no asset or sensor reads `os.environ` itself.
+
+| variable | default | meaning |
+| --- | --- | --- |
+| TICA_CANDIDATES_DIR | demo/candidates | folder of candidate manifests, one YAML file per track |
+| TICA_QUESTIONS_DIR | demo/questions | frozen questions: `<dir>/<track>/*.yaml` first, then `<dir>/*.yaml` |
+| TICA_LEDGER | data/ledger.duckdb | the DuckDB ledger |
+| TICA_DATA_DIR | data | legs written by the CPU runner, plots, fingerprint cache |
+| TICA_REPLAY | (none) | `track=folder[,track=folder]`: tracks whose legs replay committed sealed receipts; `*=folder` for every track |
+| TICA_AUTORUN_TRACKS | (none) | `track[,track]` or `*`: tracks whose evidence re-materializes by itself when a component changes |
+| TICA_SENSOR_INTERVAL_S | 15 | manifest sensor interval |
+
+Relative paths resolve against the project root (the folder holding `workspace.yaml`), not the
+process's working directory: `dagster dev`, its daemon and its code servers agree on them.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+
+def _path(value: str | None, default: str) -> Path:
+    p = Path(value or default).expanduser()
+    return p if p.is_absolute() else (PROJECT_ROOT / p)
+
+
+def _mapping(value: str | None, var: str) -> dict[str, Path]:
+    out: dict[str, Path] = {}
+    for part in (value or "").split(","):
+        part = part.strip()
+        if not part:
+            continue
+        track, sep, folder = part.partition("=")
+        if not sep or not track.strip() or not folder.strip():
+            raise ValueError(f"{var}: {part!r} is not track=folder")
+        out[track.strip()] = _path(folder.strip(), folder.strip())
+    return out
+
+
+@dataclass(frozen=True)
+class Settings:
+    candidates_dir: Path
+    questions_dir: Path
+    ledger_path: Path
+    data_dir: Path
+    replay: dict[str, Path] = field(default_factory=dict)
+    autorun: frozenset[str] = frozenset()
+    sensor_interval_s: int = 15
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> "Settings":
+        env = dict(os.environ if env is None else env)
+        return cls(
+            candidates_dir=_path(env.get("TICA_CANDIDATES_DIR"), "demo/candidates"),
+            questions_dir=_path(env.get("TICA_QUESTIONS_DIR"), "demo/questions"),
+            ledger_path=_path(env.get("TICA_LEDGER"), "data/ledger.duckdb"),
+            data_dir=_path(env.get("TICA_DATA_DIR"), "data"),
+            replay=_mapping(env.get("TICA_REPLAY"), "TICA_REPLAY"),
+            autorun=frozenset(t.strip() for t in env.get("TICA_AUTORUN_TRACKS", "").split(",") if t.strip()),
+            sensor_interval_s=int(env.get("TICA_SENSOR_INTERVAL_S", "15")),
+        )
+
+    @property
+    def legs_dir(self) -> Path:
+        return self.data_dir / "legs"
+
+    @property
+    def plots_dir(self) -> Path:
+        return self.data_dir / "plots"
+
+    @property
+    def fingerprint_cache(self) -> Path:
+        return self.data_dir / "cache" / "fingerprints.json"
+
+    def replay_folder(self, track: str) -> Path | None:
+        return self.replay.get(track) or self.replay.get("*")
+
+    def autoruns(self, track: str) -> bool:
+        return track in self.autorun or "*" in self.autorun
