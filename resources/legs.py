@@ -20,9 +20,11 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
 from dagster import AssetExecutionContext, ConfigurableResource, PipesSubprocessClient
 from pydantic import Field
 
+from tica.errors import ReceiptError
 from tica.evidence import EvidenceItem
 from tica.manifest import LoadedManifest
 from tica.question import Question, ThroughputCriteria
@@ -164,9 +166,45 @@ class ReplayLegRunner(LegRunner):
         if request.item is EvidenceItem.ARTIFACTS:
             return []
         folder = self.track_folder(request.track)
-        legs = [leg for leg in sealed_leg_dirs(folder) if leg_item(leg) == request.item.value]
-        context.log.info(f"replaying {len(legs)} sealed leg(s) of {request.item.value} from {folder}")
+        chosen = replay_selection(folder, request.item)
+        if chosen is None:
+            legs = [leg for leg in sealed_leg_dirs(folder) if leg_item(leg) == request.item.value]
+        else:
+            legs = chosen
+        how = f"as {folder / REPLAY_FILE} selects" if chosen is not None else "found by their leg.json"
+        context.log.info(f"replaying {len(legs)} sealed leg(s) of {request.item.value} from {folder}, {how}")
         return legs
+
+
+REPLAY_FILE = "replay.yaml"
+
+
+def replay_selection(folder: Path, item: EvidenceItem) -> list[Path] | None:
+    """The legs `<folder>/replay.yaml` names for an item (globs relative to the folder), or None
+    where the file or the item is absent. A folder of receipts often holds more than one
+    answer (kept failures, canaries, probes): the file says which legs are the evidence, in
+    a reviewed, committed place, instead of whatever happens to lie there."""
+    path = folder / REPLAY_FILE
+    if not path.is_file():
+        return None
+    try:
+        table = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ReceiptError(path, "<yaml>", f"malformed YAML: {err}") from None
+    if not isinstance(table, dict):
+        raise ReceiptError(path, "<root>", "must map evidence items to lists of leg folders")
+    unknown = sorted(set(table) - {i.value for i in EvidenceItem})
+    if unknown:
+        raise ReceiptError(path, unknown[0], "is not an evidence item")
+    if item.value not in table:
+        return None
+    legs: list[Path] = []
+    for pattern in table[item.value] or []:
+        matches = sorted(p for p in folder.glob(str(pattern)) if (p / SEAL_FILE).is_file())
+        if not matches:
+            raise ReceiptError(path, f"{item.value}", f"{pattern!r} matches no sealed leg under {folder}")
+        legs += [m for m in matches if m not in legs]
+    return legs
 
 
 def leg_item(leg: Path) -> str | None:
