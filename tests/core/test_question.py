@@ -13,7 +13,7 @@ from tica.ledger import Ledger
 from tica.question import FORMULA_LABELS, ThroughputFormula, load_question
 from tica.records import freeze_question
 
-DEMO = Path(__file__).resolve().parents[2] / "demo" / "questions" / "throughput-cpu.yaml"
+DEMO = Path(__file__).resolve().parents[2] / "demo" / "questions" / "throughput.yaml"
 
 
 def _write(tmp_path: Path, data: dict, name: str = "q.yaml") -> Path:
@@ -56,7 +56,7 @@ def test_a_frozen_question_refuses_edits(tmp_path, question_data):
 def test_a_changed_question_under_a_new_name_is_a_new_question(tmp_path, question_data):
     ledger = Ledger(tmp_path / "l.duckdb").init()
     first = freeze_question(ledger, _write(tmp_path, question_data, "a.yaml"))
-    question_data["name"] = "throughput-cpu-v2"
+    question_data["name"] = "cpu-throughput-v2"
     question_data["criteria"]["formula"] = "ratio_of_median_throughputs"
     second = freeze_question(ledger, _write(tmp_path, question_data, "b.yaml"))
     assert first.hash != second.hash
