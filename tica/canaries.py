@@ -522,6 +522,20 @@ def recipe_combo(data: dict[str, Any], mode: str, arm: str) -> dict[str, Any]:
 Mutation = Callable[[Any, list[Path]], None]
 
 
+def _needs_bi0_reference(question: Question | None) -> str | None:
+    c = getattr(question, "criteria", None)
+    if isinstance(c, ForwardCriteria) and c.bi0_reference_mean is None:
+        return "the question names no BI=0 reference: the magnitude is reported, not judged"
+    return None
+
+
+def _needs_budget(question: Question | None) -> str | None:
+    c = getattr(question, "criteria", None)
+    if isinstance(c, ThroughputCriteria) and (not c.budget or c.formula is None):
+        return "the question freezes no budget and formula: the cell is report-only and can never pass"
+    return None
+
+
 @dataclass(frozen=True)
 class Canary:
     name: str
@@ -667,6 +681,21 @@ def perturb_arrays_keep_metrics(leg: Path, step: int) -> None:
 # ---------------------------------------------------------------- running canaries
 
 
+# A criterion the question switches off cannot pass a wrong receipt either: its canary is not
+# applicable (reported with the reason) rather than broken. prefix -> why it is off, or None.
+SWITCHED_OFF: dict[str, Callable[[Question | None], str | None]] = {
+    "forward.bi0_magnitude": _needs_bi0_reference,
+    "throughput.": _needs_budget,
+}
+
+
+def switched_off(canary: "Canary", question: Question | None) -> str | None:
+    for prefix, why in SWITCHED_OFF.items():
+        if canary.name.startswith(prefix) and (reason := why(question)):
+            return reason
+    return None
+
+
 class CanaryResult(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -677,6 +706,7 @@ class CanaryResult(BaseModel):
     got: str
     broken: bool
     detail: str = ""
+    not_applicable: bool = False
 
 
 def _run_one(canary: Canary, base: Sequence[Path], root: Path, judge_fn: Callable[..., Any], question: Question | None) -> CanaryResult:
@@ -734,6 +764,13 @@ def run_canaries(
                 question = questions[item]
                 base = BUILDERS[item](question, root / key / "base")
                 run = lambda q, paths, item=item: judge_fn(item, q, paths)  # noqa: E731
+            off = {c.name: why for c in group if (why := switched_off(c, question))}
+            results += [CanaryResult(name=c.name, item=key, rule=c.rule, expected=tuple(sorted(v.value for v in c.expect)),
+                                     got="not applicable", broken=False, detail=off[c.name], not_applicable=True)
+                        for c in group if c.name in off]
+            group = [c for c in group if c.name not in off]
+            if not group:
+                continue
             baseline = run(question, base)
             if baseline.verdict is not Verdict.PASS:
                 why = f"the passing receipt set does not pass under this question ({baseline.verdict.value}): " + \

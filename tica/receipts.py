@@ -46,6 +46,8 @@ class ProcessExit(_Receipt):
     end_state: EndState
     signal: str | int | None = None
     evidence: str | None = None
+    name: str | None = Field(None, description="process name as the OS reported it (e.g. EngineCore)")
+    command: tuple[str, ...] | None = None
 
 
 class LegMeta(_Receipt):
@@ -57,7 +59,7 @@ class LegMeta(_Receipt):
     concurrency: int | None = Field(None, ge=1)
     producer: str
     producer_version: str
-    trainer: Literal["vllm_kernels", "transformers", "megatron", "external"] | None = None
+    trainer: Literal["vllm_kernels", "vllm_engine", "transformers", "megatron", "external"] | None = None
     env: dict[str, str] = Field(default_factory=dict)
     versions: dict[str, str] = Field(default_factory=dict)
     device: dict[str, Any] = Field(default_factory=dict)
@@ -68,6 +70,7 @@ class LegMeta(_Receipt):
     ended_at: str | None = None
     processes: tuple[ProcessExit, ...] = ()
     not_run_reason: str | None = None
+    errors: tuple[str, ...] = Field((), description="what the producer caught while running: the leg is incomplete")
 
     @model_validator(mode="after")
     def _switch_matches_arm(self) -> "LegMeta":

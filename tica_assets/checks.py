@@ -59,14 +59,21 @@ def canary_result(item: EvidenceItem, question) -> AssetCheckResult:
             metadata={"question_hash": question.hash},
         )
     missed = [o for o in outcomes if not o.caught]
+    off = [o for o in outcomes if not o.applicable]
     table = "\n".join(
         ["| canary | caught | detail |", "| --- | --- | --- |"]
-        + [f"| {o.name} | {'yes' if o.caught else '**no**'} | {o.detail} |" for o in outcomes]
+        + [f"| {o.name} | {'n/a' if not o.applicable else 'yes' if o.caught else '**no**'} | {o.detail} |"
+           for o in outcomes]
     )
+    if missed:
+        description = f"{len(missed)} canary(ies) not caught: {', '.join(o.name for o in missed)}"
+    else:
+        description = f"{len(outcomes) - len(off)} canaries all returned fail"
+        if off:
+            description += f"; {len(off)} not applicable (criterion switched off by the question: {off[0].detail})"
     return AssetCheckResult(
         passed=not missed, severity=AssetCheckSeverity.ERROR,
-        description=(f"{len(outcomes)} canaries all returned fail" if not missed
-                     else f"{len(missed)} canary(ies) not caught: {', '.join(o.name for o in missed)}"),
+        description=description,
         metadata={"canaries": MetadataValue.md(table), "question_hash": question.hash},
     )
 
@@ -236,7 +243,11 @@ def quality_check(track: Track):
         meta = latest_metadata(context, key)
         if meta is None:
             return _missing(key)
-        counts, problems = quality_counts(_legs(meta))
+        legs = _legs(meta)
+        if not legs:
+            # Nothing ran: the cell says `not run`; there is no sum to get wrong.
+            return AssetCheckResult(passed=True, description="no quality legs ran: nothing to sum (the cell is not run)")
+        counts, problems = quality_counts(legs)
         return AssetCheckResult(
             passed=not problems, severity=AssetCheckSeverity.ERROR,
             description=(f"{counts['both_correct']} + {counts['only_bi0']} + {counts['only_bi1']} + "

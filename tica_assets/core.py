@@ -63,6 +63,7 @@ class CanaryOutcome:
     name: str
     caught: bool
     detail: str
+    applicable: bool = True  # False: the frozen question switches this criterion off
 
 
 def run_canaries(item: EvidenceItem, question: Question) -> list[CanaryOutcome]:
@@ -75,7 +76,9 @@ def run_canaries(item: EvidenceItem, question: Question) -> list[CanaryOutcome]:
         CanaryOutcome(
             name=r.name,
             caught=not r.broken,
-            detail=f"expected {'/'.join(r.expected)}, got {r.got}" + (f": {r.detail}" if r.detail else ""),
+            applicable=not r.not_applicable,
+            detail=r.detail if r.not_applicable
+            else f"expected {'/'.join(r.expected)}, got {r.got}" + (f": {r.detail}" if r.detail else ""),
         )
         for r in results
         if r.item == item.value

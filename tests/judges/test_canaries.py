@@ -53,10 +53,14 @@ def test_a_recipe_checker_that_ignores_changes_is_broken(tmp_path):
     assert results and all(r.broken for r in results)
 
 
-def test_a_question_the_passing_set_cannot_pass_reports_its_canaries_broken(tmp_path):
-    # No formula: the budget can never be declared passed, so no canary can show a flip.
-    q = question("throughput", formula=None, budget=None)
-    results = run_canaries({EvidenceItem.THROUGHPUT: q}, workdir=tmp_path, only=["throughput."])
+def test_a_passing_set_that_does_not_pass_reports_its_canaries_broken(tmp_path):
+    # A judge (or question) under which even the passing set is not a pass: no canary can show
+    # a flip, so every one is broken. (A criterion the question switches off is another matter: below.)
+    def never_passes(item, q, paths):
+        cell = judge(item, q, paths)
+        return cell.model_copy(update={"verdict": Verdict.INCONCLUSIVE})
+
+    results = run_canaries(workdir=tmp_path, judge_fn=never_passes, only=["forward."])
     assert results and all(r.broken and r.got == "baseline inconclusive" for r in results)
 
 
@@ -64,3 +68,17 @@ def test_canaries_follow_the_questions_parameters(tmp_path):
     q = question("forward", min_steps=8, bi0_reference_mean=0.025)
     results = run_canaries({EvidenceItem.FORWARD: q}, workdir=tmp_path, only=["forward."])
     assert broken(results) == []
+
+
+def test_a_criterion_the_question_switches_off_has_no_applicable_canary_but_the_rest_still_run():
+    results = run_canaries(questions={EvidenceItem.FORWARD: question("forward", bi0_reference_mean=None)},
+                           only=["forward."])
+    off = [r for r in results if r.not_applicable]
+    assert [r.name for r in off] == ["forward.bi0_magnitude"] and not off[0].broken
+    assert all(not r.broken for r in results) and len(results) - len(off) >= 5
+
+
+def test_a_report_only_throughput_question_marks_its_canaries_not_applicable():
+    results = run_canaries(questions={EvidenceItem.THROUGHPUT: question("throughput", budget=None, formula=None)},
+                           only=["throughput."])
+    assert results and all(r.not_applicable and not r.broken for r in results)

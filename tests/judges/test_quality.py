@@ -140,3 +140,9 @@ def test_an_unquantified_confounder_blocks_the_attribution(receipts):
     quantified = question("quality", quantified_confounders={
         "resolved_config.enable_prefix_caching": "R3 forces PC on; PC on/off measured equal in run 2026-11-20"})
     assert judge("quality", quantified, legs).verdict is Verdict.PASS
+
+
+def test_no_quality_leg_at_all_is_not_run_and_one_arm_alone_is_inconclusive(receipts):
+    assert judge("quality", Q, []).verdict is Verdict.NOT_RUN
+    legs = receipts("quality")
+    assert judge("quality", Q, [leg(legs, "bi1")]).verdict is Verdict.INCONCLUSIVE

@@ -166,3 +166,17 @@ def test_bench_metadata_contradicting_its_leg_is_refused(receipts):
     with pytest.raises(ReceiptError) as e:
         load_bench_leg(p)
     assert e.value.field == "round" and e.value.file.endswith("bench.json")
+
+
+def test_a_leg_whose_producer_recorded_errors_cannot_pass(receipts):
+    from tica.canaries import edit_meta
+    from tica.judges import judge
+    from tica.verdict import Verdict
+
+    from .conftest import question
+
+    legs = receipts("backward")
+    assert judge("backward", question("backward"), legs).verdict is Verdict.PASS
+    edit_meta(legs[0], lambda m: m.update(errors=["RuntimeError: engine died mid-leg"]))
+    cell = judge("backward", question("backward"), legs)
+    assert cell.verdict is Verdict.INCONCLUSIVE and "engine died mid-leg" in cell.reasons[-1]

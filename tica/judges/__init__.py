@@ -57,12 +57,28 @@ def judge(item: EvidenceItem | str, question: Question, leg_paths: Sequence[str 
     item = as_item(item)
     paths = [Path(p) for p in leg_paths]
     try:
-        return JUDGES[item](question, paths)
+        result = JUDGES[item](question, paths)
     except ReceiptError as err:
         f = Findings()
         f.inconclusive(f"unreadable receipt: {err}")
         return cell(item, question, f, f"a receipt could not be read ({err.file}: {err.field})",
                     numbers={"receipt_error": {"file": err.file, "field": err.field, "message": err.message}})
+    return _incomplete_legs_are_no_pass(result, paths)
+
+
+def _incomplete_legs_are_no_pass(result: VerdictCell, paths: Sequence[Path]) -> VerdictCell:
+    """A leg whose producer recorded errors is incomplete: it can keep a fail, never make a pass."""
+    errors = []
+    for p in paths:
+        try:
+            meta = json.loads((p / LEG_FILE).read_text()) if (p / LEG_FILE).is_file() else {}
+        except (OSError, ValueError):
+            continue
+        errors += [f"{p.name}: producer error: {e}" for e in meta.get("errors") or []]
+    if not errors or result.verdict is not Verdict.PASS:
+        return result
+    return result.model_copy(update={"verdict": Verdict.INCONCLUSIVE, "reasons": (*result.reasons, *(
+        f"inconclusive: {e}" for e in errors)), "summary": f"inconclusive: {len(errors)} producer error(s); " + result.summary})
 
 
 def expand_receipts(paths: Sequence[str | Path]) -> list[Path]:

@@ -53,6 +53,9 @@ def judge_quality(question: Question, leg_paths: Sequence[str | Path]) -> Verdic
             findings.not_run(f"{leg.arm} {leg.path.name}: did not run: {leg.meta.not_run_reason}")
         else:
             by_arm[leg.arm].append(leg)
+    if not legs:
+        findings.not_run("no quality leg ran for this candidate")
+        return cell(item, question, findings, "quality pairing not run")
     for arm, arm_legs in by_arm.items():
         if len(arm_legs) != 1:
             findings.inconclusive(f"{len(arm_legs)} {arm} quality legs: pairing needs exactly one per arm")

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The main command: install, run the acceptance job on the embedded default (DuckDB ledger in
+# data/, CPU legs with vLLM's CPU build, the demo candidates plus the replayed H200 track), then
+# open the Dagster UI on http://127.0.0.1:3000 over the same kept instance.
+#   bash scripts/demo.sh            # everything, then the UI (Ctrl-C stops it)
+#   bash scripts/demo.sh --no-ui    # everything, then exit
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+export DAGSTER_HOME=${DAGSTER_HOME:-$PWD/data/dagster}
+export TICA_LEDGER=${TICA_LEDGER:-$PWD/data/ledger.duckdb}
+export TICA_DATA_DIR=${TICA_DATA_DIR:-$PWD/data}
+export TICA_REPLAY=${TICA_REPLAY:-h200-mid4=tests/fixtures/h200}
+export TICA_CACHE_DIR=${TICA_CACHE_DIR:-$PWD/data/cache}
+rc=0
+.venv/bin/python -m tica_assets.demo --models "${TICA_DEMO_MODELS:-tiny}" || rc=$?
+echo
+echo "Query the ledger:  .venv/bin/tica --ledger $TICA_LEDGER ledger query \"SELECT * FROM track_verdicts\""
+if [ "${1:-}" = "--no-ui" ]; then
+  exit $rc
+fi
+echo "Dagster UI:        http://127.0.0.1:3000  (asset graph: each track's evidence and report)"
+exec .venv/bin/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000

@@ -1,0 +1,207 @@
+"""The real CPU path on the tiny model: vLLM (CPU build) rollouts, trainer forwards, sealed receipts
+for every evidence item, and the planted faults that must show in them."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from tests.legs.conftest import by_arm, leg_json, metrics
+from tica.metrics import PROBS_DIFF_MAX, PROBS_DIFF_MEAN, forward_metrics
+from tica.models.hashing import weights_hash
+from tica.seal import check_seal
+
+pytestmark = pytest.mark.slow
+
+SERVER_ITEMS = ("throughput", "clean_exit")
+
+
+def all_legs(demo_legs):
+    return [d for dirs in demo_legs["legs"].values() for d in dirs]
+
+
+def test_demo_set_covers_every_item_and_both_arms(demo_legs):
+    from tica.legs import ITEMS
+
+    print(f"\n[legs] full demo leg set: {demo_legs['seconds']:.0f} s")
+    for item in ITEMS:
+        dirs = demo_legs["legs"][item]
+        assert by_arm(dirs, "bi0") and by_arm(dirs, "bi1"), item
+
+
+def test_every_leg_is_sealed_and_names_its_switches(demo_legs):
+    for d in all_legs(demo_legs):
+        assert check_seal(d) == [], d
+        meta = leg_json(d)
+        assert meta["schema"] == "tica.leg/1"
+        assert meta["env"]["VLLM_BATCH_INVARIANT"] == {"bi1": "1", "bi0": "0"}[meta["arm"]]
+        assert meta["versions"]["vllm"] and meta["versions"]["torch"]
+        assert meta["device"]["kind"] == "cpu"
+
+
+def test_bi1_on_cpu_is_not_run_with_vllms_own_reason(demo_legs):
+    for d in by_arm(all_legs(demo_legs), "bi1"):
+        reason = leg_json(d)["not_run_reason"]
+        assert reason and "VLLM_BATCH_INVARIANT=1" in reason and "batch_invariant.py" in reason, d
+
+
+def test_bi0_forward_trainer_differs_from_vllm_every_step(demo_legs):
+    (leg,) = by_arm(demo_legs["legs"]["forward"], "bi0")
+    rows = metrics(leg)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
+    assert len({r["tica/batch_size"] for r in rows}) > 1  # batch composition changes
+    version = leg_json(leg)["resolved_config"]["weights_hash"]
+    for r in rows:
+        print(f"[legs] BI=0 step {r['step']}: probs_diff max {r[PROBS_DIFF_MAX]:.4g} mean {r[PROBS_DIFF_MEAN]:.4g} "
+              f"({r['tica/n_bitwise_diff']}/{r['tica/n_tokens']} logprobs differ)")
+        assert r[PROBS_DIFF_MEAN] > 0 and r["tica/n_bitwise_diff"] > 0
+        assert r["checkpoint_version"] == version
+        arr = np.load(leg / "arrays" / f"step_{r['step']:04d}.npz")
+        recomputed = forward_metrics(arr["trainer_logprobs"], arr["rollout_logprobs"])
+        assert recomputed[PROBS_DIFF_MAX] == r[PROBS_DIFF_MAX] and recomputed["tica/n_tokens"] == r["tica/n_tokens"]
+        assert arr["trainer_logprobs"].size == arr["seq_lens"].sum() - arr["seq_lens"].size
+
+
+def test_trainer_on_vllms_own_cpu_kernels_matches_the_rollout_bitwise(demo_legs):
+    """Where vLLM cannot run BI=1 (CPU), the BI=1 idea can still be shown: a trainer forward that
+    reads the same bytes through vLLM's own model code and kernels (a second engine, one sequence
+    per forward, so batch composition differs from the rollout's) gives max = mean = 0 here."""
+    (leg,) = demo_legs["legs"]["forward_vllm_engine"]
+    meta = leg_json(leg)
+    assert meta["trainer"] == "vllm_engine" and meta["env"]["VLLM_BATCH_INVARIANT"] == "0"
+    rows = metrics(leg)
+    assert len(rows) >= 5
+    for r in rows:
+        print(f"[legs] trainer on vLLM kernels, step {r['step']} (batch {r['tica/batch_size']}): "
+              f"max {r[PROBS_DIFF_MAX]} mean {r[PROBS_DIFF_MEAN]} bitwise diff {r['tica/n_bitwise_diff']}")
+        assert r[PROBS_DIFF_MAX] == r[PROBS_DIFF_MEAN] == 0.0 and r["tica/n_bitwise_diff"] == 0
+    roles = [p["role"] for p in meta["processes"]]
+    assert roles.count("engine_core") == 1 and roles.count("trainer_engine_core") == 1
+
+
+def test_decode_vs_prefill_comparison_is_recorded(demo_legs):
+    (leg,) = by_arm(demo_legs["legs"]["forward"], "bi0")
+    for r in metrics(leg):
+        arr = np.load(leg / "arrays" / f"step_{r['step']:04d}.npz")
+        mask = arr["decode_mask"]
+        d, p = arr["decode_logprobs"][mask], arr["rollout_logprobs"][mask]
+        assert r["tica/decode_vs_prefill_n_tokens"] == int(mask.sum()) > 0
+        assert r["tica/decode_vs_prefill_n_bitwise_diff"] == int(np.count_nonzero(d.view(np.uint32) != p.view(np.uint32)))
+        print(f"[legs] step {r['step']}: decode vs prefill {r['tica/decode_vs_prefill_n_bitwise_diff']}/"
+              f"{r['tica/decode_vs_prefill_n_tokens']} differ")
+
+
+def test_backward_gradients_finite_and_reach_every_weight(demo_legs):
+    (leg,) = by_arm(demo_legs["legs"]["backward"], "bi0")
+    (row,) = metrics(leg)
+    assert row["grad_finite"] and row["actor/grad_norm"] > 0
+    assert row["params_with_grad"] == row["params_total"] > 0
+    assert row["deployed_bytes_equal"] is True
+
+
+def test_update_written_reloaded_and_rechecked(demo_legs):
+    (leg,) = by_arm(demo_legs["legs"]["update"], "bi0")
+    (row,) = metrics(leg)
+    assert row["optimizer"] == "adamw" and row["weights_changed_tensors"] > 0
+    assert row["updated_weights_hash"] == weights_hash(leg / "weights") != row["weights_hash_before"]
+    assert row["reloaded_by_rollout"] is True
+    post = metrics(leg / "post_forward")
+    assert len(post) >= 5 and all(r["checkpoint_version"] == row["updated_weights_hash"] for r in post)
+    assert all(r[PROBS_DIFF_MEAN] > 0 for r in post)  # BI=0 after the update: still the baseline's mismatch
+
+
+def test_quality_per_problem_records_under_a_contract(demo_legs):
+    (leg,) = by_arm(demo_legs["legs"]["quality"], "bi0")
+    rows = metrics(leg, "results.jsonl")
+    contract = json.loads((leg / "contract.json").read_text())
+    assert len(rows) == 10 and len({r["problem_id"] for r in rows}) == 10
+    assert set(contract) >= {"dataset_version", "prompt_template", "thinking_mode", "sampling", "repeats", "scorer", "length_cap"}
+    assert contract["sampling"]["temperature"] == 0 and contract["length_cap"] == 32
+    sampled = json.loads((leg / "passes" / "sampled" / "contract.json").read_text())
+    assert sampled["sampling"]["temperature"] > 0 and sampled["dataset_version"] == contract["dataset_version"]
+
+
+def test_throughput_bench_for_every_concurrency_and_round_in_crossed_order(demo_legs):
+    legs = by_arm(demo_legs["legs"]["throughput"], "bi0")
+    seen = {}
+    for d in legs:
+        meta, bench = leg_json(d), json.loads((d / "bench.json").read_text())
+        cfg = meta["resolved_config"]
+        seen[(meta["round"], meta["concurrency"])] = bench
+        assert bench["max_concurrency"] == meta["concurrency"]
+        assert bench["completed"] == cfg["num_prompts"] and bench["failed"] == 0
+        assert bench["total_input_tokens"] == cfg["num_prompts"] * cfg["input_len"]
+        assert bench["total_output_tokens"] == cfg["num_prompts"] * cfg["output_len"]
+        assert bench["arm"] == "bi0" and bench["round"] == str(meta["round"])
+        assert meta["slot"] == (2 if meta["round"] % 2 else 1)  # AB then BA, A = bi1
+        print(f"[legs] bi0 r{meta['round']} c={meta['concurrency']}: {bench['output_throughput']:.1f} out tok/s, "
+              f"TTFT {bench['mean_ttft_ms']:.0f} ms, TPOT {bench['mean_tpot_ms']:.1f} ms, {bench['duration']:.1f} s")
+    assert set(seen) == {(1, 1), (1, 2), (2, 1), (2, 2)}
+
+
+def test_clean_exit_reflects_what_vllm_did(demo_legs):
+    for item in SERVER_ITEMS:
+        for d in by_arm(demo_legs["legs"][item], "bi0"):
+            procs = leg_json(d)["processes"]
+            roles = {p["role"] for p in procs}
+            assert {"client", "api_server", "engine_core"} <= roles, d
+            log = (d / "server.log").read_text()
+            for p in procs:
+                print(f"[legs] {item} {d.name}: {p['role']} pid {p['pid']} -> {p['end_state']} (exit {p['exit_code']})")
+                if p["role"] == "engine_core":
+                    forced = f"force killing remaining process EngineCore pid {p['pid']}" in log
+                    assert (p["end_state"] == "force_killed") == forced
+    for item in ("forward", "update", "quality"):
+        (d,) = by_arm(demo_legs["legs"][item], "bi0")
+        procs = leg_json(d)["processes"]
+        log = (d / "producer.log").read_text()
+        (core,) = [p for p in procs if p["role"] == "engine_core"]
+        assert (core["end_state"] == "force_killed") == (f"force killing remaining process EngineCore pid {core['pid']}" in log)
+
+
+@pytest.mark.parametrize("item,victim", [("update", "weights/model.safetensors"), ("forward", "arrays/step_0003.npz"),
+                                         ("quality", "results.jsonl"), ("backward", "metrics.jsonl")])
+def test_a_file_changed_after_sealing_breaks_the_seal(demo_legs, tmp_path, item, victim):
+    (leg,) = by_arm(demo_legs["legs"][item], "bi0")
+    copy = tmp_path / leg.name
+    shutil.copytree(leg, copy)
+    assert check_seal(copy) == []
+    with open(copy / victim, "r+b") as f:
+        f.seek(200)
+        b = f.read(1)
+        f.seek(200)
+        f.write(bytes([b[0] ^ 0x01]))
+    problems = check_seal(copy)
+    assert problems and "changed after sealing" in problems[0]
+
+
+@pytest.fixture(scope="module")
+def faulted_throughput(tiny_model, tmp_path_factory):
+    from tica.legs.runner import run_leg, throughput_leg_dirs
+
+    out = tmp_path_factory.mktemp("faults") / "throughput"
+    run_leg("throughput", "bi0", out, model=str(tiny_model), concurrencies=[1, 2], input_len=32, output_len=8,
+            num_prompts=4, num_warmups=0, fault="truncate-workload,kill-engine-core")
+    return throughput_leg_dirs(out)
+
+
+def test_truncated_workload_shows_in_the_receipt(faulted_throughput):
+    c1 = faulted_throughput[0]
+    meta, bench = leg_json(c1), json.loads((c1 / "bench.json").read_text())
+    assert check_seal(c1) == []
+    assert bench["completed"] < meta["resolved_config"]["num_prompts"]
+
+
+def test_killed_engine_core_is_not_a_clean_exit(faulted_throughput):
+    c2 = faulted_throughput[1]
+    meta = leg_json(c2)
+    (core,) = [p for p in meta["processes"] if p["role"] == "engine_core"]
+    print(f"[legs] killed EngineCore recorded as {core}")
+    assert not (core["end_state"] == "exited" and core["exit_code"] == 0)
+    client = next(p for p in meta["processes"] if p["role"] == "client")
+    bench = c2 / "bench.json"
+    failed_requests = (json.loads(bench.read_text())["failed"] > 0) if bench.is_file() else True
+    assert client["exit_code"] != 0 or failed_requests

@@ -1,0 +1,127 @@
+"""Leg machinery that needs no vLLM engine: models, scorer, problem set, trainer interface, runner."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+import pytest
+
+from tica.legs import runner, scorer
+from tica.legs.common import ARM_ENV, end_state
+from tica.legs.trainers import ExternalTrainer, pack, unpack
+from tica.models.hashing import weights_hash
+from tica.models.tiny import TinyLlamaSpec, build_tiny_llama
+from tica.problems import load_problems
+
+
+def test_tiny_model_same_seed_same_bytes(tmp_path):
+    a = build_tiny_llama(tmp_path / "a")
+    b = build_tiny_llama(tmp_path / "b")
+    c = build_tiny_llama(tmp_path / "c", TinyLlamaSpec(seed=1))
+    assert weights_hash(a) == weights_hash(b) != weights_hash(c)
+    cfg = json.loads((a / "config.json").read_text())
+    assert cfg["architectures"] == ["LlamaForCausalLM"] and cfg["torch_dtype"] == "bfloat16"
+
+
+def test_tiny_tokenizer_round_trips_random_ids(tmp_path):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(build_tiny_llama(tmp_path / "m")))
+    ids = list(range(40, 1024, 37))
+    assert tok.encode(tok.decode(ids)) == ids  # the random bench workload keeps its exact length
+
+
+def test_scorer_extracts_boxed_then_last_number():
+    assert scorer.extract("so \\boxed{42}.") == ("42", "boxed")
+    assert scorer.extract("3 + 4 = 7") == ("7", "last_number")
+    assert scorer.extract("no idea") == (None, "none")
+    assert scorer.is_correct("1,024", "1024") and not scorer.is_correct("41", "42")
+    assert scorer.scorer_id().startswith("tica.scorer.boxed/1 sha256:")
+
+
+def test_problem_set_version_is_its_content_hash():
+    version, problems = load_problems()
+    assert version.startswith("arith30 sha256:") and len(problems) == 30
+    assert len({p["problem_id"] for p in problems}) == 30
+
+
+def test_external_trainer_reads_the_commands_logprobs(tmp_path):
+    script = tmp_path / "ext.py"
+    script.write_text(
+        "import sys, numpy as np\n"
+        "d = np.load(sys.argv[1]); n = int(d['seq_lens'].sum() - len(d['seq_lens']))\n"
+        "np.savez(sys.argv[2], logprobs=-np.arange(n, dtype=np.float32))\n"
+    )
+    tr = ExternalTrainer(f"{sys.executable} {script} {{input}} {{output}}")
+    out = tr.logprobs([[1, 2, 3], [4, 5, 6, 7]])
+    assert [x.tolist() for x in out] == [[-0.0, -1.0], [-2.0, -3.0, -4.0]]
+    bad = ExternalTrainer(f"{sys.executable} -c 'import sys; sys.exit(3)' {{input}} {{output}}")
+    with pytest.raises(RuntimeError, match="exited 3"):
+        bad.logprobs([[1, 2]])
+
+
+def test_pack_unpack():
+    seqs = [[1, 2, 3], [9, 8]]
+    assert unpack(*pack(seqs)) == seqs
+
+
+def test_end_states_name_what_happened():
+    assert end_state(0) == ("exited", None)
+    assert end_state(-15) == ("signalled", 15)
+    assert end_state(-9) == ("killed", 9)
+    assert end_state(-9, force_killed=True) == ("force_killed", 9)
+    assert end_state(None, alive=True) == ("running", None)
+
+
+def test_leg_command_sets_the_arm_switch_in_the_childs_env(tmp_path):
+    argv, env = runner.leg_command("forward", "bi1", tmp_path / "leg", model="m", steps=5, bi1_attempt_engine=True)
+    assert argv[1:4] == ["-m", "tica.legs.forward", "--out"]
+    assert "--steps" in argv and "--bi1-attempt-engine" in argv
+    assert env["VLLM_BATCH_INVARIANT"] == ARM_ENV["bi1"]["VLLM_BATCH_INVARIANT"] == "1"
+    assert runner.leg_command("forward", "bi0", tmp_path / "leg")[1]["VLLM_BATCH_INVARIANT"] == "0"
+    with pytest.raises(ValueError):
+        runner.leg_command("forward", "bi2", tmp_path)
+
+
+def test_crossed_order():
+    assert runner.crossed_order(3) == [("bi1", "bi0"), ("bi0", "bi1"), ("bi1", "bi0")]
+
+
+def test_producer_refuses_a_contradicting_env(tmp_path):
+    import subprocess
+
+    argv, env = runner.leg_command("backward", "bi0", tmp_path / "leg", model="x")
+    env["VLLM_BATCH_INVARIANT"] = "1"
+    p = subprocess.run(argv, env=env, capture_output=True, text=True)
+    assert p.returncode != 0 and "contradicts --arm bi0" in p.stderr
+
+
+@pytest.mark.slow
+def test_megatron_mapping_round_trips_and_scores_close_to_hf(tmp_path):
+    from safetensors.torch import load_file
+
+    from tica.legs.trainers import load_trainer
+
+    model = build_tiny_llama(tmp_path / "m")
+    mg = load_trainer("megatron", model)
+    file = load_file(str(model / "model.safetensors"))
+    back = mg.hf_state_dict()
+    assert all(np.array_equal(back[k].view(-1).float().numpy(), file[k].view(-1).float().numpy()) for k in file)
+    seqs = [[1, 5, 6, 7, 8, 100, 200, 300]]
+    a = load_trainer("transformers", model).logprobs(seqs)[0]
+    b = mg.logprobs(seqs)[0]
+    assert np.abs(a - b).max() < 0.5  # same model, different kernels: close, not bitwise
+
+
+@pytest.mark.slow
+def test_reference_external_command_matches_the_builtin_trainer(tmp_path):
+    from tica.legs.trainers import load_trainer
+
+    model = build_tiny_llama(tmp_path / "m")
+    seqs = [[1, 5, 6, 7, 8, 100, 200, 300], [4, 9, 10, 11]]
+    ext = ExternalTrainer(f"{sys.executable} -m tica.legs.trainers --model {model} --input {{input}} --output {{output}}")
+    a = np.concatenate(ext.logprobs(seqs))
+    b = np.concatenate(load_trainer("transformers", model).logprobs(seqs))
+    assert np.array_equal(a.view(np.uint32), b.view(np.uint32))

@@ -1,0 +1,59 @@
+"""The real CPU legs judged by the same judges as every other track: each leg.json is a valid
+receipt, and each cell reflects what vLLM and the trainer actually did on this machine."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tica.judges import judge
+from tica.question import parse_question
+from tica.receipts import LegMeta
+from tica.verdict import Verdict
+
+pytestmark = pytest.mark.slow
+
+COMMON = {"compared": "x", "computation": "x", "pass_line": "x", "noise_floor": 0.0,
+          "invalid_leg_rule": "a broken seal or workload mismatch is inconclusive and rerun"}
+
+
+def q(item: str, repeats: int = 1, order=("AB",), **criteria):
+    return parse_question({"name": f"cpu-{item}", "item": item, "repeats": repeats, "pairing_order": list(order),
+                           **COMMON, "criteria": {"item": item, **criteria}})
+
+
+def test_every_leg_json_is_a_valid_receipt(demo_legs):
+    dirs = [d for v in demo_legs["legs"].values() for d in v]
+    assert dirs
+    for d in dirs:
+        LegMeta.model_validate(json.loads((Path(d) / "leg.json").read_text()))
+
+
+def test_forward_bi1_is_not_run_with_vllms_reason_and_bi0_differs(demo_legs):
+    legs = [d for d in demo_legs["legs"]["forward"] if "vllm_engine" not in str(d)]
+    cell = judge("forward", q("forward", min_steps=5, bi0_reference_mean=None), legs)
+    assert any("did not run" in r and "VLLM_BATCH_INVARIANT" in r for r in cell.reasons), cell.reasons
+    bi0 = [s for leg in cell.numbers["legs"] if leg["arm"] == "bi0" for s in leg["steps"]]
+    assert len(bi0) >= 5 and all(s["mean"] > 0 for s in bi0)
+    assert cell.verdict is Verdict.NOT_RUN
+
+
+def test_throughput_cell_covers_every_concurrency_in_crossed_order(demo_legs):
+    question = q("throughput", repeats=2, order=("AB", "BA"), input_len=64, output_len=16,
+                 concurrencies=[1, 2], num_prompts={1: 6, 2: 6}, warmups=1,
+                 formula="median_per_round_paired_loss", budget={1: 0.5, 2: 0.5})
+    cell = judge("throughput", question, demo_legs["legs"]["throughput"])
+    table = "\n".join(cell.tables.values())
+    assert "| 1 |" in table and "| 2 |" in table
+    assert not any("crossed" in r for r in cell.reasons), cell.reasons
+    # BI=1 does not run on this CPU: the cell can never pass
+    assert cell.verdict is not Verdict.PASS
+
+
+def test_clean_exit_fails_on_vllms_force_killed_engine_core(demo_legs):
+    legs = [d for v in demo_legs["legs"].values() for d in v]
+    cell = judge("clean_exit", q("clean_exit", required_roles=["client", "api_server", "engine_core"]), legs)
+    assert cell.verdict is Verdict.FAIL
+    assert any("force" in r.lower() for r in cell.reasons), cell.reasons

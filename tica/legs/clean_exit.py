@@ -1,0 +1,71 @@
+"""Clean-exit leg: one API server and one client, both stopped the ordinary way, and every
+process's end recorded on its own: client, API server, EngineCore, workers (with vLLM's own
+"force killing" lines, which are not a clean exit).
+
+    python -m tica.legs.clean_exit --out LEG_DIR --arm bi0 --model MODEL_DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import sys
+import time
+from pathlib import Path
+
+from tica.legs import common
+from tica.legs.throughput import Server, add_server_args, free_port, resolved_workload, run_client
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_server_args(ap)
+    ap.add_argument("--input-len", type=int, default=32)
+    ap.add_argument("--output-len", type=int, default=8)
+    ap.add_argument("--num-prompts", type=int, default=2)
+    ap.add_argument("--num-warmups", type=int, default=0)
+    ap.add_argument("--fault", choices=("kill-engine-core",), default=None, help="planted fault (canaries/tests only)")
+    args = ap.parse_args(argv)
+    common.set_arm_env(args.arm)
+    with common.pipes_context() as pipes:
+        leg = common.Leg(args.out, item="clean_exit", arm=args.arm, producer="tica.legs.clean_exit", tee_log=False)
+        if args.arm == "bi1" and not args.bi1_attempt_engine:
+            from tica.legs import engine
+
+            reason = engine.bi1_unsupported_reason()
+            if reason is not None:
+                leg.finish(not_run_reason=reason)
+                return 0
+        model = str(Path(args.model).resolve())
+        server = Server(model, leg.dir / "server.log", port=args.port or free_port(), max_model_len=args.max_model_len,
+                        gpu_memory_utilization=args.gpu_memory_utilization, seed=args.seed)
+        client = None
+        try:
+            server.wait_healthy(args.server_timeout)
+            if args.fault == "kill-engine-core":
+                for pid in server.engine_pids:
+                    os.kill(pid, signal.SIGKILL)
+                leg.meta.setdefault("resolved_config", {})["planted_faults"] = [f"kill-engine-core: SIGKILL to EngineCore {server.engine_pids}"]
+                time.sleep(2)
+            client = run_client(leg.dir, server, model, concurrency=1, num_prompts=args.num_prompts,
+                                num_warmups=args.num_warmups, input_len=args.input_len, output_len=args.output_len,
+                                seed=args.seed, metadata={"arm": args.arm, "purpose": "clean_exit"})
+        finally:
+            server.stop()
+        leg.processes.append(client or common.process_record("client", None, None, evidence="client never started"))
+        leg.processes.extend(server.records())
+        cleanup = server.reap_leftovers()
+        if cleanup:
+            leg.meta.setdefault("resolved_config", {})["producer_cleanup"] = cleanup
+        leg.meta["resolved_config"] = resolved_workload(args, 1, args.num_prompts, server)
+        leg.finish()
+        states = {p["role"] + (f":{p['pid']}" if p["pid"] else ""): p["end_state"] for p in leg.processes}
+        pipes.log.info(f"clean_exit {args.arm}: {states}")
+        pipes.report_custom_message({"leg_dir": str(leg.dir), "item": "clean_exit", "processes": leg.processes})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

