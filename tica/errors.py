@@ -39,6 +39,23 @@ class LedgerIntegrityError(TicaError):
     """The ledger's hash chain does not verify."""
 
 
+def read_yaml_mapping(path: str | Path, exc_cls: type[InputError]) -> tuple[bytes, dict]:
+    """A YAML file's bytes and its top-level mapping; failures name the file and what broke."""
+    import yaml
+
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as err:
+        raise exc_cls(path, "<file>", f"cannot read: {err.strerror}") from None
+    try:
+        data = yaml.safe_load(raw)
+    except yaml.YAMLError as err:
+        raise exc_cls(path, "<yaml>", f"malformed YAML: {err}") from None
+    if not isinstance(data, dict):
+        raise exc_cls(path, "<root>", "must be a mapping of fields")
+    return raw, data
+
+
 def pydantic_errors(exc_cls: type[InputError], file: str | Path, err: Exception) -> InputError:
     """Turn a pydantic ValidationError into one InputError naming the first bad field."""
     errors = getattr(err, "errors", None)

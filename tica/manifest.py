@@ -12,10 +12,9 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from tica.errors import ManifestError, pydantic_errors
+from tica.errors import ManifestError, pydantic_errors, read_yaml_mapping
 from tica.evidence import Component, EvidenceItem
 
 DIGEST_PREFIXES = ("sha256:", "blake3:", "xxh3-128:")
@@ -220,16 +219,7 @@ class LoadedManifest(BaseModel):
 def load_manifest(path: str | Path) -> LoadedManifest:
     """Read and validate a manifest; every failure names the file and the field."""
     path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except OSError as err:
-        raise ManifestError(path, "<file>", f"cannot read: {err.strerror}") from None
-    try:
-        data = yaml.safe_load(raw)
-    except yaml.YAMLError as err:
-        raise ManifestError(path, "<yaml>", f"malformed YAML: {err}") from None
-    if not isinstance(data, dict):
-        raise ManifestError(path, "<root>", "a manifest must be a mapping")
+    raw, data = read_yaml_mapping(path, ManifestError)
     try:
         manifest = Manifest.model_validate(data)
     except ValidationError as err:

@@ -15,10 +15,9 @@ from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from tica.errors import QuestionError, pydantic_errors
+from tica.errors import QuestionError, pydantic_errors, read_yaml_mapping
 from tica.evidence import EvidenceItem
 
 
@@ -185,13 +184,5 @@ def parse_question(data: Any, source: str | Path = "<memory>") -> Question:
 
 
 def load_question(path: str | Path) -> Question:
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as err:
-        raise QuestionError(path, "<file>", f"cannot read: {err.strerror}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise QuestionError(path, "<yaml>", f"malformed YAML: {err}") from None
+    _, data = read_yaml_mapping(path, QuestionError)
     return parse_question(data, path)
