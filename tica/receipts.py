@@ -40,7 +40,8 @@ class _Receipt(BaseModel):
 
 
 class ProcessExit(_Receipt):
-    role: Literal["client", "api_server", "engine_core", "worker", "trainer"]
+    # trainer_engine_core / trainer_worker: a vLLM engine the trainer itself runs (trainer=vllm_engine)
+    role: Literal["client", "api_server", "engine_core", "worker", "trainer", "trainer_engine_core", "trainer_worker"]
     pid: int | None = None
     exit_code: int | None = None
     end_state: EndState

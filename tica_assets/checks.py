@@ -243,10 +243,10 @@ def quality_check(track: Track):
         meta = latest_metadata(context, key)
         if meta is None:
             return _missing(key)
-        legs = _legs(meta)
+        legs = [leg for leg in _legs(meta) if not core.leg_meta(leg).get("not_run_reason")]
         if not legs:
             # Nothing ran: the cell says `not run`; there is no sum to get wrong.
-            return AssetCheckResult(passed=True, description="no quality legs ran: nothing to sum (the cell is not run)")
+            return AssetCheckResult(passed=True, description="no quality legs ran (or they did not run): nothing to sum; the cell is not run")
         counts, problems = quality_counts(legs)
         return AssetCheckResult(
             passed=not problems, severity=AssetCheckSeverity.ERROR,

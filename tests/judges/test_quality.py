@@ -146,3 +146,10 @@ def test_no_quality_leg_at_all_is_not_run_and_one_arm_alone_is_inconclusive(rece
     assert judge("quality", Q, []).verdict is Verdict.NOT_RUN
     legs = receipts("quality")
     assert judge("quality", Q, [leg(legs, "bi1")]).verdict is Verdict.INCONCLUSIVE
+
+
+def test_an_arm_whose_leg_did_not_run_makes_the_pairing_not_run(receipts):
+    legs = receipts("quality")
+    edit_meta(leg(legs, "bi1"), lambda m: m.update(not_run_reason="vLLM: batch invariance unsupported on cpu"))
+    cell = judge("quality", Q, legs)
+    assert cell.verdict is Verdict.NOT_RUN and "no bi1 leg ran" in cell.summary

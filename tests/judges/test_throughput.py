@@ -245,3 +245,15 @@ def test_retest_rounds_keep_the_order_crossed(order, r):
         assert expected_order(order, r) != expected_order(order, r - 1)
     else:
         assert expected_order(order, r) == order[r - 1]
+
+
+def test_an_arm_whose_legs_did_not_run_makes_the_pairing_not_run(receipts):
+    from tica.canaries import edit_meta
+
+    legs = receipts("throughput")
+    for p in legs:
+        if json.loads((p / "leg.json").read_text())["arm"] == "bi1":
+            (p / "bench.json").unlink()
+            edit_meta(p, lambda m: m.update(not_run_reason="vLLM: batch invariance unsupported on cpu"))
+    cell = judge("throughput", Q, legs)
+    assert cell.verdict is Verdict.NOT_RUN and "no bi1 leg ran" in cell.summary

@@ -62,7 +62,7 @@ def test_bi0_forward_trainer_differs_from_vllm_every_step(demo_legs):
         arr = np.load(leg / "arrays" / f"step_{r['step']:04d}.npz")
         recomputed = forward_metrics(arr["trainer_logprobs"], arr["rollout_logprobs"])
         assert recomputed[PROBS_DIFF_MAX] == r[PROBS_DIFF_MAX] and recomputed["tica/n_tokens"] == r["tica/n_tokens"]
-        assert arr["trainer_logprobs"].size == arr["seq_lens"].sum() - arr["seq_lens"].size
+        assert arr["trainer_logprobs"].size == arr["seq_lens"].sum() == arr["token_ids"].size  # scored tokens
 
 
 def test_trainer_on_vllms_own_cpu_kernels_matches_the_rollout_bitwise(demo_legs):

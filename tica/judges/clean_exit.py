@@ -15,7 +15,8 @@ from tica.question import CleanExitCriteria, Question
 from tica.receipts import ProcessExit, load_leg
 from tica.verdict import VerdictCell
 
-SIDES = {"client": "client", "api_server": "server", "engine_core": "server", "worker": "server", "trainer": "trainer"}
+SIDES = {"client": "client", "api_server": "server", "engine_core": "server", "worker": "server", "trainer": "trainer",
+         "trainer_engine_core": "trainer", "trainer_worker": "trainer"}
 # vLLM's shutdown path logs this when a child had to be killed; the exit code alone can hide it.
 _FORCED = re.compile(r"force[ _-]?kill", re.IGNORECASE)
 

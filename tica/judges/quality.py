@@ -46,16 +46,22 @@ def judge_quality(question: Question, leg_paths: Sequence[str | Path]) -> Verdic
     legs = [load_leg(p) for p in leg_paths]
     hashes = {str(l.path): l.digest for l in legs}
     by_arm: dict[str, list[Leg]] = {"bi1": [], "bi0": []}
+    not_run_arms: set[str] = set()
     for leg in legs:
         if leg.meta.item != "quality":
             findings.inconclusive(f"{leg.path.name}: is a {leg.meta.item} leg, not a quality leg")
         elif leg.meta.not_run_reason:
             findings.not_run(f"{leg.arm} {leg.path.name}: did not run: {leg.meta.not_run_reason}")
+            not_run_arms.add(leg.arm)
         else:
             by_arm[leg.arm].append(leg)
     if not legs:
         findings.not_run("no quality leg ran for this candidate")
         return cell(item, question, findings, "quality pairing not run")
+    if any(not by_arm[arm] and arm in not_run_arms for arm in by_arm):
+        missing = sorted(a for a in by_arm if not by_arm[a])
+        return cell(item, question, findings, f"quality pairing not run: no {', '.join(missing)} leg ran",
+                    receipt_hashes=hashes)
     for arm, arm_legs in by_arm.items():
         if len(arm_legs) != 1:
             findings.inconclusive(f"{len(arm_legs)} {arm} quality legs: pairing needs exactly one per arm")

@@ -10,6 +10,8 @@ arm make the attribution `inconclusive`; a profiled leg never counts.
 
 from __future__ import annotations
 
+import json
+
 import datetime as _dt
 import statistics
 from collections import defaultdict
@@ -22,7 +24,7 @@ from tica.evidence import EvidenceItem
 from tica.judges._common import Findings, cell, md_table, wrong_question
 from tica.judges.confounders import confounder_markdown, confounder_table, unquantified
 from tica.question import Question, ThroughputCriteria, ThroughputFormula
-from tica.receipts import BenchLeg, load_bench_leg
+from tica.receipts import LEG_FILE, BenchLeg, load_bench_leg
 from tica.verdict import Verdict, VerdictCell
 
 
@@ -160,6 +162,22 @@ def check_round(rnd: Round, criteria: ThroughputCriteria) -> None:
         rnd.t_bi1, rnd.t_bi0 = legs["bi1"].throughput, legs["bi0"].throughput
 
 
+def _not_run_meta(path: Path) -> dict | None:
+    """leg.json of a leg directory that did not run (read loosely: the judge validates it later)."""
+    try:
+        meta = json.loads((path / LEG_FILE).read_text()) if path.is_dir() else None
+    except (OSError, ValueError):
+        return None
+    return meta if isinstance(meta, dict) and meta.get("not_run_reason") else None
+
+
+def _leg_arm(path: Path) -> str | None:
+    try:
+        return json.loads((path / LEG_FILE).read_text()).get("arm") if path.is_dir() else json.loads(path.read_text()).get("arm")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def judge_throughput(question: Question, leg_paths: Sequence[str | Path]) -> VerdictCell:
     item = EvidenceItem.THROUGHPUT
     findings = Findings()
@@ -167,7 +185,16 @@ def judge_throughput(question: Question, leg_paths: Sequence[str | Path]) -> Ver
         findings.inconclusive(bad)
         return cell(item, question, findings, bad)
     criteria: ThroughputCriteria = question.criteria  # type: ignore[assignment]
-    legs = [load_bench_leg(p) for p in leg_paths]
+    not_run = {Path(p): meta for p in leg_paths if (meta := _not_run_meta(Path(p))) is not None}
+    for p, meta in not_run.items():
+        findings.not_run(f"{meta['arm']} {p.parent.name}/{p.name}: did not run: {meta['not_run_reason']}")
+    ran = [Path(p) for p in leg_paths if Path(p) not in not_run]
+    arms_ran = {_leg_arm(p) for p in ran}
+    if not ran or not {"bi1", "bi0"} <= arms_ran:
+        missing = sorted({"bi1", "bi0"} - arms_ran)
+        return cell(item, question, findings, f"throughput pairing not run: no {', '.join(missing)} leg ran",
+                    receipt_hashes={str(p): "" for p in not_run})
+    legs = [load_bench_leg(p) for p in ran]
     hashes = {str(l.path): l.digest for l in legs}
     checks = [check_workload(l, criteria) for l in legs]
     tables: dict[str, str] = {}

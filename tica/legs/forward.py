@@ -100,7 +100,9 @@ def run_steps(llm, trainer, batches, out_dir: Path, *, checkpoint_version: str, 
             "tica/anchor_prompt_bitwise_equal_to_step1": bool(np.array_equal(anchor_lp.view(np.uint32), anchor_first.view(np.uint32))),
         }
         rows.append(row)
-        tok, lens = np.concatenate([np.asarray(x, np.int32) for x in seqs]), np.asarray([len(x) for x in seqs], np.int32)
+        # scored tokens only (each sequence's tokens 1..L-1, which the logprobs belong to): docs/receipts.md
+        tok = np.concatenate([np.asarray(x[1:], np.int32) for x in seqs])
+        lens = np.asarray([len(x) - 1 for x in seqs], np.int32)
         np.savez(arrays / f"step_{s:04d}.npz", token_ids=tok, seq_lens=lens, trainer_logprobs=t.astype(np.float32),
                  rollout_logprobs=r.astype(np.float32), decode_logprobs=d.astype(np.float32), decode_mask=mask)
         log.info(f"forward step {s}: batch {len(seqs)}, {m['tica/n_tokens']} tokens, probs_diff max "
