@@ -243,10 +243,12 @@ def quality_check(track: Track):
         meta = latest_metadata(context, key)
         if meta is None:
             return _missing(key)
-        legs = [leg for leg in _legs(meta) if not core.leg_meta(leg).get("not_run_reason")]
-        if not legs:
-            # Nothing ran: the cell says `not run`; there is no sum to get wrong.
-            return AssetCheckResult(passed=True, description="no quality legs ran (or they did not run): nothing to sum; the cell is not run")
+        all_legs = _legs(meta)
+        legs = [leg for leg in all_legs if not core.leg_meta(leg).get("not_run_reason")]
+        if len(legs) < len(all_legs) or not legs:
+            # An arm did not run: the cell says `not run`; there is no pairing whose sum could be wrong.
+            return AssetCheckResult(passed=True, description="an arm's quality leg did not run: no pairing to sum; "
+                                    "the cell is not run")
         counts, problems = quality_counts(legs)
         return AssetCheckResult(
             passed=not problems, severity=AssetCheckSeverity.ERROR,
