@@ -40,16 +40,22 @@ def test_forward_bi1_is_not_run_with_vllms_reason_and_bi0_differs(demo_legs):
     assert cell.verdict is Verdict.NOT_RUN
 
 
-def test_throughput_cell_covers_every_concurrency_in_crossed_order(demo_legs):
+def test_throughput_is_not_run_without_bi1_and_bi0_covers_every_concurrency_crossed(demo_legs):
+    legs = demo_legs["legs"]["throughput"]
     question = q("throughput", repeats=2, order=("AB", "BA"), input_len=64, output_len=16,
                  concurrencies=[1, 2], num_prompts={1: 6, 2: 6}, warmups=1,
                  formula="median_per_round_paired_loss", budget={1: 0.5, 2: 0.5})
-    cell = judge("throughput", question, demo_legs["legs"]["throughput"])
-    table = "\n".join(cell.tables.values())
-    assert "| 1 |" in table and "| 2 |" in table
-    assert not any("crossed" in r for r in cell.reasons), cell.reasons
-    # BI=1 does not run on this CPU: the cell can never pass
-    assert cell.verdict is not Verdict.PASS
+    cell = judge("throughput", question, legs)
+    assert cell.verdict is Verdict.NOT_RUN and "no bi1 leg ran" in cell.summary
+    assert any("did not run" in r and "VLLM_BATCH_INVARIANT" in r for r in cell.reasons)
+    bi0 = [json.loads((Path(d) / "leg.json").read_text()) for d in legs]
+    bi0 = [m for m in bi0 if m["arm"] == "bi0"]
+    assert sorted({m["concurrency"] for m in bi0}) == [1, 2]
+    assert {(m["round"], m["slot"]) for m in bi0} == {(1, 2), (2, 1)}  # AB then BA: BI=0 second, then first
+    for d in legs:
+        if json.loads((Path(d) / "leg.json").read_text())["arm"] == "bi0":
+            bench = json.loads((Path(d) / "bench.json").read_text())
+            assert bench["completed"] == 6 and bench["failed"] == 0 and bench["total_output_tokens"] == 6 * 16
 
 
 def test_clean_exit_fails_on_vllms_force_killed_engine_core(demo_legs):
