@@ -10,7 +10,7 @@ bash scripts/setup.sh
 export DAGSTER_HOME=${DAGSTER_HOME:-$PWD/data/dagster}
 export TICA_LEDGER=${TICA_LEDGER:-$PWD/data/ledger.duckdb}
 export TICA_DATA_DIR=${TICA_DATA_DIR:-$PWD/data}
-export TICA_REPLAY=${TICA_REPLAY:-h200-mid4=tests/fixtures/h200}
+export TICA_REPLAY=${TICA_REPLAY:-h200-mid4=tests/fixtures/h200,h200-mid4-tp2=tests/fixtures/h200/run5}
 export TICA_CACHE_DIR=${TICA_CACHE_DIR:-$PWD/data/cache}
 rc=0
 .venv/bin/python -m tica_assets.demo --models "${TICA_DEMO_MODELS:-tiny}" || rc=$?

@@ -30,7 +30,7 @@ def q(item: str):
 
 
 def test_receipts_record_device_driver_versions_and_kernels():
-    meta = load_leg(H200 / "run3" / "forward_bi1_decode").meta
+    meta = load_leg(H200 / "run4" / "forward_bi1_decode").meta
     assert meta.device["name"] == "NVIDIA H200" and meta.device["driver"]
     assert meta.versions["vllm"] == "0.26.0" and meta.versions["torch"].startswith("2.11.0")
     assert meta.kernels["trainer"]["logprob"] == "vllm.v1.worker.gpu.sample.logprob.compute_token_logprobs"
@@ -46,10 +46,19 @@ def test_bi1_forward_is_bitwise_at_every_step_before_and_after_the_update():
     assert len({s["checkpoint_version"] for s in bi1_steps}) == 2  # before and after the update
 
 
-def test_bi0_magnitude_is_measured_and_nonzero():
+def test_bi0_magnitude_is_measured_and_nonzero_for_megatron_and_hf():
     cell = judge("forward", q("forward"), legs("forward"))
-    bi0 = [s for leg in cell.numbers["legs"] if leg["arm"] == "bi0" for s in leg["steps"]]
-    assert len(bi0) >= 5 and all(s["mean"] > 0 and s["max"] > 0 for s in bi0)
+    bi0 = {Path(leg["path"]).name: leg["steps"] for leg in cell.numbers["legs"] if leg["arm"] == "bi0"}
+    assert set(bi0) == {"forward_bi0_megatron", "forward_bi0_hf"}
+    for steps in bi0.values():
+        assert len(steps) >= 5 and all(s["mean"] > 0 and s["max"] > 0 for s in steps)
+
+
+def test_the_bi0_arm_is_megatron_core_on_the_gpu():
+    meta = load_leg(H200 / "run4" / "forward_bi0_megatron").meta
+    assert meta.trainer == "megatron" and meta.env["VLLM_BATCH_INVARIANT"] == "0"
+    assert meta.kernels["trainer"]["megatron_core"] == "0.16.1"
+    assert meta.kernels["trainer"]["device"].startswith("cuda") and meta.kernels["trainer"]["cpu_workarounds"] == []
 
 
 @pytest.mark.parametrize("leg", ["forward_bi1_planted_fault", "forward_bi1_fault_hf_final_norm"])
@@ -71,10 +80,30 @@ def test_backward_reaches_every_master_tensor():
     assert judge("backward", q("backward"), legs("backward")).verdict is Verdict.PASS
 
 
-def test_the_update_legs_own_recheck_fails_on_the_decode_prefill_gap():
+def test_update_reloads_and_rechecks_bitwise_on_the_sampled_tokens():
     cell = judge("update", q("update"), legs("update"))
+    assert cell.verdict is Verdict.PASS, cell.reasons
+    leg = cell.numbers["legs"][0]
+    assert leg["update"][0]["reloaded by rollout"] is True
+    assert [s["step"] for s in leg["post_forward"]["steps"]] == list(range(6, 11))
+    assert all(s["max"] == 0 and s["mean"] == 0 for s in leg["post_forward"]["steps"])
+
+
+def test_run3s_update_recheck_on_prefill_scoring_failed_and_is_kept():
+    """The first run re-checked the update against vLLM's prefill scoring, which under BI=1 differs
+    from vLLM's own decode logprobs: kept as it failed, not re-judged into a pass."""
+    cell = judge("update", q("update"), [H200 / "run3" / "update_bi1"])
     assert cell.verdict is Verdict.FAIL
     assert all("post-update" in r for r in cell.reasons if r.startswith("fail"))
+
+
+def test_quality_pairing_ran_on_a_real_model_and_fails_its_frozen_threshold():
+    """SmolLM2-135M-Instruct on arith30, greedy, BI=1 vs BI=0: 9 vs 11 of 30. Two discordant
+    problems, both BI=0's, exceed the frozen 3.34 points (one problem is 3.33): fail, as frozen."""
+    cell = judge("quality", q("quality"), legs("quality"))
+    assert cell.verdict is Verdict.FAIL
+    assert "9" in cell.tables["pairing (2x2)"] and "N=30" in cell.summary
+    assert "6.667 points" in cell.summary
 
 
 def test_throughput_reports_every_concurrency_with_its_formula_and_stays_unaccepted():
@@ -90,3 +119,29 @@ def test_clean_exit_fails_on_vllm_force_killing_its_server_processes():
     cell = judge("clean_exit", q("clean_exit"), legs("throughput"))
     assert cell.verdict is Verdict.FAIL
     assert any("force_killed" in r or "force" in r for r in cell.reasons)
+
+
+# ---------------------------------------------------------------- tensor parallel 2 (run5, nvidia-h200-x2)
+RUN5 = H200 / "run5"
+TP2 = yaml.safe_load((RUN5 / "replay.yaml").read_text())
+QUESTIONS_TP2 = QUESTIONS.parent / "h200-mid4-tp2"
+
+
+def test_tp2_forward_is_bitwise_at_every_step_on_two_gpus():
+    legs_tp2 = [RUN5 / p for p in TP2["forward"]]
+    cell = judge("forward", load_question(QUESTIONS_TP2 / "forward.yaml"), legs_tp2)
+    assert cell.verdict is Verdict.PASS, cell.reasons
+    bi1 = [s for leg in cell.numbers["legs"] if leg["arm"] == "bi1" for s in leg["steps"]]
+    assert [s["step"] for s in bi1] == [1, 2, 3, 4, 5] and all(s["max"] == 0 and s["mean"] == 0 for s in bi1)
+    meta = load_leg(RUN5 / "forward_bi1_tp2_decode").meta
+    assert meta.device["count"] == 2 and meta.resolved_config["tensor_parallel_size"] == 2
+    ranks = meta.kernels["rollout"]["all_reduce"]
+    assert [r["rank"] for r in ranks] == [0, 1] and all(r["nccl_env"]["NCCL_ALGO"] == "allreduce:tree" for r in ranks)
+
+
+def test_a_trainer_left_at_tp1_against_a_tp2_rollout_fails():
+    """The control: the rollout's layout is part of what the trainer must reproduce."""
+    cell = judge("forward", load_question(QUESTIONS_TP2 / "forward.yaml"), [RUN5 / "forward_bi1_tp2_trainer_tp1"])
+    assert cell.verdict is Verdict.FAIL
+    steps = cell.numbers["legs"][0]["steps"]
+    assert all(s["max"] > 0 for s in steps)

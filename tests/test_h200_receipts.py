@@ -1,12 +1,16 @@
 """The sealed receipts that came back from the H200 (tests/fixtures/h200, see its README.md),
 checked on the CPU: seals, what was measured, and what was recorded about where.
 
-run3: the forward/backward/update legs (device call 9); run2: the throughput legs (device call 7;
-its forward legs, call 6, gave the same step metrics as run3 and are not kept); run1: the first
-run's legs that differ (a planted fault that did not fail, throughput legs refused with HTTP 400)."""
+run4: the second session's forward/backward/update/quality legs, with the decode-faithful update
+re-check and megatron-core's BI=0 arm (its legs identical to run3's are recorded in REPRODUCED.json,
+not kept twice); run5: the forward at tensor-parallel 2 on two H200s; run3: the first
+forward/backward/update legs (device call 9); run2: the throughput legs (device call 7; its forward
+legs, call 6, gave the same step metrics as run3 and are not kept); run1: the first run's legs that
+differ (a planted fault that did not fail, throughput legs refused with HTTP 400)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import statistics
 from pathlib import Path
@@ -21,6 +25,8 @@ FIX = Path(__file__).parent / "fixtures" / "h200"
 RUN3 = FIX / "run3"
 RUN2 = FIX / "run2"
 RUN1 = FIX / "run1"
+RUN4 = FIX / "run4"
+RUN5 = FIX / "run5"
 
 
 def legs(root: Path) -> list[Path]:
@@ -41,24 +47,36 @@ def arrays(forward_dir: Path, step: int) -> dict:
 
 
 def test_fixtures_present_and_small():
-    assert len(legs(RUN3)) == 9 and len(legs(RUN2)) == 24
+    assert len(legs(RUN3)) == 9 and len(legs(RUN2)) == 24 and len(legs(RUN4)) == 8 and len(legs(RUN5)) == 4
     total = sum(p.stat().st_size for p in FIX.rglob("*") if p.is_file())
-    assert total < 6 * 1024 * 1024
+    # the whole tree travels with every device call beside the kit's 56 MB carry (64 MiB in all)
+    assert total < 8 * 1024 * 1024
 
 
-@pytest.mark.parametrize("leg", legs(RUN3) + legs(RUN2) + legs(RUN1), ids=lambda p: f"{p.parent.name}/{p.name}")
+ALL_LEGS = legs(RUN5) + legs(RUN4) + legs(RUN3) + legs(RUN2) + legs(RUN1)
+
+
+@pytest.mark.parametrize("leg", ALL_LEGS, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_every_seal_verifies_and_leg_records_where(leg):
     assert check_seal(leg) == []
     m = meta(leg)
     assert m["schema"] == "tica.leg/1"
     assert m["device"]["name"] == "NVIDIA H200"
-    assert m["device"]["driver"] == "580.159.04"
+    if m["producer"] == "tica.legs.quality":
+        # run4's quality legs (the CPU path's producer) recorded torch's CUDA runtime as the driver;
+        # the producer now asks nvidia-smi (tica.legs.common.device_info)
+        assert m["device"]["driver"] == "13.0" and m["versions"]["torch"] == "2.11.0+cu130"
+    else:
+        assert m["device"]["driver"] == "580.159.04"
     assert m["device"]["capability"] == "9.0"
     assert m["versions"]["vllm"] == "0.26.0"
     assert m["versions"]["torch"].startswith("2.11.0")
     assert m["env"]["VLLM_BATCH_INVARIANT"] == ("1" if m["arm"] == "bi1" else "0")
     assert m["kernels"]
-    assert m["processes"]
+    # run4's quality legs ran vLLM's engine in-process (the kit's VLLM_ENABLE_V1_MULTIPROCESSING=0) and
+    # sealed themselves before exiting: no process of theirs could be recorded (their exits are in
+    # calls/run4/status.json); the launcher now runs them with the engine in its own process
+    assert m["processes"] or m["producer"] == "tica.legs.quality"
 
 
 def _steps(forward_dir: Path, first: int) -> list[dict]:
@@ -80,6 +98,39 @@ def test_bi1_forward_bitwise_zero_before_and_after_update(where, first):
         assert recomputed["tica/n_bitwise_diff"] == 0
         assert recomputed["training/rollout_probs_diff_max"] == 0.0
         assert a["token_ids"].size == a["seq_lens"].sum() == row["tica/n_tokens"] > 200
+
+
+def test_run4_reproduced_run3_byte_for_byte():
+    """Another H200, another session, the same seeds: every data file of these run4 legs had the
+    sha256 of run3's (recorded when run4 came back; the run4 copies were not committed twice)."""
+    rep = json.loads((RUN4 / "REPRODUCED.json").read_text())
+    assert len(rep["legs"]) == 5
+    for leg, entry in rep["legs"].items():
+        assert len(entry["files"]) == 6, leg  # 5 steps + metrics.jsonl
+        for rel, digest in entry["files"].items():
+            assert hashlib.sha256((RUN3 / entry["run3"] / rel).read_bytes()).hexdigest() == digest, (leg, rel)
+
+
+def test_run4_update_recheck_is_on_the_sampled_tokens_and_bitwise():
+    u = rows(RUN4 / "update_bi1" / "metrics.jsonl")[0]
+    assert u["reloaded_by_rollout"] is True and u["deployed_bytes_equal"] is True
+    for row in _steps(RUN4 / "update_bi1" / "post_forward", 6):
+        assert row["tica/n_bitwise_diff"] == 0 and row["checkpoint_version"] == u["updated_weights_hash"]
+        assert row["tica/decode_vs_prefill_scoring_n_bitwise_diff"] > 0  # what made run3's re-check fail
+
+
+def test_megatron_bi0_differs_on_nearly_every_token():
+    for row in _steps(RUN4 / "forward_bi0_megatron", 1):
+        assert row["tica/n_bitwise_diff"] > 0.99 * row["tica/n_tokens"]
+        assert 0 < row["training/rollout_probs_diff_mean"] < 1e-3
+
+
+def test_tp2_legs():
+    for leg in ("forward_bi1_tp2", "forward_bi1_tp2_decode"):
+        for row in _steps(RUN5 / leg, 1):
+            assert row["tica/n_bitwise_diff"] == 0
+    for row in _steps(RUN5 / "forward_bi1_tp2_trainer_tp1", 1):
+        assert row["tica/n_bitwise_diff"] == row["tica/n_tokens"]
 
 
 def test_bi1_forward_shape_and_changing_batches():

@@ -62,7 +62,8 @@ class LegMeta(_Receipt):
     producer_version: str
     trainer: Literal["vllm_kernels", "vllm_engine", "transformers", "megatron", "external"] | None = None
     env: dict[str, str] = Field(default_factory=dict)
-    versions: dict[str, str] = Field(default_factory=dict)
+    # None: the package is not installed where the leg ran (e.g. dagster-pipes on a GPU box without Pipes)
+    versions: dict[str, str | None] = Field(default_factory=dict)
     device: dict[str, Any] = Field(default_factory=dict)
     kernels: dict[str, Any] = Field(default_factory=dict)
     resolved_config: dict[str, Any] = Field(default_factory=dict)

@@ -24,7 +24,7 @@ DEFAULT_ENV = {
     "DAGSTER_HOME": "data/dagster",
     "TICA_LEDGER": "data/ledger.duckdb",
     "TICA_DATA_DIR": "data",
-    "TICA_REPLAY": "h200-mid4=tests/fixtures/h200",
+    "TICA_REPLAY": "h200-mid4=tests/fixtures/h200,h200-mid4-tp2=tests/fixtures/h200/run5",
 }
 DEMO_MODELS = {"tiny": "tiny-llama", "smollm2": "smollm2-135m-instruct"}
 

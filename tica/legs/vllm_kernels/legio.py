@@ -12,13 +12,13 @@ import json
 import os
 import platform
 import re
-import subprocess
 import sys
 from importlib import metadata
 from pathlib import Path
 
 import numpy as np
 
+from tica.legs.common import device_info  # noqa: F401 - re-exported for the producers
 from tica.metrics import forward_metrics
 from tica.seal import seal_leg
 
@@ -55,30 +55,6 @@ def versions() -> dict[str, str]:
     if torch is not None and getattr(torch.version, "cuda", None):
         out["cuda_runtime"] = str(torch.version.cuda)
     return out
-
-
-def device_info() -> dict:
-    info: dict = {"kind": "cpu", "name": platform.machine(), "driver": None, "capability": None, "count": os.cpu_count()}
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_available():
-        cap = torch.cuda.get_device_capability(0)
-        info = {"kind": "cuda", "name": torch.cuda.get_device_name(0), "driver": None,
-                "capability": f"{cap[0]}.{cap[1]}", "count": torch.cuda.device_count(),
-                "cuda_runtime": torch.version.cuda,
-                "total_memory_bytes": torch.cuda.get_device_properties(0).total_memory,
-                "multiprocessors": torch.cuda.get_device_properties(0).multi_processor_count}
-    try:
-        q = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,compute_cap",
-                            "--format=csv,noheader"], capture_output=True, text=True, timeout=20)
-        if q.returncode == 0 and q.stdout.strip():
-            lines = q.stdout.strip().splitlines()
-            name, driver, mem, cap = [x.strip() for x in lines[0].split(",")]
-            if info["kind"] != "cuda":
-                info = {"kind": "cuda", "name": name, "driver": driver, "capability": cap, "count": len(lines)}
-            info.update({"driver": driver, "nvidia_smi_name": name, "memory_total": mem})
-    except (OSError, subprocess.TimeoutExpired, ValueError):
-        pass
-    return info
 
 
 def new_meta(item: str, arm: str, *, trainer: str | None, round: int | None = None, slot: int | None = None,

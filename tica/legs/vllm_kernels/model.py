@@ -82,6 +82,8 @@ class KernelLlama(torch.nn.Module):
         self.fault: str | None = None
         # bool [T] per packed token: True where the rollout computed that row in a decode step
         self.decode_rows: torch.Tensor | None = None
+        # tensor-parallel layout the rollout engine ran (see _tp_layer): 1, or 2 sharded as vLLM shards
+        self.tp: int = 1
         # rotary cache as vLLM builds it (fp32 math on the device, cast to the model dtype)
         self.register_buffer("cos_sin", _cache(self.max_pos, self.D, self.theta, dev, self.compute_dtype),
                              persistent=False)
@@ -153,6 +155,11 @@ class KernelLlama(torch.nn.Module):
                 h = A.rms_norm(K, h, self.w(p + "input_layernorm.weight"), self.eps)
             else:
                 h, residual = self._fused_add(h, residual, self.w(p + "input_layernorm.weight"))
+            if self.tp > 1:
+                h = self._tp_attention(p, h, pos, cu_seqlens, max_seqlen)
+                h, residual = self._fused_add(h, residual, self.w(p + "post_attention_layernorm.weight"))
+                h = self._tp_mlp(p, h)
+                continue
             wqkv = self.fused(p + "self_attn.", ("q_proj", "k_proj", "v_proj"))
             bqkv = self.fused(p + "self_attn.", ("q_proj", "k_proj", "v_proj"), "bias")
             qkv = self._lin(p + "self_attn.qkv_proj", h, wqkv, bqkv)
@@ -174,6 +181,71 @@ class KernelLlama(torch.nn.Module):
         h, _ = self._fused_add(h, residual, self.w("model.norm.weight"))
         return h
 
+    # ---------------------------------------------------------------- tensor parallel
+    # vLLM at TP=n: QKVParallelLinear / MergedColumnParallelLinear give rank r its heads / its slice
+    # of the intermediate rows, RowParallelLinear (o_proj, down_proj) its slice of the input
+    # columns, and the ranks' partial outputs are summed by an all-reduce; ParallelLMHead gives
+    # rank r a slice of the vocabulary and the logits are gathered. Only the all-reduce does
+    # arithmetic across ranks, so a trainer reproduces TP=n's bits by computing each rank's
+    # matmul on its own shard with the same kernel and summing the partials as the all-reduce
+    # does. With two ranks every all-reduce (NCCL tree or ring, vLLM's custom all-reduce) computes
+    # one rounded sum a + b per element, whatever the order; more ranks would need the
+    # collective's reduction order, so only 2 is implemented.
+    def _check_tp(self) -> None:
+        if self.tp != 2:
+            raise NotImplementedError(f"tp={self.tp}: only 1 and 2 are implemented (2 partial sums are "
+                                      "order-free; more need the all-reduce's reduction order)")
+        if self.H % self.tp or self.KVH % self.tp or self.config["intermediate_size"] % self.tp:
+            raise ValueError(f"heads {self.H}/{self.KVH} or intermediate size not divisible by tp={self.tp}")
+
+    def _all_reduce(self, parts: list[torch.Tensor]) -> torch.Tensor:
+        acc = parts[0].float()
+        for x in parts[1:]:
+            acc = acc + x.float()
+        return acc.to(parts[0].dtype)
+
+    def _tp_attention(self, p: str, h, pos, cu_seqlens, max_seqlen):
+        self._check_tp()
+        K, D, T, tp = self.kernels, self.D, h.shape[0], self.tp
+        Hr, KVr = self.H // tp, self.KVH // tp
+        wq, wk, wv = (self.w(f"{p}self_attn.{x}_proj.weight") for x in "qkv")
+        biases = [f"{p}self_attn.{x}_proj.bias" for x in "qkv"]
+        bq, bk, bv = (self.w(n) for n in biases) if all(self.has(n) for n in biases) else (None, None, None)
+        wo = self.w(p + "self_attn.o_proj.weight")
+        parts = []
+        for r in range(tp):
+            qs, ks = slice(r * Hr * D, (r + 1) * Hr * D), slice(r * KVr * D, (r + 1) * KVr * D)
+            w_r = torch.cat([wq[qs], wk[ks], wv[ks]], 0)
+            b_r = torch.cat([bq[qs], bk[ks], bv[ks]], 0) if bq is not None else None
+            qkv = self._lin(p + "self_attn.qkv_proj", h, w_r, b_r)
+            q, k, v = qkv.split([Hr * D, KVr * D, KVr * D], dim=-1)
+            q, k = A.rotary(K, pos, q, k, D, self.cos_sin)
+            o = A.attention(K, q.reshape(T, Hr, D), k.reshape(T, KVr, D), v.reshape(T, KVr, D),
+                            cu_seqlens, max_seqlen, D ** -0.5)
+            parts.append(self._lin(p + "self_attn.o_proj", o.reshape(T, Hr * D), wo[:, qs].contiguous()))
+        return self._all_reduce(parts)
+
+    def _tp_mlp(self, p: str, h):
+        self._check_tp()
+        tp = self.tp
+        wg, wu = self.w(p + "mlp.gate_proj.weight"), self.w(p + "mlp.up_proj.weight")
+        wd = self.w(p + "mlp.down_proj.weight")
+        Ir = wg.shape[0] // tp
+        parts = []
+        for r in range(tp):
+            rs = slice(r * Ir, (r + 1) * Ir)
+            gu = self._lin(p + "mlp.gate_up_proj", h, torch.cat([wg[rs], wu[rs]], 0))
+            a = A.silu_and_mul(self.kernels, gu)
+            parts.append(self._lin(p + "mlp.down_proj", a, wd[:, rs].contiguous()))
+        return self._all_reduce(parts)
+
+    def _tp_lm_head(self, h):
+        w = self.lm_head_weight()
+        V = w.shape[0]
+        per = -(-V // 64) * 64 // self.tp  # vLLM pads the vocabulary to a multiple of 64, then splits it
+        return torch.cat([self._lin("lm_head", h, w[r * per:min((r + 1) * per, V)])
+                          for r in range(self.tp) if r * per < V], -1)
+
     def lm_head_weight(self) -> torch.Tensor:
         if self.tie or not self.has("lm_head.weight"):
             return self.w("model.embed_tokens.weight")
@@ -186,7 +258,10 @@ class KernelLlama(torch.nn.Module):
             max_seqlen = int((cu[1:] - cu[:-1]).max())
         h = self.hidden(ids, cu, max_seqlen)
         rows, tgt = scored_rows(ids, cu)
-        logits = self._lin("lm_head", h[rows], self.lm_head_weight())
+        if self.tp > 1:
+            logits = self._tp_lm_head(h[rows])
+        else:
+            logits = self._lin("lm_head", h[rows], self.lm_head_weight())
         if self.fault == FAULT_LOGPROB:
             # planted fault: torch's log_softmax on fp32 logits instead of the V2 runner's logprob kernel
             return torch.log_softmax(logits.float(), dim=-1).gather(-1, tgt.reshape(-1, 1)).squeeze(-1)

