@@ -257,3 +257,9 @@ def test_an_arm_whose_legs_did_not_run_makes_the_pairing_not_run(receipts):
             edit_meta(p, lambda m: m.update(not_run_reason="vLLM: batch invariance unsupported on cpu"))
     cell = judge("throughput", Q, legs)
     assert cell.verdict is Verdict.NOT_RUN and "no bi1 leg ran" in cell.summary
+
+
+def test_no_legs_at_all_is_not_run_never_a_pass():
+    """A track that ran no throughput leg (the TP=2 track measured only the forward) is `not run`."""
+    cell = judge("throughput", Q, [])
+    assert cell.verdict is Verdict.NOT_RUN and "not run" in cell.summary

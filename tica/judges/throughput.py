@@ -192,8 +192,9 @@ def judge_throughput(question: Question, leg_paths: Sequence[str | Path]) -> Ver
     arms_ran = {_leg_arm(p) for p in ran}
     if not ran or not {"bi1", "bi0"} <= arms_ran:
         missing = sorted({"bi1", "bi0"} - arms_ran)
-        return cell(item, question, findings, f"throughput pairing not run: no {', '.join(missing)} leg ran",
-                    receipt_hashes={str(p): "" for p in not_run})
+        summary = f"throughput pairing not run: no {', '.join(missing)} leg ran"
+        findings.not_run(summary)  # also with no legs at all: nothing measured is never a pass
+        return cell(item, question, findings, summary, receipt_hashes={str(p): "" for p in not_run})
     legs = [load_bench_leg(p) for p in ran]
     hashes = {str(l.path): l.digest for l in legs}
     checks = [check_workload(l, criteria) for l in legs]
