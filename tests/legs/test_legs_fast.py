@@ -125,3 +125,25 @@ def test_reference_external_command_matches_the_builtin_trainer(tmp_path):
     a = np.concatenate(ext.logprobs(seqs))
     b = np.concatenate(load_trainer("transformers", model).logprobs(seqs))
     assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+def test_a_producer_error_is_written_into_the_sealed_leg(tmp_path):
+    from tica.legs import common
+    from tica.seal import check_seal
+
+    leg = common.Leg(tmp_path / "leg", item="forward", arm="bi0", producer="test", trainer="transformers")
+    with pytest.raises(RuntimeError, match="engine died"):
+        with leg.errors_recorded():
+            raise RuntimeError("engine died")
+    meta = json.loads((tmp_path / "leg" / "leg.json").read_text())
+    assert meta["errors"] == ["RuntimeError: engine died"]
+    assert check_seal(tmp_path / "leg") == []
+
+
+def test_no_error_leaves_the_leg_to_its_producer(tmp_path):
+    from tica.legs import common
+
+    leg = common.Leg(tmp_path / "leg", item="forward", arm="bi0", producer="test", trainer="transformers")
+    with leg.errors_recorded():
+        pass
+    assert not (tmp_path / "leg" / "leg.json").exists()  # finishing is the producer's, not the guard's

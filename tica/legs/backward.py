@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     common.set_arm_env(args.arm)
     with common.pipes_context() as pipes:
         leg = common.Leg(args.out, item="backward", arm=args.arm, producer="tica.legs.backward", trainer=args.trainer)
-        try:
+        with leg.errors_recorded():
             from tica.legs.forward import bi1_not_run, model_vocab
 
             if bi1_not_run(leg, args, pipes.log):
@@ -178,11 +178,6 @@ def main(argv: list[str] | None = None) -> int:
             leg.meta["kernels"] = {"trainer": trainer.describe()}
             leg.finish()
             pipes.report_custom_message({"leg_dir": str(leg.dir), "item": "backward", "metrics": rows})
-        except BaseException as err:
-            leg.meta.setdefault("errors", []).append(f"{type(err).__name__}: {err}")
-            if leg.tee is not None:
-                leg.finish()
-            raise
     return 0
 
 

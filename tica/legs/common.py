@@ -319,6 +319,18 @@ class Leg:
     def log_text(self) -> str:
         return self.tee.text() if self.tee else ""
 
+    @contextmanager
+    def errors_recorded(self):
+        """A producer's body: an exception is written into the leg's `errors` and the leg is
+        finished (sealed, so the failure is evidence) before it propagates."""
+        try:
+            yield self
+        except BaseException as err:
+            self.meta.setdefault("errors", []).append(f"{type(err).__name__}: {err}")
+            if self.tee is not None:
+                self.finish()
+            raise
+
     def finish(self, *, not_run_reason: str | None = None) -> Path:
         self.meta["ended_at"] = now()
         self.meta["env"] = self._env_at_start

@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     common.set_arm_env(args.arm)
     with common.pipes_context() as pipes:
         leg = common.Leg(args.out, item="forward", arm=args.arm, producer="tica.legs.forward", trainer=args.trainer)
-        try:
+        with leg.errors_recorded():
             if bi1_not_run(leg, args, pipes.log):
                 pipes.report_custom_message({"leg_dir": str(leg.dir), "item": "forward", "not_run": True})
                 return 0
@@ -184,11 +184,6 @@ def main(argv: list[str] | None = None) -> int:
             if hasattr(trainer, "close_and_record"):
                 trainer.close_and_record(leg)
             leg.finish()
-        except BaseException as err:
-            leg.meta.setdefault("errors", []).append(f"{type(err).__name__}: {err}")
-            if leg.tee is not None:
-                leg.finish()
-            raise
         pipes.report_custom_message({"leg_dir": str(leg.dir), "item": "forward", "arm": args.arm,
                                      "metrics": [json.loads(x) for x in (leg.dir / "metrics.jsonl").read_text().splitlines()]})
     return 0

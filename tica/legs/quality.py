@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     common.set_arm_env(args.arm)
     with common.pipes_context() as pipes:
         leg = common.Leg(args.out, item="quality", arm=args.arm, producer="tica.legs.quality", trainer=None)
-        try:
+        with leg.errors_recorded():
             from tica.legs.forward import bi1_not_run, engine_failure_reason
 
             if bi1_not_run(leg, args, pipes.log):
@@ -112,11 +112,6 @@ def main(argv: list[str] | None = None) -> int:
             engine.shutdown_and_record(llm, leg)
             leg.finish()
             pipes.report_custom_message({"leg_dir": str(leg.dir), "item": "quality", "summary": summary})
-        except BaseException as err:
-            leg.meta.setdefault("errors", []).append(f"{type(err).__name__}: {err}")
-            if leg.tee is not None:
-                leg.finish()
-            raise
     return 0
 
 

@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     common.set_arm_env(args.arm)
     with common.pipes_context() as pipes:
         leg = common.Leg(args.out, item="update", arm=args.arm, producer="tica.legs.update", trainer=args.trainer)
-        try:
+        with leg.errors_recorded():
             from tica.legs.forward import bi1_not_run, engine_failure_reason, model_vocab, run_steps, step_prompts
 
             if bi1_not_run(leg, args, pipes.log):
@@ -132,11 +132,6 @@ def main(argv: list[str] | None = None) -> int:
             engine.shutdown_and_record(llm, leg)
             leg.finish()
             pipes.report_custom_message({"leg_dir": str(leg.dir), "item": "update", "metrics": [row]})
-        except BaseException as err:
-            leg.meta.setdefault("errors", []).append(f"{type(err).__name__}: {err}")
-            if leg.tee is not None:
-                leg.finish()
-            raise
     return 0
 
 
