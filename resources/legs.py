@@ -9,8 +9,10 @@ directories and nothing else, so every runner is interchangeable:
   child's environment before anything imports vLLM.
 - `ReplayLegRunner`: replays committed sealed receipts (a track measured elsewhere, e.g. on an
   H200, and fast tests). Nothing is re-run; the receipts are judged where they lie.
-- A GPU runner subclasses `LegRunner` the same way, launching the same child through another
-  Pipes client (Kubernetes, Slurm) with the GPU pool holding the device.
+- `LocalGpuLegRunner` (resources/gpu.py): the H200 producers on this machine's GPUs, each
+  command a Pipes child on devices leased from one machine-wide GPU pool (`tica.gpu_pool`).
+  A remote GPU runner subclasses `LegRunner` the same way, with another Pipes client
+  (Kubernetes, Slurm).
 """
 
 from __future__ import annotations

@@ -109,10 +109,21 @@ def test_quality_pairing_ran_on_a_real_model_and_fails_its_frozen_threshold():
 def test_throughput_reports_every_concurrency_with_its_formula_and_stays_unaccepted():
     cell = judge("throughput", q("throughput"), legs("throughput"))
     assert "median per-round paired loss" in cell.summary
-    assert cell.verdict is Verdict.INCONCLUSIVE  # no budget frozen; later legs had no warm-up of their own
+    # run6: every leg warmed up, 12 of 12 crossed rounds valid; still not accepted: no budget is
+    # frozen, and both arms show fast/slow tiers at some c
+    assert cell.verdict is Verdict.INCONCLUSIVE
+    assert cell.summary.startswith("inconclusive: 12/12 valid rounds")
+    assert any("no frozen formula and budget" in r for r in cell.reasons)
+    assert any("fast/slow tiers" in r for r in cell.reasons)
     table = "\n".join(cell.tables.values())
     for c in (1, 8, 32, 64):
         assert f"| {c} |" in table
+
+
+def test_run2s_throughput_had_legs_without_their_own_warmup_and_is_kept():
+    cell = judge("throughput", q("throughput"), sorted((H200 / "run2").glob("throughput_*")))
+    assert cell.summary.startswith("inconclusive: 3/12 valid rounds")
+    assert any("0 warm-up requests" in r for r in cell.reasons)
 
 
 def test_clean_exit_fails_on_vllm_force_killing_its_server_processes():

@@ -1,7 +1,8 @@
 """The sealed receipts that came back from the H200 (tests/fixtures/h200, see its README.md),
 checked on the CPU: seals, what was measured, and what was recorded about where.
 
-run4: the second session's forward/backward/update/quality legs, with the decode-faithful update
+run6: the throughput legs again, each with its own warm-up request (session 2, call 9, on
+nvidia-h200-x2 with one GPU visible); run4: the second session's forward/backward/update/quality legs, with the decode-faithful update
 re-check and megatron-core's BI=0 arm (its legs identical to run3's are recorded in REPRODUCED.json,
 not kept twice); run5: the forward at tensor-parallel 2 on two H200s; run3: the first
 forward/backward/update legs (device call 9); run2: the throughput legs (device call 7; its forward
@@ -27,6 +28,7 @@ RUN2 = FIX / "run2"
 RUN1 = FIX / "run1"
 RUN4 = FIX / "run4"
 RUN5 = FIX / "run5"
+RUN6 = FIX / "run6"
 
 
 def legs(root: Path) -> list[Path]:
@@ -48,12 +50,13 @@ def arrays(forward_dir: Path, step: int) -> dict:
 
 def test_fixtures_present_and_small():
     assert len(legs(RUN3)) == 9 and len(legs(RUN2)) == 24 and len(legs(RUN4)) == 8 and len(legs(RUN5)) == 4
+    assert len(legs(RUN6)) == 24
     total = sum(p.stat().st_size for p in FIX.rglob("*") if p.is_file())
     # the whole tree travels with every device call beside the kit's 56 MB carry (64 MiB in all)
     assert total < 8 * 1024 * 1024
 
 
-ALL_LEGS = legs(RUN5) + legs(RUN4) + legs(RUN3) + legs(RUN2) + legs(RUN1)
+ALL_LEGS = legs(RUN6) + legs(RUN5) + legs(RUN4) + legs(RUN3) + legs(RUN2) + legs(RUN1)
 
 
 @pytest.mark.parametrize("leg", ALL_LEGS, ids=lambda p: f"{p.parent.name}/{p.name}")
@@ -223,8 +226,9 @@ def _bench(leg: Path) -> dict:
     return json.loads((leg / "bench.json").read_text())
 
 
-def test_throughput_crossed_rounds_with_exact_workload():
-    tl = [p for p in legs(RUN2) if p.name.startswith("throughput_")]
+@pytest.mark.parametrize("run", [RUN2, RUN6], ids=["run2", "run6"])
+def test_throughput_crossed_rounds_with_exact_workload(run):
+    tl = [p for p in legs(run) if p.name.startswith("throughput_")]
     seen = {}
     for leg in tl:
         m = meta(leg)
@@ -266,3 +270,8 @@ def test_first_run_throughput_failures_kept():
     tl = [p for p in legs(RUN1) if p.name.startswith("throughput_")]
     assert len(tl) == 24
     assert all(_bench(p)["failed"] > 0 for p in tl)
+
+
+def test_run6_every_leg_warmed_up_on_its_own():
+    for leg in legs(RUN6):
+        assert meta(leg)["resolved_config"]["num_warmups"] == 1

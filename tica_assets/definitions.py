@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dagster import Definitions
 
-from resources import CpuLegRunner, LedgerResource, ReplayLegRunner
+from resources import CpuLegRunner, LedgerResource, LocalGpuLegRunner, ReplayLegRunner
 from sensors import autorun_sensor, manifest_sensor
 from tica_assets.candidates import candidate_defs
 from tica_assets.checks import check_defs
@@ -39,6 +39,8 @@ def build_defs(settings: Settings | None = None, resources: dict | None = None) 
         replay = settings.replay_folder(track.name)
         if replay is not None:
             resources[leg_runner_key(track.name, True)] = ReplayLegRunner(receipts_dir=str(replay))
+        elif settings.on_local_gpus(track.name):
+            resources[leg_runner_key(track.name, True)] = LocalGpuLegRunner()
         per_track += [
             candidate_defs(track, settings),
             evidence_defs(track, settings),

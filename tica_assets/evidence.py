@@ -223,6 +223,6 @@ def evidence_asset(track: Track, item: EvidenceItem, settings: Settings, runner_
 
 
 def evidence_defs(track: Track, settings: Settings) -> Definitions:
-    runner_key = leg_runner_key(track.name, settings.replay_folder(track.name) is not None)
+    runner_key = leg_runner_key(track.name, settings.own_runner(track.name))
     return Definitions(assets=[evidence_asset(track, item, settings, runner_key) for item in EvidenceItem])
 

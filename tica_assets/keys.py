@@ -30,5 +30,5 @@ def safe_name(track: str) -> str:
     return re.sub(r"[^A-Za-z0-9_]", "_", track)
 
 
-def leg_runner_key(track: str, replayed: bool) -> str:
-    return f"leg_runner_{safe_name(track)}" if replayed else "leg_runner"
+def leg_runner_key(track: str, own_runner: bool) -> str:
+    return f"leg_runner_{safe_name(track)}" if own_runner else "leg_runner"

@@ -8,6 +8,7 @@ environment once, so no asset or sensor reads `os.environ` itself.
 | TICA_LEDGER | data/ledger.duckdb | the DuckDB ledger |
 | TICA_DATA_DIR | data | legs written by the CPU runner, plots, fingerprint cache |
 | TICA_REPLAY | (none) | `track=folder[,track=folder]`: tracks whose legs replay committed sealed receipts; `*=folder` for every track |
+| TICA_GPU_TRACKS | (none) | `track[,track]` or `*`: tracks whose legs run on this machine's GPUs (LocalGpuLegRunner: the H200 producers through Dagster Pipes, one GPU pool); replay wins where both name a track |
 | TICA_AUTORUN_TRACKS | (none) | `track[,track]` or `*`: tracks whose evidence re-materializes by itself when a component changes |
 | TICA_SENSOR_INTERVAL_S | 15 | manifest sensor interval |
 
@@ -42,6 +43,10 @@ def _mapping(value: str | None, var: str) -> dict[str, Path]:
     return out
 
 
+def _tracks(value: str | None) -> frozenset[str]:
+    return frozenset(t.strip() for t in (value or "").split(",") if t.strip())
+
+
 @dataclass(frozen=True)
 class Settings:
     candidates_dir: Path
@@ -50,6 +55,7 @@ class Settings:
     data_dir: Path
     replay: dict[str, Path] = field(default_factory=dict)
     autorun: frozenset[str] = frozenset()
+    gpu: frozenset[str] = frozenset()
     sensor_interval_s: int = 15
 
     @classmethod
@@ -61,7 +67,8 @@ class Settings:
             ledger_path=_path(env.get("TICA_LEDGER"), "data/ledger.duckdb"),
             data_dir=_path(env.get("TICA_DATA_DIR"), "data"),
             replay=_mapping(env.get("TICA_REPLAY"), "TICA_REPLAY"),
-            autorun=frozenset(t.strip() for t in env.get("TICA_AUTORUN_TRACKS", "").split(",") if t.strip()),
+            autorun=_tracks(env.get("TICA_AUTORUN_TRACKS")),
+            gpu=_tracks(env.get("TICA_GPU_TRACKS")),
             sensor_interval_s=int(env.get("TICA_SENSOR_INTERVAL_S", "15")),
         )
 
@@ -79,6 +86,13 @@ class Settings:
 
     def replay_folder(self, track: str) -> Path | None:
         return self.replay.get(track) or self.replay.get("*")
+
+    def on_local_gpus(self, track: str) -> bool:
+        return self.replay_folder(track) is None and (track in self.gpu or "*" in self.gpu)
+
+    def own_runner(self, track: str) -> bool:
+        """The track's legs go to a runner of its own (replay or local GPUs), not the shared CPU one."""
+        return self.replay_folder(track) is not None or self.on_local_gpus(track)
 
     def autoruns(self, track: str) -> bool:
         return track in self.autorun or "*" in self.autorun

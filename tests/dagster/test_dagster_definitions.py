@@ -75,3 +75,27 @@ def test_dagster_definitions_validate(project, tmp_path, where):
                          env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "All code locations passed validation" in out.stdout + out.stderr
+
+
+def test_a_gpu_track_gets_the_local_gpu_runner_and_replay_wins(project):
+    """TICA_GPU_TRACKS puts a track's legs on this machine's GPUs; a track also named in
+    TICA_REPLAY keeps replaying (the control: the same track without the setting uses the CPU runner)."""
+    from dataclasses import replace
+
+    from resources import CpuLegRunner, LocalGpuLegRunner, ReplayLegRunner
+    from tica_assets.keys import leg_runner_key
+
+    def runner(settings):
+        defs = build_defs(settings)
+        node = defs.resolve_asset_graph().get(evidence_key(TRACK, EvidenceItem.FORWARD))
+        keys = node.assets_def.required_resource_keys
+        key = next(k for k in keys if k.startswith("leg_runner"))
+        return defs.resources[key]
+
+    plain = replace(project.settings, replay={}, gpu=frozenset())
+    assert isinstance(runner(plain), CpuLegRunner)
+    on_gpu = replace(plain, gpu=frozenset({TRACK}))
+    assert isinstance(runner(on_gpu), LocalGpuLegRunner)
+    assert leg_runner_key(TRACK, True) in build_defs(on_gpu).resources
+    both = replace(on_gpu, replay={TRACK: PROJECT_ROOT / "tests" / "fixtures" / "receipts"})
+    assert isinstance(runner(both), ReplayLegRunner)
