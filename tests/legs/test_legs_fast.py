@@ -147,3 +147,34 @@ def test_no_error_leaves_the_leg_to_its_producer(tmp_path):
     with leg.errors_recorded():
         pass
     assert not (tmp_path / "leg" / "leg.json").exists()  # finishing is the producer's, not the guard's
+
+
+@pytest.mark.parametrize("name,roles", [("bi1", ["trainer", "engine_core"]), ("bi0", ["trainer", "engine_core"]),
+                                        ("make-model", ["trainer"]), ("bi0_megatron", ["trainer"])])
+def test_launcher_records_name_an_engine_only_where_one_ran(name, roles):
+    from tica.legs.vllm_kernels.legio import launcher_records
+
+    procs = launcher_records(name, 123, 0, "", {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
+    assert [p["role"] for p in procs] == roles and all(p["exit_code"] == 0 for p in procs)
+
+
+@pytest.mark.parametrize("arm", ["bi1", "bi0"])
+def test_an_engine_that_fails_to_start_is_not_run_under_bi1_and_an_error_under_bi0(arm, tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from tica.legs import common, engine
+    from tica.legs.forward import start_engine_or_not_run
+
+    def boom(*a, **k):
+        raise RuntimeError("no kernel for this platform")
+
+    monkeypatch.setattr(engine, "start_llm", boom)
+    leg = common.Leg(tmp_path / "leg", item="forward", arm=arm, producer="test", trainer="transformers")
+    args = SimpleNamespace(arm=arm, max_model_len=64, gpu_memory_utilization=0.1, seed=0)
+    if arm == "bi0":
+        with pytest.raises(RuntimeError, match="no kernel"):
+            start_engine_or_not_run(leg, args, "m")
+        return
+    assert start_engine_or_not_run(leg, args, "m") is None
+    meta = json.loads((tmp_path / "leg" / "leg.json").read_text())
+    assert meta["not_run_reason"].startswith("vLLM engine failed to start with VLLM_BATCH_INVARIANT=1: RuntimeError: no kernel")

@@ -126,6 +126,22 @@ def bi1_not_run(leg: common.Leg, args, log) -> bool:
     return True
 
 
+def start_engine_or_not_run(leg: common.Leg, args, model):
+    """vLLM's engine for a leg, as (llm, engine args). Under BI=1 an engine that fails to start
+    finishes the leg as not run, with vLLM's own reason, and gives None; under BI=0 it raises."""
+    from tica.legs import engine
+
+    try:
+        return engine.start_llm(model, max_model_len=args.max_model_len,
+                                gpu_memory_utilization=args.gpu_memory_utilization, seed=args.seed)
+    except Exception as err:
+        if args.arm == "bi1":
+            leg.finish(not_run_reason="vLLM engine failed to start with VLLM_BATCH_INVARIANT=1: "
+                                      + engine_failure_reason(leg.log_text(), err))
+            return None
+        raise
+
+
 def engine_failure_reason(text: str, err: BaseException) -> str:
     worker = common.first_match(r"Worker failed with error[^\n]*", text)
     inner = common.first_match(r"\n[^\n]*(TypeError|NotImplementedError|RuntimeError|ValueError)[^\n]*", text)
@@ -153,15 +169,9 @@ def main(argv: list[str] | None = None) -> int:
             version = weights_hash(args.model)
             batches = step_prompts(args.seed, args.steps, model_vocab(args.model))
             pipes.log.info(f"forward leg {args.arm}: starting vLLM on {args.model}")
-            try:
-                llm, eargs = engine.start_llm(args.model, max_model_len=args.max_model_len,
-                                              gpu_memory_utilization=args.gpu_memory_utilization, seed=args.seed)
-            except Exception as err:
-                if args.arm == "bi1":
-                    leg.finish(not_run_reason="vLLM engine failed to start with VLLM_BATCH_INVARIANT=1: "
-                                              + engine_failure_reason(leg.log_text(), err))
-                    return 0
-                raise
+            if (started := start_engine_or_not_run(leg, args, args.model)) is None:
+                return 0
+            llm, eargs = started
             trainer = load_trainer(args.trainer, args.model, dtype=args.trainer_dtype, command=args.trainer_command,
                                    engine_args={"max_model_len": args.max_model_len, "seed": args.seed,
                                                 "gpu_memory_utilization": args.gpu_memory_utilization})

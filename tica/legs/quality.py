@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     with common.pipes_context() as pipes:
         leg = common.Leg(args.out, item="quality", arm=args.arm, producer="tica.legs.quality", trainer=None)
         with leg.errors_recorded():
-            from tica.legs.forward import bi1_not_run, engine_failure_reason
+            from tica.legs.forward import bi1_not_run, start_engine_or_not_run
 
             if bi1_not_run(leg, args, pipes.log):
                 return 0
@@ -81,14 +81,9 @@ def main(argv: list[str] | None = None) -> int:
             if args.limit:
                 problems = problems[: args.limit]
                 version += f" first:{args.limit}"
-            try:
-                llm, eargs = engine.start_llm(args.model, max_model_len=args.max_model_len,
-                                              gpu_memory_utilization=args.gpu_memory_utilization, seed=args.seed)
-            except Exception as err:
-                if args.arm == "bi1":
-                    leg.finish(not_run_reason="vLLM engine failed with VLLM_BATCH_INVARIANT=1: " + engine_failure_reason(leg.log_text(), err))
-                    return 0
-                raise
+            if (started := start_engine_or_not_run(leg, args, args.model)) is None:
+                return 0
+            llm, eargs = started
             tok = llm.get_tokenizer()
             prompts, template = render_prompts(tok, problems)
             summary = {}

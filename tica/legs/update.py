@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     with common.pipes_context() as pipes:
         leg = common.Leg(args.out, item="update", arm=args.arm, producer="tica.legs.update", trainer=args.trainer)
         with leg.errors_recorded():
-            from tica.legs.forward import bi1_not_run, engine_failure_reason, model_vocab, run_steps, step_prompts
+            from tica.legs.forward import bi1_not_run, start_engine_or_not_run, model_vocab, run_steps, step_prompts
 
             if bi1_not_run(leg, args, pipes.log):
                 return 0
@@ -72,14 +72,9 @@ def main(argv: list[str] | None = None) -> int:
             model_dir = Path(args.model).resolve()
             before = weights_hash(model_dir)
             vocab = model_vocab(model_dir)
-            try:
-                llm, eargs = engine.start_llm(model_dir, max_model_len=args.max_model_len,
-                                              gpu_memory_utilization=args.gpu_memory_utilization, seed=args.seed)
-            except Exception as err:
-                if args.arm == "bi1":
-                    leg.finish(not_run_reason="vLLM engine failed with VLLM_BATCH_INVARIANT=1: " + engine_failure_reason(leg.log_text(), err))
-                    return 0
-                raise
+            if (started := start_engine_or_not_run(leg, args, model_dir)) is None:
+                return 0
+            llm, eargs = started
             trainer = load_trainer(args.trainer, model_dir, dtype=args.trainer_dtype, command=args.trainer_command)
             prompts = [p for p in step_prompts(args.seed + 100, 1, vocab)[0][: args.n_prompts]]
             gens = engine.generate(llm, prompts, max_tokens=args.gen_tokens, temperature=1.0, seed=args.seed, n=GROUP_SIZE)

@@ -57,6 +57,25 @@ def versions() -> dict[str, str]:
     return out
 
 
+# producer commands that start no vLLM engine
+NO_ENGINE_COMMANDS = ("make-model", "make_model", "bi0-megatron", "bi0_megatron")
+
+
+def launcher_records(name: str, pid: int, rc: int | None, text: str, env: dict[str, str]) -> list[dict]:
+    """The process records a launcher adds to a producer command's legs: the process it waited on
+    and, for commands that ran vLLM's in-process engine, that engine core."""
+    rec = process_record("trainer", pid, rc, text,
+                         "exit code observed by the launcher (wait()); the trainer and, where this "
+                         "process started one, vLLM's in-process engine ran here")
+    if name.startswith(NO_ENGINE_COMMANDS):
+        return [rec]
+    ec = dict(rec, role="engine_core",
+              evidence="vLLM's EngineCore ran in-process (InprocClient, VLLM_ENABLE_V1_MULTIPROCESSING="
+                       f"{env.get('VLLM_ENABLE_V1_MULTIPROCESSING')}): same process, same exit as the trainer"
+                       + (f"; {rec['evidence']}" if rec["end_state"] == "force_killed" else ""))
+    return [rec, ec]
+
+
 def new_meta(item: str, arm: str, *, trainer: str | None, round: int | None = None, slot: int | None = None,
              concurrency: int | None = None) -> dict:
     return {

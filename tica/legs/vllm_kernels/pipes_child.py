@@ -195,17 +195,11 @@ def seal_new_legs(name: str, legs: Path, pid: int, rc: int, text: str,
     """The producer's legs, completed with its observed exit and sealed (as `producers all` does)."""
     from . import legio
 
-    rec = legio.process_record("trainer", pid, rc, text,
-                               "exit code observed by the launcher (wait()); the trainer and, where this "
-                               "process started one, vLLM's in-process engine ran here")
-    ec = dict(rec, role="engine_core",
-              evidence="vLLM's EngineCore ran in-process (InprocClient, VLLM_ENABLE_V1_MULTIPROCESSING="
-                       f"{env.get('VLLM_ENABLE_V1_MULTIPROCESSING')}): same process, same exit as the trainer"
-                       + (f"; {rec['evidence']}" if rec["end_state"] == "force_killed" else ""))
+    procs = legio.launcher_records(name, pid, rc, text, env)
     unsealed_left = []
     for leg in unsealed_legs(legs):
         try:
-            legio.finalize_leg(leg, [rec] if name.startswith("make") else [rec, ec])
+            legio.finalize_leg(leg, procs)
         except (OSError, ValueError) as err:
             unsealed_left.append(f"{leg}: {err}")
     return [str(p) for p in sealed_legs(legs)], unsealed_left

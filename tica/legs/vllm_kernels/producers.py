@@ -344,6 +344,13 @@ def step_extra(a: dict, st: dict, ro: dict) -> dict:
     }
 
 
+def write_forward_step(legio, d: Path, st: dict, ro: dict, trainer_lp, checkpoint: str) -> dict:
+    """One step of a prefill-scored forward leg under ``d``: its arrays, and its metrics row."""
+    arr = arrays_for(ro, trainer_lp)
+    legio.write_step_arrays(d, st["step"], **arr)
+    return legio.step_row(st["step"], checkpoint, arr["trainer_logprobs"], arr["rollout_logprobs"], step_extra(arr, st, ro))
+
+
 def trainer_decode_logprobs(model, ro: dict, device):
     """The trainer's logprobs of the generated tokens, each row computed as the rollout engine
     computed it: prompt rows as a prefill step, generated-token rows as decode steps (only
@@ -687,10 +694,7 @@ def cmd_bi1(a) -> int:
     for st in steps2:
         ro = rollout.step(prompts2, st)
         kept2.append((st, ro))
-        lp = trainer_logprobs(model, ro["fulls"], dev)
-        arr = arrays_for(ro, lp)
-        legio.write_step_arrays(pre_leg, st["step"], **arr)
-        rows.append(legio.step_row(st["step"], ck1, arr["trainer_logprobs"], arr["rollout_logprobs"], step_extra(arr, st, ro)))
+        rows.append(write_forward_step(legio, pre_leg, st, ro, trainer_logprobs(model, ro["fulls"], dev), ck1))
         log(f"post step {st['step']} (prefill scoring): bitwise_diff={rows[-1]['tica/n_bitwise_diff']} "
             f"max={rows[-1]['training/rollout_probs_diff_max']:.3g}")
     legio.write_jsonl(pre_leg / "metrics.jsonl", rows)
@@ -758,9 +762,7 @@ def cmd_bi0(a) -> int:
                 x = torch.tensor([f], device=dev)
                 logits = hf(x).logits[0, :-1].float()
                 lps.append(torch.log_softmax(logits, -1).gather(-1, x[0, 1:, None])[:, 0].cpu().numpy())
-        arr = arrays_for(ro, np.concatenate(lps))
-        legio.write_step_arrays(fwd, st["step"], **arr)
-        rows.append(legio.step_row(st["step"], ck0, arr["trainer_logprobs"], arr["rollout_logprobs"], step_extra(arr, st, ro)))
+        rows.append(write_forward_step(legio, fwd, st, ro, np.concatenate(lps), ck0))
         log(f"bi0 step {st['step']}: bitwise_diff={rows[-1]['tica/n_bitwise_diff']}/{rows[-1]['tica/n_tokens']} "
             f"max={rows[-1]['training/rollout_probs_diff_max']:.3g} mean={rows[-1]['training/rollout_probs_diff_mean']:.3g}")
     legio.write_jsonl(fwd / "metrics.jsonl", rows)
@@ -795,9 +797,7 @@ def cmd_bi0_megatron(a) -> int:
     rows, info = [], {}
     for st, ro in ros:
         lp, info = megatron_token_logprobs(m0, ro["fulls"], device="cpu" if a.dry_run else "cuda")
-        arr = arrays_for(ro, np.asarray(lp, np.float32))
-        legio.write_step_arrays(fwd, st["step"], **arr)
-        rows.append(legio.step_row(st["step"], ck0, arr["trainer_logprobs"], arr["rollout_logprobs"], step_extra(arr, st, ro)))
+        rows.append(write_forward_step(legio, fwd, st, ro, np.asarray(lp, np.float32), ck0))
         log(f"megatron step {st['step']}: bitwise_diff={rows[-1]['tica/n_bitwise_diff']}/{rows[-1]['tica/n_tokens']} "
             f"max={rows[-1]['training/rollout_probs_diff_max']:.3g} mean={rows[-1]['training/rollout_probs_diff_mean']:.3g}")
     legio.write_jsonl(fwd / "metrics.jsonl", rows)
@@ -1079,19 +1079,12 @@ def cmd_all(a) -> int:
             except subprocess.TimeoutExpired:
                 p.kill()
                 rc = p.wait()
-        text = lf.read_text(errors="replace")
-        rec = legio.process_record("trainer", p.pid, rc, text,
-                                   "exit code observed by the launcher (wait()); the trainer and, where this "
-                                   "process started one, vLLM's in-process engine ran here")
-        ec = dict(rec, role="engine_core",
-                  evidence="vLLM's EngineCore ran in-process (InprocClient, VLLM_ENABLE_V1_MULTIPROCESSING="
-                           f"{env.get('VLLM_ENABLE_V1_MULTIPROCESSING')}): same process, same exit as the trainer"
-                           + (f"; {rec['evidence']}" if rec["end_state"] == "force_killed" else ""))
-        status["children"][name] = {"rc": rc, "seconds": round(time.time() - t, 1), "end": rec}
+        procs = legio.launcher_records(name, p.pid, rc, lf.read_text(errors="replace"), env)
+        status["children"][name] = {"rc": rc, "seconds": round(time.time() - t, 1), "end": procs[0]}
         for n in new_legs:
             d = legs / n
             if (d / "leg.json").exists() and not (d / "seal.json").exists():
-                legio.finalize_leg(d, [rec] if name.startswith("make") else [rec, ec])
+                legio.finalize_leg(d, procs)
         log(f"{name}: rc={rc} in {time.time() - t:.1f}s")
         pack_out()
         return rc

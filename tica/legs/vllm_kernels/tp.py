@@ -43,8 +43,8 @@ def cmd_bi1_tp(a) -> int:
     from .kernels import TorchReference
     from .model import from_dir
     from .pin import KERNELS, check_vllm
-    from .producers import (FORWARD_CFG, N_STEPS, SCHEDULE_SEED, FakeRollout, VllmRollout, arrays_for, log,
-                            schedule, step_extra, trainer_logprobs, weights_hash, write_decode_leg)
+    from .producers import (FORWARD_CFG, N_STEPS, SCHEDULE_SEED, FakeRollout, VllmRollout, log, schedule,
+                            trainer_logprobs, weights_hash, write_decode_leg, write_forward_step)
 
     legs, m0, tp = Path(a.legs), Path(a.model), a.tp
     t0 = time.time()
@@ -85,10 +85,7 @@ def cmd_bi1_tp(a) -> int:
     rows, kept = [], []
     for st in steps:
         ro = rollout.step(prompts, st)
-        arr = arrays_for(ro, trainer_logprobs(model, ro["fulls"], dev))
-        legio.write_step_arrays(fwd, st["step"], **arr)
-        rows.append(legio.step_row(st["step"], ck0, arr["trainer_logprobs"], arr["rollout_logprobs"],
-                                   step_extra(arr, st, ro)))
+        rows.append(write_forward_step(legio, fwd, st, ro, trainer_logprobs(model, ro["fulls"], dev), ck0))
         kept.append((st, ro))
         log(f"tp{tp} step {st['step']}: n={rows[-1]['tica/n_tokens']} bitwise_diff={rows[-1]['tica/n_bitwise_diff']}")
     legio.write_jsonl(fwd / "metrics.jsonl", rows)
