@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tica.judges import judge
+from tica.judges import judge_criteria
 from tica.question import load_question
 from tica.receipts import load_leg
 from tica.verdict import Verdict
@@ -38,7 +38,7 @@ def test_receipts_record_device_driver_versions_and_kernels():
 
 
 def test_bi1_forward_is_bitwise_at_every_step_before_and_after_the_update():
-    cell = judge("forward", q("forward"), legs("forward"))
+    cell = judge_criteria("forward", q("forward"), legs("forward"))
     assert cell.verdict is Verdict.PASS, cell.reasons
     bi1_steps = [s for leg in cell.numbers["legs"] if leg["arm"] == "bi1" for s in leg["steps"]]
     assert [s["step"] for s in bi1_steps] == list(range(1, 11))
@@ -47,7 +47,7 @@ def test_bi1_forward_is_bitwise_at_every_step_before_and_after_the_update():
 
 
 def test_bi0_magnitude_is_measured_and_nonzero_for_megatron_and_hf():
-    cell = judge("forward", q("forward"), legs("forward"))
+    cell = judge_criteria("forward", q("forward"), legs("forward"))
     bi0 = {Path(leg["path"]).name: leg["steps"] for leg in cell.numbers["legs"] if leg["arm"] == "bi0"}
     assert set(bi0) == {"forward_bi0_megatron", "forward_bi0_hf"}
     for steps in bi0.values():
@@ -63,7 +63,7 @@ def test_the_bi0_arm_is_megatron_core_on_the_gpu():
 
 @pytest.mark.parametrize("leg", ["forward_bi1_planted_fault", "forward_bi1_fault_hf_final_norm"])
 def test_a_planted_fault_on_the_gpu_fails_the_bitwise_cell(leg):
-    cell = judge("forward", q("forward"), [H200 / "run3" / leg])
+    cell = judge_criteria("forward", q("forward"), [H200 / "run3" / leg])
     assert cell.verdict is Verdict.FAIL
     assert any("must both be 0" in r or "not bitwise equal" in r for r in cell.reasons)
 
@@ -71,17 +71,17 @@ def test_a_planted_fault_on_the_gpu_fails_the_bitwise_cell(leg):
 def test_vllm_decode_differs_from_its_own_prefill_under_bi1_and_the_cell_says_so():
     """The measured vLLM 0.26 finding: a trainer equal to vLLM's prefill scoring is not equal to
     the sampled-token logprobs (fused_add_rms_norm below 256 rows), so that leg fails."""
-    cell = judge("forward", q("forward"), [H200 / "run3" / "forward_bi1"])
+    cell = judge_criteria("forward", q("forward"), [H200 / "run3" / "forward_bi1"])
     assert cell.verdict is Verdict.FAIL
     assert any("decode logprobs differ from the prefill scoring" in r for r in cell.reasons)
 
 
 def test_backward_reaches_every_master_tensor():
-    assert judge("backward", q("backward"), legs("backward")).verdict is Verdict.PASS
+    assert judge_criteria("backward", q("backward"), legs("backward")).verdict is Verdict.PASS
 
 
 def test_update_reloads_and_rechecks_bitwise_on_the_sampled_tokens():
-    cell = judge("update", q("update"), legs("update"))
+    cell = judge_criteria("update", q("update"), legs("update"))
     assert cell.verdict is Verdict.PASS, cell.reasons
     leg = cell.numbers["legs"][0]
     assert leg["update"][0]["reloaded by rollout"] is True
@@ -92,7 +92,7 @@ def test_update_reloads_and_rechecks_bitwise_on_the_sampled_tokens():
 def test_run3s_update_recheck_on_prefill_scoring_failed_and_is_kept():
     """The first run re-checked the update against vLLM's prefill scoring, which under BI=1 differs
     from vLLM's own decode logprobs: kept as it failed, not re-judged into a pass."""
-    cell = judge("update", q("update"), [H200 / "run3" / "update_bi1"])
+    cell = judge_criteria("update", q("update"), [H200 / "run3" / "update_bi1"])
     assert cell.verdict is Verdict.FAIL
     assert all("post-update" in r for r in cell.reasons if r.startswith("fail"))
 
@@ -100,14 +100,14 @@ def test_run3s_update_recheck_on_prefill_scoring_failed_and_is_kept():
 def test_quality_pairing_ran_on_a_real_model_and_fails_its_frozen_threshold():
     """SmolLM2-135M-Instruct on arith30, greedy, BI=1 vs BI=0: 9 vs 11 of 30. Two discordant
     problems, both BI=0's, exceed the frozen 3.34 points (one problem is 3.33): fail, as frozen."""
-    cell = judge("quality", q("quality"), legs("quality"))
+    cell = judge_criteria("quality", q("quality"), legs("quality"))
     assert cell.verdict is Verdict.FAIL
     assert "9" in cell.tables["pairing (2x2)"] and "N=30" in cell.summary
     assert "6.667 points" in cell.summary
 
 
 def test_throughput_reports_every_concurrency_with_its_formula_and_stays_unaccepted():
-    cell = judge("throughput", q("throughput"), legs("throughput"))
+    cell = judge_criteria("throughput", q("throughput"), legs("throughput"))
     assert "median per-round paired loss" in cell.summary
     # run6: every leg warmed up, 12 of 12 crossed rounds valid; still not accepted: no budget is
     # frozen, and both arms show fast/slow tiers at some c
@@ -121,13 +121,13 @@ def test_throughput_reports_every_concurrency_with_its_formula_and_stays_unaccep
 
 
 def test_run2s_throughput_had_legs_without_their_own_warmup_and_is_kept():
-    cell = judge("throughput", q("throughput"), sorted((H200 / "run2").glob("throughput_*")))
+    cell = judge_criteria("throughput", q("throughput"), sorted((H200 / "run2").glob("throughput_*")))
     assert cell.summary.startswith("inconclusive: 3/12 valid rounds")
     assert any("0 warm-up requests" in r for r in cell.reasons)
 
 
 def test_clean_exit_fails_on_vllm_force_killing_its_server_processes():
-    cell = judge("clean_exit", q("clean_exit"), legs("throughput"))
+    cell = judge_criteria("clean_exit", q("clean_exit"), legs("throughput"))
     assert cell.verdict is Verdict.FAIL
     assert any("force_killed" in r or "force" in r for r in cell.reasons)
 
@@ -140,7 +140,7 @@ QUESTIONS_TP2 = QUESTIONS.parent / "h200-mid4-tp2"
 
 def test_tp2_forward_is_bitwise_at_every_step_on_two_gpus():
     legs_tp2 = [RUN5 / p for p in TP2["forward"]]
-    cell = judge("forward", load_question(QUESTIONS_TP2 / "forward.yaml"), legs_tp2)
+    cell = judge_criteria("forward", load_question(QUESTIONS_TP2 / "forward.yaml"), legs_tp2)
     assert cell.verdict is Verdict.PASS, cell.reasons
     bi1 = [s for leg in cell.numbers["legs"] if leg["arm"] == "bi1" for s in leg["steps"]]
     assert [s["step"] for s in bi1] == [1, 2, 3, 4, 5] and all(s["max"] == 0 and s["mean"] == 0 for s in bi1)
@@ -152,7 +152,7 @@ def test_tp2_forward_is_bitwise_at_every_step_on_two_gpus():
 
 def test_a_trainer_left_at_tp1_against_a_tp2_rollout_fails():
     """The control: the rollout's layout is part of what the trainer must reproduce."""
-    cell = judge("forward", load_question(QUESTIONS_TP2 / "forward.yaml"), [RUN5 / "forward_bi1_tp2_trainer_tp1"])
+    cell = judge_criteria("forward", load_question(QUESTIONS_TP2 / "forward.yaml"), [RUN5 / "forward_bi1_tp2_trainer_tp1"])
     assert cell.verdict is Verdict.FAIL
     steps = cell.numbers["legs"][0]["steps"]
     assert all(s["max"] > 0 for s in steps)

@@ -741,7 +741,7 @@ def run_canaries(
 ) -> list[CanaryResult]:
     """Run every canary (or those whose name starts with one of `only`). A canary whose judge
     does not return the expected verdict, or whose passing baseline does not pass, is `broken`."""
-    from tica.judges import judge as default_judge
+    from tica.judges import judge_criteria as default_judge
     from tica.judges.recipe_identity import judge_recipe_identity
 
     judge_fn = judge_fn or default_judge

@@ -68,6 +68,11 @@ class LegMeta(_Receipt):
     kernels: dict[str, Any] = Field(default_factory=dict)
     resolved_config: dict[str, Any] = Field(default_factory=dict)
     profiled: bool = False
+    # The candidate identity a leg records beside the resolved config (tica.binding compares it
+    # with the manifest). None / absent: not recorded, which binds nothing.
+    source: dict[str, Any] = Field(default_factory=dict, description="repository, commit (git HEAD, +dirty), overlay_digest")
+    image_digest: str | None = Field(None, description="content digest of the image the leg ran in")
+    # When the leg's work started and ended (not when leg.json was written).
     started_at: str | None = None
     ended_at: str | None = None
     processes: tuple[ProcessExit, ...] = ()

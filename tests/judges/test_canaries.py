@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from tica.canaries import CANARIES, broken, run_canaries
 from tica.evidence import EvidenceItem
-from tica.judges import judge
+from tica.judges import judge_criteria
 from tica.judges.recipe_identity import RecipeIdentityResult
 from tica.verdict import Verdict
 
@@ -25,7 +25,7 @@ def test_every_evidence_item_and_the_recipe_gate_have_canaries():
 
 def test_a_judge_that_always_passes_has_every_canary_broken(tmp_path):
     def lenient(item, q, paths):
-        cell = judge(item, q, paths)
+        cell = judge_criteria(item, q, paths)
         return cell.model_copy(update={"verdict": Verdict.PASS})
 
     results = run_canaries(workdir=tmp_path, judge_fn=lenient, only=["forward.", "clean_exit."])
@@ -38,7 +38,7 @@ def test_a_judge_that_crashes_is_broken_not_passing(tmp_path):
     def crashing(item, q, paths):
         calls["n"] += 1
         if calls["n"] == 1:
-            return judge(item, q, paths)  # the baseline
+            return judge_criteria(item, q, paths)  # the baseline
         raise RuntimeError("parser changed")
 
     [r] = run_canaries(workdir=tmp_path, judge_fn=crashing, only=["clean_exit.client"])
@@ -57,7 +57,7 @@ def test_a_passing_set_that_does_not_pass_reports_its_canaries_broken(tmp_path):
     # A judge (or question) under which even the passing set is not a pass: no canary can show
     # a flip, so every one is broken. (A criterion the question switches off is another matter: below.)
     def never_passes(item, q, paths):
-        cell = judge(item, q, paths)
+        cell = judge_criteria(item, q, paths)
         return cell.model_copy(update={"verdict": Verdict.INCONCLUSIVE})
 
     results = run_canaries(workdir=tmp_path, judge_fn=never_passes, only=["forward."])

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tica.canaries import process_exit, edit_meta
-from tica.judges import judge
+from tica.judges import judge_criteria
 from tica.judges.clean_exit import exit_problem
 from tica.receipts import ProcessExit
 from tica.verdict import Verdict
@@ -17,7 +17,7 @@ Q = question("clean_exit")
 
 
 def test_every_process_exited_zero_passes_client_and_server_apart(receipts):
-    cell = judge("exit", Q, receipts("clean_exit"))
+    cell = judge_criteria("exit", Q, receipts("clean_exit"))
     assert cell.verdict is Verdict.PASS, cell.reasons
     assert cell.numbers["client"]["verdict"] == "pass" and cell.numbers["server"]["verdict"] == "pass"
     assert cell.numbers["client"]["processes"] == 2 and cell.numbers["server"]["processes"] == 6
@@ -26,7 +26,7 @@ def test_every_process_exited_zero_passes_client_and_server_apart(receipts):
 def test_force_killed_engine_core_fails_the_server_side_only(receipts):
     legs = receipts("clean_exit")
     process_exit("engine_core", evidence="(EngineCore_DP0 pid=2170) Force killing remaining process EngineCore")(Q, legs)
-    cell = judge("exit", Q, legs)
+    cell = judge_criteria("exit", Q, legs)
     assert cell.verdict is Verdict.FAIL and cell.reasons[0].startswith("fail: server:")
     assert cell.numbers["client"]["verdict"] == "pass"
 
@@ -40,36 +40,36 @@ def test_force_killed_engine_core_fails_the_server_side_only(receipts):
 def test_any_role_not_ending_normally_fails(receipts, role, kv):
     legs = receipts("clean_exit")
     process_exit(role, **kv)(Q, legs)
-    cell = judge("exit", Q, legs)
+    cell = judge_criteria("exit", Q, legs)
     assert cell.verdict is Verdict.FAIL and role in cell.reasons[0]
 
 
 def test_a_client_failure_is_reported_on_the_client_side(receipts):
     legs = receipts("clean_exit")
     process_exit("client", exit_code=2)(Q, legs)
-    cell = judge("exit", Q, legs)
+    cell = judge_criteria("exit", Q, legs)
     assert cell.reasons[0].startswith("fail: client:") and cell.numbers["server"]["verdict"] == "pass"
 
 
 def test_a_leg_without_exit_receipts_is_inconclusive(receipts):
     legs = receipts("clean_exit")
     edit_meta(leg(legs, "bi0"), lambda m: m.update(processes=[]))
-    assert judge("exit", Q, legs).verdict is Verdict.INCONCLUSIVE
+    assert judge_criteria("exit", Q, legs).verdict is Verdict.INCONCLUSIVE
 
 
 def test_a_required_role_never_seen_is_inconclusive(receipts):
     legs = receipts("clean_exit")
     for p in legs:
         edit_meta(p, lambda m: m.update(processes=[x for x in m["processes"] if x["role"] != "api_server"]))
-    cell = judge("exit", Q, legs)
+    cell = judge_criteria("exit", Q, legs)
     assert cell.verdict is Verdict.INCONCLUSIVE and "api_server" in cell.reasons[0]
 
 
 def test_throughput_legs_exits_are_read_too(receipts):
     legs = receipts("throughput")
-    assert judge("exit", Q, legs).verdict is Verdict.PASS
+    assert judge_criteria("exit", Q, legs).verdict is Verdict.PASS
     process_exit("worker", end_state="force_killed", exit_code=None)(Q, legs)
-    assert judge("exit", Q, legs).verdict is Verdict.FAIL
+    assert judge_criteria("exit", Q, legs).verdict is Verdict.FAIL
 
 
 def test_exit_problem_reads_the_evidence_not_only_the_code():

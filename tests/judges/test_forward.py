@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from tica.canaries import logged_only, perturb_arrays, perturb_arrays_keep_metrics, drop_step, edit_meta
-from tica.judges import judge
+from tica.judges import judge_criteria
 from tica.verdict import Verdict
 
 from .conftest import leg, question
@@ -15,7 +15,7 @@ Q = question("forward")
 
 
 def test_bitwise_bi1_and_reference_sized_bi0_pass(receipts):
-    cell = judge("forward", Q, receipts("forward"))
+    cell = judge_criteria("forward", Q, receipts("forward"))
     assert cell.verdict is Verdict.PASS, cell.reasons
     bi1 = next(l for l in cell.numbers["legs"] if l["arm"] == "bi1")
     assert [s["step"] for s in bi1["steps"]] == [1, 2, 3, 4, 5]
@@ -24,7 +24,7 @@ def test_bitwise_bi1_and_reference_sized_bi0_pass(receipts):
 
 
 def test_per_step_numbers_carry_step_basis_and_checkpoint(receipts):
-    cell = judge("forward", Q, receipts("forward"))
+    cell = judge_criteria("forward", Q, receipts("forward"))
     for l in cell.numbers["legs"]:
         for s in l["steps"]:
             assert s["step_basis"] == "rollout" and s["checkpoint_version"].startswith("blake3:")
@@ -34,7 +34,7 @@ def test_per_step_numbers_carry_step_basis_and_checkpoint(receipts):
 def test_bi1_logged_max_nonzero_at_one_step_fails(receipts):
     legs = receipts("forward")
     logged_only(leg(legs, "bi1"), 4, **{"training/rollout_probs_diff_max": 2.0 ** -20})
-    cell = judge("forward", Q, legs)
+    cell = judge_criteria("forward", Q, legs)
     assert cell.verdict is Verdict.FAIL and "step 4" in cell.reasons[0]
 
 
@@ -42,19 +42,19 @@ def test_bi1_logged_all_zero_without_arrays_passes(receipts):
     # negative control of the one above: a verl receipt (no arrays) that is all zeros passes
     legs = receipts("forward")
     logged_only(leg(legs, "bi1"), 4)
-    assert judge("forward", Q, legs).verdict is Verdict.PASS
+    assert judge_criteria("forward", Q, legs).verdict is Verdict.PASS
 
 
 def test_bi1_logged_mean_nonzero_fails(receipts):
     legs = receipts("forward")
     logged_only(leg(legs, "bi1"), 2, **{"training/rollout_probs_diff_mean": 1e-12})
-    assert judge("forward", Q, legs).verdict is Verdict.FAIL
+    assert judge_criteria("forward", Q, legs).verdict is Verdict.FAIL
 
 
 def test_bi1_one_ulp_in_the_arrays_fails_even_when_logged_honestly(receipts):
     legs = receipts("forward")
     perturb_arrays(leg(legs, "bi1"), 3)
-    cell = judge("forward", Q, legs)
+    cell = judge_criteria("forward", Q, legs)
     assert cell.verdict is Verdict.FAIL
     step3 = next(l for l in cell.numbers["legs"] if l["arm"] == "bi1")["steps"][2]
     assert step3["n_bitwise_diff"] == 1
@@ -63,7 +63,7 @@ def test_bi1_one_ulp_in_the_arrays_fails_even_when_logged_honestly(receipts):
 def test_metrics_claiming_zero_over_nonzero_arrays_are_judged_on_the_arrays(receipts):
     legs = receipts("forward")
     perturb_arrays_keep_metrics(leg(legs, "bi1"), 1)
-    cell = judge("forward", Q, legs)
+    cell = judge_criteria("forward", Q, legs)
     assert cell.verdict is Verdict.FAIL
     assert any("contradicts itself" in r for r in cell.reasons)
 
@@ -80,41 +80,41 @@ def test_decode_logprobs_differing_from_prefill_fail_bi1(receipts):
     np.savez(path, **data)
     from tica.seal import seal_leg
     seal_leg(p)
-    cell = judge("forward", Q, legs)
+    cell = judge_criteria("forward", Q, legs)
     assert cell.verdict is Verdict.FAIL and any("decode" in r for r in cell.reasons)
 
 
 def test_a_missing_step_is_not_a_pass(receipts):
     legs = receipts("forward")
     drop_step(leg(legs, "bi1"), 3)
-    cell = judge("forward", Q, legs)
+    cell = judge_criteria("forward", Q, legs)
     assert cell.verdict is Verdict.INCONCLUSIVE and "steps [3] missing" in cell.reasons[0]
 
 
 def test_fewer_steps_than_the_question_requires_is_not_a_pass(receipts):
     legs = receipts("forward")
     drop_step(leg(legs, "bi1"), None)
-    assert judge("forward", Q, legs).verdict is Verdict.INCONCLUSIVE
-    assert judge("forward", question("forward", min_steps=4), legs).verdict is Verdict.PASS  # control
+    assert judge_criteria("forward", Q, legs).verdict is Verdict.INCONCLUSIVE
+    assert judge_criteria("forward", question("forward", min_steps=4), legs).verdict is Verdict.PASS  # control
 
 
 def test_a_step_with_no_max_recorded_is_missing(receipts):
     legs = receipts("forward")
     logged_only(leg(legs, "bi1"), 2, **{"training/rollout_probs_diff_max": None})
-    assert judge("forward", Q, legs).verdict is Verdict.INCONCLUSIVE
+    assert judge_criteria("forward", Q, legs).verdict is Verdict.INCONCLUSIVE
 
 
 def test_bi0_far_from_the_reference_magnitude_fails(receipts):
     legs = receipts("forward")
     logged_only(leg(legs, "bi0"), 2, scale_mean=200.0)
-    cell = judge("forward", Q, legs)
+    cell = judge_criteria("forward", Q, legs)
     assert cell.verdict is Verdict.FAIL and "BI=0 mean" in cell.reasons[0]
 
 
 def test_bi0_magnitude_is_judged_against_the_questions_reference(receipts):
     legs = receipts("forward")
-    assert judge("forward", question("forward", bi0_reference_mean=0.5), legs).verdict is Verdict.FAIL
-    cell = judge("forward", question("forward", bi0_reference_mean=0.012), legs)
+    assert judge_criteria("forward", question("forward", bi0_reference_mean=0.5), legs).verdict is Verdict.FAIL
+    cell = judge_criteria("forward", question("forward", bi0_reference_mean=0.012), legs)
     assert cell.verdict is Verdict.PASS and "BI=0 mean |diff|" in cell.summary
 
 
@@ -123,7 +123,7 @@ def test_without_a_reference_bi0_is_reported_not_judged(receipts):
     magnitude is reported; the negative control above shows a named reference is enforced."""
     legs = receipts("forward")
     logged_only(leg(legs, "bi0"), 2, scale_mean=200.0)
-    cell = judge("forward", question("forward", bi0_reference_mean=None), legs)
+    cell = judge_criteria("forward", question("forward", bi0_reference_mean=None), legs)
     assert cell.verdict is Verdict.PASS and "the question names no reference" in cell.summary
 
 
@@ -131,17 +131,17 @@ def test_bi1_leg_that_did_not_run_is_not_run(receipts):
     legs = receipts("forward")
     edit_meta(leg(legs, "bi1"), lambda m: m.update(
         not_run_reason="NotImplementedError: VLLM_BATCH_INVARIANT is only supported on CUDA and XPU"))
-    cell = judge("forward", Q, legs)
+    cell = judge_criteria("forward", Q, legs)
     assert cell.verdict is Verdict.NOT_RUN and "NotImplementedError" in cell.reasons[0]
 
 
 def test_without_a_bi1_leg_there_is_no_pass(receipts):
     legs = receipts("forward")
-    assert judge("forward", Q, [leg(legs, "bi0")]).verdict is Verdict.NOT_RUN
+    assert judge_criteria("forward", Q, [leg(legs, "bi0")]).verdict is Verdict.NOT_RUN
 
 
 def test_confounders_between_arms_are_tabulated(receipts):
-    cell = judge("forward", Q, receipts("forward"))
+    cell = judge_criteria("forward", Q, receipts("forward"))
     keys = {c["key"]: c["status"] for c in cell.numbers["confounders"]}
     assert keys["env.VLLM_BATCH_INVARIANT"] == "switch" and keys["trainer"] == "unquantified"
     assert "confounders" in cell.tables
@@ -154,5 +154,5 @@ def test_metrics_claiming_a_diff_over_bitwise_arrays_are_not_a_pass_either(recei
     p = leg(legs, "bi1")
     from tica.canaries import edit_jsonl
     edit_jsonl(p / "metrics.jsonl", lambda rows: rows[1].update({"training/rollout_probs_diff_max": 0.5}), p)
-    cell = judge("forward", Q, legs)
+    cell = judge_criteria("forward", Q, legs)
     assert cell.verdict is Verdict.INCONCLUSIVE and "contradicts itself" in cell.reasons[0]

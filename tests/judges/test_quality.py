@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tica.canaries import contract_item, edit_json, edit_jsonl, edit_meta
-from tica.judges import judge
+from tica.judges import judge_criteria
 from tica.verdict import Verdict
 
 from .conftest import leg, question
@@ -15,7 +15,7 @@ Q = question("quality")
 
 
 def test_paired_quality_within_threshold_passes(receipts):
-    cell = judge("quality", Q, receipts("quality"))
+    cell = judge_criteria("quality", Q, receipts("quality"))
     assert cell.verdict is Verdict.PASS, cell.reasons
     n = cell.numbers
     assert n["both_correct"] + n["only_bi0"] + n["only_bi1"] + n["both_wrong"] == n["n"] == 30
@@ -35,14 +35,14 @@ def test_paired_quality_within_threshold_passes(receipts):
 def test_a_contract_item_that_differs_is_inconclusive_naming_it(receipts, name, key, value, item):
     legs = receipts("quality")
     contract_item(key, value)(Q, legs)
-    cell = judge("quality", Q, legs)
+    cell = judge_criteria("quality", Q, legs)
     assert cell.verdict is Verdict.INCONCLUSIVE
     assert cell.numbers["contract_differs"] == [item]
     assert f"differs in {item}" in cell.reasons[0]
 
 
 def test_identical_contracts_differ_in_nothing(receipts):
-    cell = judge("quality", Q, receipts("quality"))
+    cell = judge_criteria("quality", Q, receipts("quality"))
     assert cell.numbers["contract_differs"] == []
 
 
@@ -50,7 +50,7 @@ def test_a_problem_missing_from_one_arm_breaks_the_pairing(receipts):
     legs = receipts("quality")
     p = leg(legs, "bi1")
     edit_jsonl(p / "results.jsonl", lambda rows: rows[1:], p)
-    cell = judge("quality", Q, legs)
+    cell = judge_criteria("quality", Q, legs)
     assert cell.verdict is Verdict.INCONCLUSIVE
     assert any("= 29, not N = 30" in r for r in cell.reasons)
 
@@ -60,22 +60,22 @@ def test_the_same_problem_set_smaller_than_the_question_fixes_is_inconclusive(re
     for arm in ("bi1", "bi0"):
         p = leg(legs, arm)
         edit_jsonl(p / "results.jsonl", lambda rows: rows[:-1], p)
-    assert judge("quality", Q, legs).verdict is Verdict.INCONCLUSIVE
-    assert judge("quality", question("quality", expected_problems=29), legs).verdict is Verdict.PASS
+    assert judge_criteria("quality", Q, legs).verdict is Verdict.INCONCLUSIVE
+    assert judge_criteria("quality", question("quality", expected_problems=29), legs).verdict is Verdict.PASS
 
 
 def test_a_retried_problem_is_inconclusive(receipts):
     legs = receipts("quality")
     p = leg(legs, "bi0")
     edit_jsonl(p / "results.jsonl", lambda rows: [*rows, dict(rows[3], correct=True)], p)
-    assert judge("quality", Q, legs).verdict is Verdict.INCONCLUSIVE
+    assert judge_criteria("quality", Q, legs).verdict is Verdict.INCONCLUSIVE
 
 
 def test_same_id_different_prompt_is_not_the_same_problem(receipts):
     legs = receipts("quality")
     p = leg(legs, "bi0")
     edit_jsonl(p / "results.jsonl", lambda rows: rows[0].update(prompt_hash="sha256:" + "f" * 64), p)
-    assert judge("quality", Q, legs).verdict is Verdict.INCONCLUSIVE
+    assert judge_criteria("quality", Q, legs).verdict is Verdict.INCONCLUSIVE
 
 
 def _flip_bi1(legs, k):
@@ -92,7 +92,7 @@ def _flip_bi1(legs, k):
 def test_a_difference_over_the_threshold_fails(receipts):
     legs = receipts("quality")
     _flip_bi1(legs, 2)  # only_bi0 - only_bi1 = 2 problems = 6.67 points
-    cell = judge("quality", Q, legs)
+    cell = judge_criteria("quality", Q, legs)
     assert cell.verdict is Verdict.FAIL
     assert cell.numbers["abs_diff_points"] == pytest.approx(200 / 30)
 
@@ -100,24 +100,24 @@ def test_a_difference_over_the_threshold_fails(receipts):
 def test_a_difference_of_one_problem_is_within_a_one_problem_threshold(receipts):
     legs = receipts("quality")
     _flip_bi1(legs, 1)
-    cell = judge("quality", Q, legs)
+    cell = judge_criteria("quality", Q, legs)
     assert cell.verdict is Verdict.PASS and cell.numbers["abs_diff_points"] == pytest.approx(100 / 30)
 
 
 def test_a_threshold_finer_than_one_problem_is_flagged_under_greedy(receipts):
-    cell = judge("quality", question("quality", threshold_points=2.0), receipts("quality"))
+    cell = judge_criteria("quality", question("quality", threshold_points=2.0), receipts("quality"))
     assert cell.numbers["threshold_finer_than_one_problem"] is True
     assert any("finer than one problem" in r for r in cell.reasons)
 
 
 def test_a_threshold_of_one_problem_is_not_flagged(receipts):
-    cell = judge("quality", Q, receipts("quality"))
+    cell = judge_criteria("quality", Q, receipts("quality"))
     assert cell.numbers["threshold_finer_than_one_problem"] is False
     assert cell.numbers["one_problem_points"] == pytest.approx(100 / 30)
 
 
 def test_truncation_ratio_is_reported_beside_accuracy(receipts):
-    cell = judge("quality", Q, receipts("quality"))
+    cell = judge_criteria("quality", Q, receipts("quality"))
     assert cell.numbers["truncation_ratio_bi1"] == pytest.approx(1 / 30)
     assert "truncation ratio" in cell.tables["scores"]
 
@@ -127,29 +127,29 @@ def test_a_greedy_question_over_a_sampled_contract_is_inconclusive(receipts):
     for arm in ("bi1", "bi0"):
         p = leg(legs, arm)
         edit_json(p / "contract.json", lambda d: d["sampling"].update(temperature=0.6), p)
-    cell = judge("quality", Q, legs)
+    cell = judge_criteria("quality", Q, legs)
     assert cell.verdict is Verdict.INCONCLUSIVE and any("greedy" in r for r in cell.reasons)
-    assert judge("quality", question("quality", greedy=False), legs).verdict is Verdict.PASS
+    assert judge_criteria("quality", question("quality", greedy=False), legs).verdict is Verdict.PASS
 
 
 def test_an_unquantified_confounder_blocks_the_attribution(receipts):
     legs = receipts("quality")
     edit_meta(leg(legs, "bi0"), lambda m: m["resolved_config"].update(enable_prefix_caching=True))
-    cell = judge("quality", Q, legs)
+    cell = judge_criteria("quality", Q, legs)
     assert cell.verdict is Verdict.INCONCLUSIVE and "enable_prefix_caching" in cell.reasons[0]
     quantified = question("quality", quantified_confounders={
         "resolved_config.enable_prefix_caching": "R3 forces PC on; PC on/off measured equal in run 2026-11-20"})
-    assert judge("quality", quantified, legs).verdict is Verdict.PASS
+    assert judge_criteria("quality", quantified, legs).verdict is Verdict.PASS
 
 
 def test_no_quality_leg_at_all_is_not_run_and_one_arm_alone_is_inconclusive(receipts):
-    assert judge("quality", Q, []).verdict is Verdict.NOT_RUN
+    assert judge_criteria("quality", Q, []).verdict is Verdict.NOT_RUN
     legs = receipts("quality")
-    assert judge("quality", Q, [leg(legs, "bi1")]).verdict is Verdict.INCONCLUSIVE
+    assert judge_criteria("quality", Q, [leg(legs, "bi1")]).verdict is Verdict.INCONCLUSIVE
 
 
 def test_an_arm_whose_leg_did_not_run_makes_the_pairing_not_run(receipts):
     legs = receipts("quality")
     edit_meta(leg(legs, "bi1"), lambda m: m.update(not_run_reason="vLLM: batch invariance unsupported on cpu"))
-    cell = judge("quality", Q, legs)
+    cell = judge_criteria("quality", Q, legs)
     assert cell.verdict is Verdict.NOT_RUN and "no bi1 leg ran" in cell.summary

@@ -9,7 +9,7 @@ import pytest
 
 from tica.canaries import edit_json, edit_jsonl, edit_meta
 from tica.errors import ReceiptError
-from tica.judges import judge
+from tica.judges import judge_criteria
 from tica.receipts import (
     ForwardStep,
     load_bench_leg,
@@ -153,7 +153,7 @@ def test_judge_turns_an_unreadable_receipt_into_inconclusive(receipts):
     legs = receipts("forward")
     p = leg(legs, "bi1")
     (p / "metrics.jsonl").write_text("{not json\n")
-    cell = judge("forward", question("forward"), legs)
+    cell = judge_criteria("forward", question("forward"), legs)
     assert cell.verdict is Verdict.INCONCLUSIVE
     assert cell.numbers["receipt_error"]["file"].endswith("seal.json")
 
@@ -170,13 +170,13 @@ def test_bench_metadata_contradicting_its_leg_is_refused(receipts):
 
 def test_a_leg_whose_producer_recorded_errors_cannot_pass(receipts):
     from tica.canaries import edit_meta
-    from tica.judges import judge
+    from tica.judges import judge_criteria
     from tica.verdict import Verdict
 
     from .conftest import question
 
     legs = receipts("backward")
-    assert judge("backward", question("backward"), legs).verdict is Verdict.PASS
+    assert judge_criteria("backward", question("backward"), legs).verdict is Verdict.PASS
     edit_meta(legs[0], lambda m: m.update(errors=["RuntimeError: engine died mid-leg"]))
-    cell = judge("backward", question("backward"), legs)
+    cell = judge_criteria("backward", question("backward"), legs)
     assert cell.verdict is Verdict.INCONCLUSIVE and "engine died mid-leg" in cell.reasons[-1]

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tica.canaries import swap_slots, tput_leg, edit_json, edit_meta
-from tica.judges import judge
+from tica.judges import judge_criteria
 from tica.judges.throughput import expected_order, formal_statistic
 from tica.question import FORMULA_LABELS, ThroughputFormula
 from tica.verdict import Verdict
@@ -35,7 +35,7 @@ def _round(cell, c, r):
 
 
 def test_crossed_rounds_under_budget_pass_with_tables(receipts):
-    cell = judge("throughput", Q, receipts("throughput"))
+    cell = judge_criteria("throughput", Q, receipts("throughput"))
     assert cell.verdict is Verdict.PASS, cell.reasons
     assert set(cell.tables) >= {"per leg (workload receipts)", "per round", "per concurrency"}
     assert [(_round(cell, 8, r)["expected_order"], _round(cell, 8, r)["observed"]) for r in (1, 2, 3)] == [
@@ -45,7 +45,7 @@ def test_crossed_rounds_under_budget_pass_with_tables(receipts):
 
 
 def test_per_round_loss_is_one_minus_the_throughput_ratio(receipts):
-    cell = judge("throughput", Q, receipts("throughput"))
+    cell = judge_criteria("throughput", Q, receipts("throughput"))
     r = _round(cell, 32, 2)
     assert r["loss"] == pytest.approx(1 - r["t_bi1"] / r["t_bi0"])
     per_c = cell.numbers["per_concurrency"]["32"]
@@ -58,7 +58,7 @@ def test_a_leg_whose_workload_receipt_mismatches_is_inconclusive_and_never_in_a_
     legs = receipts("throughput")
     p = tput_leg(legs, "bi1", 8, 2)
     edit_json(p / "bench.json", lambda d: d.update({field: d[field] + delta}), p)
-    cell = judge("throughput", Q, legs)
+    cell = judge_criteria("throughput", Q, legs)
     assert cell.verdict is Verdict.INCONCLUSIVE
     r = _round(cell, 8, 2)
     assert not r["valid"] and r["loss"] is None and r["reasons"]
@@ -68,20 +68,20 @@ def test_a_leg_whose_workload_receipt_mismatches_is_inconclusive_and_never_in_a_
 def test_a_missing_warmup_receipt_is_a_workload_mismatch(receipts):
     legs = receipts("throughput")
     edit_meta(tput_leg(legs, "bi0", 1, 1), lambda m: m["resolved_config"].pop("num_warmups"))
-    cell = judge("throughput", Q, legs)
+    cell = judge_criteria("throughput", Q, legs)
     assert cell.verdict is Verdict.INCONCLUSIVE and "warm-up not recorded" in " ".join(_round(cell, 1, 1)["reasons"])
 
 
 def test_a_leg_run_without_ignore_eos_is_a_workload_mismatch(receipts):
     legs = receipts("throughput")
     edit_meta(tput_leg(legs, "bi0", 64, 3), lambda m: m["resolved_config"].update(ignore_eos=False))
-    assert judge("throughput", Q, legs).verdict is Verdict.INCONCLUSIVE
+    assert judge_criteria("throughput", Q, legs).verdict is Verdict.INCONCLUSIVE
 
 
 def test_rounds_out_of_the_frozen_crossed_order_are_invalid(receipts):
     legs = receipts("throughput")
     swap_slots(Q, legs)
-    cell = judge("throughput", Q, legs)
+    cell = judge_criteria("throughput", Q, legs)
     assert cell.verdict is Verdict.INCONCLUSIVE
     assert "frozen order AB" in " ".join(_round(cell, 1, 1)["reasons"])
 
@@ -93,7 +93,7 @@ def test_slots_contradicted_by_the_clock_are_invalid(receipts):
     tb = json.loads((b / "leg.json").read_text())["started_at"]
     edit_meta(a, lambda m: m.update(started_at=tb))
     edit_meta(b, lambda m: m.update(started_at=ta))
-    cell = judge("throughput", Q, legs)
+    cell = judge_criteria("throughput", Q, legs)
     assert "not before slot 2" in " ".join(_round(cell, 8, 1)["reasons"])
 
 
@@ -110,7 +110,7 @@ def test_a_retest_round_replaces_an_invalid_one_which_is_kept(receipts, tmp_path
         edit_json(dst / "bench.json", lambda d: d.update(round="4", slot=str(slot), failed=0, completed=32), None)
         edit_meta(dst, lambda m: m.update(round=4, slot=slot, started_at=f"2026-11-29T15:0{slot}:00+00:00"))
         legs.append(dst)
-    cell = judge("throughput", Q, legs)
+    cell = judge_criteria("throughput", Q, legs)
     assert cell.verdict is Verdict.PASS, cell.reasons
     assert not _round(cell, 8, 2)["valid"] and _round(cell, 8, 4)["valid"]
     assert any("round 2 invalid, kept" in r for r in cell.reasons)
@@ -120,7 +120,7 @@ def test_one_target_c_over_budget_fails_even_when_the_average_is_under(receipts)
     legs = receipts("throughput")
     for r in (1, 2, 3):
         _scale(legs, "bi1", 64, r, 0.7 / 0.94)  # loss 0.06 -> 0.30 at c=64 (budget 0.15)
-    cell = judge("throughput", Q, legs)
+    cell = judge_criteria("throughput", Q, legs)
     assert cell.verdict is Verdict.FAIL and "c=64" in cell.reasons[0]
     avg = cell.numbers["average_across_concurrencies_not_judged"]
     assert avg < Q.criteria.budget[64]  # the average alone would have hidden it
@@ -130,7 +130,7 @@ def test_one_target_c_over_budget_fails_even_when_the_average_is_under(receipts)
 def test_single_round_overrun_is_reported_apart_from_the_aggregate(receipts):
     legs = receipts("throughput")
     _scale(legs, "bi1", 32, 1, 0.84 / 0.94)  # round 1 at c=32: loss 0.16 > 0.15; the median stays under
-    cell = judge("throughput", Q, legs)
+    cell = judge_criteria("throughput", Q, legs)
     assert cell.verdict is Verdict.PASS
     assert [(o["c"], o["round"]) for o in cell.numbers["single_round_overruns"]] == [(32, 1)]
     assert cell.numbers["aggregate_overruns"] == []
@@ -140,7 +140,7 @@ def test_single_round_overrun_is_reported_apart_from_the_aggregate(receipts):
 def test_the_statistic_is_the_frozen_formula_and_labelled(receipts):
     legs = receipts("throughput")
     ratio_q = question("throughput", formula=RATIO.value)
-    cell = judge("throughput", ratio_q, legs)
+    cell = judge_criteria("throughput", ratio_q, legs)
     assert cell.numbers["formula_label"] == FORMULA_LABELS[RATIO]
     pc = cell.numbers["per_concurrency"]["8"]
     assert pc["statistic"] == pytest.approx(1 - statistics.median(pc["t_bi1"]) / statistics.median(pc["t_bi0"]))
@@ -148,7 +148,7 @@ def test_the_statistic_is_the_frozen_formula_and_labelled(receipts):
 
 def test_without_a_frozen_formula_the_budget_is_not_declared_passed(receipts):
     q = question("throughput", formula=None, budget=None)
-    cell = judge("throughput", q, receipts("throughput"))
+    cell = judge_criteria("throughput", q, receipts("throughput"))
     assert cell.verdict is Verdict.INCONCLUSIVE
     assert all(v["statistic"] is None for v in cell.numbers["per_concurrency"].values())
 
@@ -157,7 +157,7 @@ def test_fast_slow_tiers_in_one_arm_make_attribution_inconclusive(receipts):
     legs = receipts("throughput")
     _scale(legs, "bi0", 8, 2, 0.75)
     _scale(legs, "bi1", 8, 2, 0.75)
-    cell = judge("throughput", Q, legs)
+    cell = judge_criteria("throughput", Q, legs)
     assert cell.verdict is Verdict.INCONCLUSIVE and any("tiers" in r for r in cell.reasons)
 
 
@@ -166,13 +166,13 @@ def test_tiers_do_not_hide_an_overrun(receipts):
     _scale(legs, "bi0", 8, 2, 0.75)
     for r in (1, 2, 3):
         _scale(legs, "bi1", 8, r, 0.5)
-    assert judge("throughput", Q, legs).verdict is Verdict.FAIL
+    assert judge_criteria("throughput", Q, legs).verdict is Verdict.FAIL
 
 
 def test_a_profiled_leg_never_counts(receipts):
     legs = receipts("throughput")
     edit_meta(tput_leg(legs, "bi0", 32, 3), lambda m: m.update(profiled=True))
-    cell = judge("throughput", Q, legs)
+    cell = judge_criteria("throughput", Q, legs)
     assert cell.verdict is Verdict.INCONCLUSIVE
     assert "profiled" in " ".join(_round(cell, 32, 3)["reasons"])
 
@@ -182,26 +182,26 @@ def test_an_unquantified_confounder_is_not_attributed_to_the_switch(receipts):
     for p in legs:
         if json.loads((p / "leg.json").read_text())["arm"] == "bi0":
             edit_meta(p, lambda m: m["resolved_config"].update(gpu_memory_utilization=0.9))
-    cell = judge("throughput", Q, legs)
+    cell = judge_criteria("throughput", Q, legs)
     assert cell.verdict is Verdict.INCONCLUSIVE
     assert cell.numbers["unquantified_confounders"] == ["resolved_config.gpu_memory_utilization"]
     q = question("throughput", quantified_confounders={"resolved_config.gpu_memory_utilization": "sweep 2026-11-28"})
-    assert judge("throughput", q, legs).verdict is Verdict.PASS
+    assert judge_criteria("throughput", q, legs).verdict is Verdict.PASS
 
 
 def test_bare_vllm_bench_files_are_judged_but_confounders_cannot_be_listed():
     q = question("throughput", concurrencies=[8], num_prompts={8: 32}, budget={8: 0.1})
-    cell = judge("throughput", q, sorted((FIXTURES / "bare_bench").iterdir()))
+    cell = judge_criteria("throughput", q, sorted((FIXTURES / "bare_bench").iterdir()))
     assert cell.numbers["per_concurrency"]["8"]["statistic"] == pytest.approx(0.05)
     assert cell.verdict is Verdict.INCONCLUSIVE and any("bare bench" in r for r in cell.reasons)
 
 
 def test_judging_does_not_depend_on_the_order_legs_are_given(receipts):
     legs = receipts("throughput")
-    a = judge("throughput", Q, legs)
+    a = judge_criteria("throughput", Q, legs)
     shuffled = list(legs)
     random.Random(3).shuffle(shuffled)
-    b = judge("throughput", Q, shuffled)
+    b = judge_criteria("throughput", Q, shuffled)
     assert a.verdict == b.verdict and a.numbers["per_concurrency"] == b.numbers["per_concurrency"]
 
 
@@ -255,11 +255,11 @@ def test_an_arm_whose_legs_did_not_run_makes_the_pairing_not_run(receipts):
         if json.loads((p / "leg.json").read_text())["arm"] == "bi1":
             (p / "bench.json").unlink()
             edit_meta(p, lambda m: m.update(not_run_reason="vLLM: batch invariance unsupported on cpu"))
-    cell = judge("throughput", Q, legs)
+    cell = judge_criteria("throughput", Q, legs)
     assert cell.verdict is Verdict.NOT_RUN and "no bi1 leg ran" in cell.summary
 
 
 def test_no_legs_at_all_is_not_run_never_a_pass():
     """A track that ran no throughput leg (the TP=2 track measured only the forward) is `not run`."""
-    cell = judge("throughput", Q, [])
+    cell = judge_criteria("throughput", Q, [])
     assert cell.verdict is Verdict.NOT_RUN and "not run" in cell.summary

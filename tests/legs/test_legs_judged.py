@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tica.judges import judge
+from tica.judges import judge_criteria
 from tica.question import parse_question
 from tica.receipts import LegMeta
 from tica.verdict import Verdict
@@ -33,7 +33,7 @@ def test_every_leg_json_is_a_valid_receipt(demo_legs):
 
 def test_forward_bi1_is_not_run_with_vllms_reason_and_bi0_differs(demo_legs):
     legs = [d for d in demo_legs["legs"]["forward"] if "vllm_engine" not in str(d)]
-    cell = judge("forward", q("forward", min_steps=5, bi0_reference_mean=None), legs)
+    cell = judge_criteria("forward", q("forward", min_steps=5, bi0_reference_mean=None), legs)
     assert any("did not run" in r and "VLLM_BATCH_INVARIANT" in r for r in cell.reasons), cell.reasons
     bi0 = [s for leg in cell.numbers["legs"] if leg["arm"] == "bi0" for s in leg["steps"]]
     assert len(bi0) >= 5 and all(s["mean"] > 0 for s in bi0)
@@ -45,7 +45,7 @@ def test_throughput_is_not_run_without_bi1_and_bi0_covers_every_concurrency_cros
     question = q("throughput", repeats=2, order=("AB", "BA"), input_len=64, output_len=16,
                  concurrencies=[1, 2], num_prompts={1: 6, 2: 6}, warmups=1,
                  formula="median_per_round_paired_loss", budget={1: 0.5, 2: 0.5})
-    cell = judge("throughput", question, legs)
+    cell = judge_criteria("throughput", question, legs)
     assert cell.verdict is Verdict.NOT_RUN and "no bi1 leg ran" in cell.summary
     assert any("did not run" in r and "VLLM_BATCH_INVARIANT" in r for r in cell.reasons)
     bi0 = [json.loads((Path(d) / "leg.json").read_text()) for d in legs]
@@ -60,6 +60,6 @@ def test_throughput_is_not_run_without_bi1_and_bi0_covers_every_concurrency_cros
 
 def test_clean_exit_fails_on_vllms_force_killed_engine_core(demo_legs):
     legs = [d for v in demo_legs["legs"].values() for d in v]
-    cell = judge("clean_exit", q("clean_exit", required_roles=["client", "api_server", "engine_core"]), legs)
+    cell = judge_criteria("clean_exit", q("clean_exit", required_roles=["client", "api_server", "engine_core"]), legs)
     assert cell.verdict is Verdict.FAIL
     assert any("force" in r.lower() for r in cell.reasons), cell.reasons

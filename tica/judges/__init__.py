@@ -27,7 +27,7 @@ from tica.question import Question, load_question
 from tica.receipts import LEG_FILE
 from tica.verdict import Verdict, VerdictCell
 
-__all__ = ["JUDGE_VERSION", "JUDGES", "judge", "judge_recipe_identity", "expand_receipts", "cli_judge",
+__all__ = ["JUDGE_VERSION", "JUDGES", "judge", "judge_criteria", "judge_recipe_identity", "expand_receipts", "cli_judge",
            "RecipeIdentityResult"]
 
 Judge = Callable[[Question, Sequence[Path]], VerdictCell]
@@ -51,9 +51,10 @@ def as_item(item: EvidenceItem | str) -> EvidenceItem:
     return _ALIASES.get(item) or EvidenceItem(item)
 
 
-def judge(item: EvidenceItem | str, question: Question, leg_paths: Sequence[str | Path]) -> VerdictCell:
-    """The verdict cell for one evidence item. A receipt that cannot be read or whose seal does
-    not verify is no evidence: the cell is `inconclusive`, naming the file and field."""
+def judge_criteria(item: EvidenceItem | str, question: Question, leg_paths: Sequence[str | Path]) -> VerdictCell:
+    """The verdict of the question's criteria alone, bound to no candidate (canaries and the
+    criteria's own tests use it; acceptance uses `judge`). A receipt that cannot be read or
+    whose seal does not verify is no evidence: the cell is `inconclusive`, naming the file and field."""
     item = as_item(item)
     paths = [Path(p) for p in leg_paths]
     try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import math
 from collections.abc import Iterable, Sequence
@@ -12,16 +13,44 @@ from tica.evidence import EvidenceItem
 from tica.question import Question
 from tica.verdict import Verdict, VerdictCell
 
-# A judge's version is the hash of the code that reads receipts and judges them, so a parser
-# change is a new version by construction and old cells keep the version they were judged under.
-_JUDGE_SOURCES = ("receipts.py", "judges/*.py")
+# A judge's version is the hash of the code that reads receipts and judges them: every judge
+# module and, transitively, every `tica` module they import (metrics, seals, questions ...), found
+# by reading their import statements. A change anywhere a judge reads is a new version by
+# construction, and old cells keep the version they were judged under.
+_ROOTS = ("judges/*.py", "binding.py")
+
+
+def _tica_imports(path: Path, root: Path) -> set[Path]:
+    found: set[Path] = set()
+    for node in ast.walk(ast.parse(path.read_bytes(), str(path))):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+            [node.module] if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 else [])
+        for name in names:
+            if name == "tica" or not name.startswith("tica."):
+                continue
+            rel = Path(*name.split(".")[1:])
+            for candidate in (root / rel.with_suffix(".py"), root / rel / "__init__.py"):
+                if candidate.is_file():
+                    found.add(candidate)
+    return found
+
+
+def judge_sources() -> list[Path]:
+    """Every source file a judge's verdict depends on (the judges and their tica imports)."""
+    root = Path(__file__).resolve().parent.parent
+    todo = {p for pattern in _ROOTS for p in root.glob(pattern)}
+    seen: set[Path] = set()
+    while todo:
+        p = todo.pop()
+        seen.add(p)
+        todo |= _tica_imports(p, root) - seen
+    return sorted(seen)
 
 
 def _source_hash() -> str:
     root = Path(__file__).resolve().parent.parent
     h = hashlib.sha256()
-    files = sorted({p for pattern in _JUDGE_SOURCES for p in root.glob(pattern)})
-    for p in files:
+    for p in judge_sources():
         h.update(p.relative_to(root).as_posix().encode() + b"\0" + p.read_bytes() + b"\0")
     return h.hexdigest()[:16]
 

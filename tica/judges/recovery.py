@@ -36,7 +36,7 @@ class Recovery(BaseModel):
 
 
 def recover(original: VerdictCell, question: Question, leg_paths: Sequence[str | Path]) -> Recovery:
-    from tica.judges import judge
+    from tica.judges import judge_criteria
 
     def refuse(why: str) -> Recovery:
         return Recovery(recovery_version=RECOVERY_VERSION, original_verdict=original.verdict,
@@ -48,7 +48,7 @@ def recover(original: VerdictCell, question: Question, leg_paths: Sequence[str |
         return refuse("the question differs from the one the cell was judged under: that is a new question")
     if original.judge_version == JUDGE_VERSION:
         return refuse("the judge has not changed since this cell: there is nothing to recover")
-    recovered = judge(original.item, question, leg_paths)
+    recovered = judge_criteria(original.item, question, leg_paths)
     if original.receipt_hashes and recovered.receipt_hashes != original.receipt_hashes:
         return refuse("the receipts are not the sealed ones the cell was judged on (seal digests differ)")
     return Recovery(recovery_version=RECOVERY_VERSION, original_verdict=original.verdict,

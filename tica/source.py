@@ -1,0 +1,45 @@
+"""Which source a process runs from: the git commit of a checkout, and whether it is dirty.
+
+Standard library only: leg producers record it in every leg (`leg.json` `source`), and a
+manifest whose `source.commit` is `working-tree` resolves to the same value, so a receipt can be
+bound to the code that produced it. A value git cannot give is `None` (unknown), never invented.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+WORKING_TREE = "working-tree"
+DIRTY_SUFFIX = "+dirty"
+
+
+def _git(root: Path, *args: str) -> str | None:
+    try:
+        out = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout if out.returncode == 0 else None
+
+
+def checkout_commit(root: str | Path) -> str | None:
+    """`<sha>` of HEAD, `<sha>+dirty` when tracked files differ from it; None outside a checkout.
+
+    Only tracked files count: ignored outputs (data/, .venv) and untracked files do not change
+    what the commit names."""
+    root = Path(root)
+    head = _git(root, "rev-parse", "HEAD")
+    if not head:
+        return None
+    status = _git(root, "status", "--porcelain", "--untracked-files=no")
+    if status is None:
+        return None
+    return head.strip() + (DIRTY_SUFFIX if status.strip() else "")
+
+
+def same_commit(pinned: str, recorded: str) -> bool:
+    """A pinned commit (at least 7 hex digits, a prefix) names the recorded one; dirty never
+    matches clean."""
+    p_dirty, r_dirty = pinned.endswith(DIRTY_SUFFIX), recorded.endswith(DIRTY_SUFFIX)
+    p, r = pinned.removesuffix(DIRTY_SUFFIX).lower(), recorded.removesuffix(DIRTY_SUFFIX).lower()
+    return p_dirty == r_dirty and len(p) >= 7 and r.startswith(p)
