@@ -26,6 +26,7 @@ import yaml
 from dagster import AssetExecutionContext, ConfigurableResource, PipesSubprocessClient
 from pydantic import Field
 
+from tica.acceptance import LegBatch
 from tica.errors import ReceiptError
 from tica.evidence import EvidenceItem
 from tica.manifest import LoadedManifest
@@ -111,6 +112,11 @@ class LegRunner(ConfigurableResource, ABC):
     @abstractmethod
     def run_legs(self, context: AssetExecutionContext, request: LegRequest) -> list[Path]: ...
 
+    def run_batches(self, context: AssetExecutionContext, request: LegRequest) -> list[LegBatch]:
+        """The legs as the batches judged into verdicts: one batch, unless a runner replays
+        several committed runs (each a rerun of the one before)."""
+        return [LegBatch(legs=self.run_legs(context, request))]
+
     @property
     def kind(self) -> str:
         return type(self).__name__
@@ -165,27 +171,46 @@ class ReplayLegRunner(LegRunner):
         return root / track if (root / track).is_dir() else root
 
     def run_legs(self, context: AssetExecutionContext, request: LegRequest) -> list[Path]:
+        batches = self.run_batches(context, request)
+        return list(batches[-1].legs) if batches else []
+
+    def run_batches(self, context: AssetExecutionContext, request: LegRequest) -> list[LegBatch]:
         if request.item is EvidenceItem.ARTIFACTS:
-            return []
+            return [LegBatch(legs=[])]
         folder = self.track_folder(request.track)
         chosen = replay_selection(folder, request.item)
         if chosen is None:
-            legs = [leg for leg in sealed_leg_dirs(folder) if leg_item(leg) == request.item.value]
+            batches = [LegBatch(legs=[leg for leg in sealed_leg_dirs(folder) if leg_item(leg) == request.item.value])]
+            how = "found by their leg.json"
         else:
-            legs = chosen
-        how = f"as {folder / REPLAY_FILE} selects" if chosen is not None else "found by their leg.json"
-        context.log.info(f"replaying {len(legs)} sealed leg(s) of {request.item.value} from {folder}, {how}")
-        return legs
+            batches = chosen
+            how = f"as {folder / REPLAY_FILE} selects ({len(batches)} run(s), oldest first)"
+        for b in batches:
+            context.log.info(f"replaying {len(b.legs)} sealed leg(s) of {request.item.value}"
+                             f"{' from ' + b.label if b.label else ''} in {folder}, {how}")
+        return batches
 
 
 REPLAY_FILE = "replay.yaml"
 
 
-def replay_selection(folder: Path, item: EvidenceItem) -> list[Path] | None:
-    """The legs `<folder>/replay.yaml` names for an item (globs relative to the folder), or None
-    where the file or the item is absent. A folder of receipts often holds more than one
-    answer (kept failures, canaries, probes): the file says which legs are the evidence, in
-    a reviewed, committed place, instead of whatever happens to lie there."""
+def _globbed(folder: Path, path: Path, where: str, patterns: list) -> list[Path]:
+    legs: list[Path] = []
+    for pattern in patterns:
+        matches = sorted(p for p in folder.glob(str(pattern)) if (p / SEAL_FILE).is_file())
+        if not matches:
+            raise ReceiptError(path, where, f"{pattern!r} matches no sealed leg under {folder}")
+        legs += [m for m in matches if m not in legs]
+    return legs
+
+
+def replay_selection(folder: Path, item: EvidenceItem) -> list[LegBatch] | None:
+    """The runs `<folder>/replay.yaml` names for an item, oldest first, or None where the file
+    or the item is absent. An item maps to a list of leg globs (one run), or to a list of runs
+    `{run: NAME, legs: [globs], reason: WHY}`: every committed run is replayed, failures kept,
+    each later run judged as a rerun of the one before it, for the reason it gives (required).
+    A folder of receipts often holds more than one answer (kept failures, canaries, probes): the
+    file says which legs are the evidence, in a reviewed, committed place."""
     path = folder / REPLAY_FILE
     if not path.is_file():
         return None
@@ -194,19 +219,28 @@ def replay_selection(folder: Path, item: EvidenceItem) -> list[Path] | None:
     except yaml.YAMLError as err:
         raise ReceiptError(path, "<yaml>", f"malformed YAML: {err}") from None
     if not isinstance(table, dict):
-        raise ReceiptError(path, "<root>", "must map evidence items to lists of leg folders")
+        raise ReceiptError(path, "<root>", "must map evidence items to lists of leg folders or runs")
     unknown = sorted(set(table) - {i.value for i in EvidenceItem})
     if unknown:
         raise ReceiptError(path, unknown[0], "is not an evidence item")
     if item.value not in table:
         return None
-    legs: list[Path] = []
-    for pattern in table[item.value] or []:
-        matches = sorted(p for p in folder.glob(str(pattern)) if (p / SEAL_FILE).is_file())
-        if not matches:
-            raise ReceiptError(path, f"{item.value}", f"{pattern!r} matches no sealed leg under {folder}")
-        legs += [m for m in matches if m not in legs]
-    return legs
+    entries = table[item.value] or []
+    if not isinstance(entries, list):
+        raise ReceiptError(path, item.value, "must be a list")
+    if not any(isinstance(e, dict) for e in entries):
+        return [LegBatch(legs=_globbed(folder, path, item.value, entries))]
+    batches: list[LegBatch] = []
+    for n, entry in enumerate(entries):
+        where = f"{item.value}[{n}]"
+        if not isinstance(entry, dict) or set(entry) - {"run", "legs", "reason"} or "run" not in entry:
+            raise ReceiptError(path, where, "a run is {run: NAME, legs: [globs], reason: WHY}")
+        reason = entry.get("reason")
+        if batches and not (isinstance(reason, str) and reason.strip()):
+            raise ReceiptError(path, f"{where}.reason", "a later run reruns the one before it: say why")
+        batches.append(LegBatch(legs=_globbed(folder, path, where, list(entry.get("legs") or [])),
+                                label=str(entry["run"]), rerun_reason=reason))
+    return batches
 
 
 def leg_item(leg: Path) -> str | None:

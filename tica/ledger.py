@@ -65,6 +65,11 @@ TABLES: dict[str, tuple[tuple[str, str], ...]] = {
         ("rerun_id", "VARCHAR"), ("original_kind", "VARCHAR"), ("original_id", "VARCHAR"),
         ("new_id", "VARCHAR"), ("reason", "VARCHAR"),
     ),
+    # One row per check of a verdict, appended with it: acceptance reads both.
+    "checks": (
+        ("check_id", "VARCHAR"), ("verdict_id", "VARCHAR"), ("name", "VARCHAR"), ("blocking", "BIGINT"),
+        ("passed", "BIGINT"), ("description", "VARCHAR"), ("detail_json", "VARCHAR"),
+    ),
 }
 
 VIEWS = {
@@ -79,6 +84,14 @@ VIEWS = {
                v.question_hash, v.judge_version, v.rerun_of, v.verdict_id
         FROM verdicts v LEFT JOIN candidate_tracks t USING (candidate_id)
         ORDER BY v.seq""",
+    # Checks of each verdict: the blocking ones that failed, and whether its question was frozen
+    # after a leg had started (a verdict "judged after the fact" is kept, never accepted).
+    "verdict_check_status": """
+        SELECT verdict_id,
+               string_agg(CASE WHEN blocking = 1 AND passed = 0 THEN name END, ', ' ORDER BY seq) AS failed_checks,
+               bool_or(name = 'frozen_before_run' AND passed = 0) AS after_the_fact,
+               string_agg(name, ', ' ORDER BY seq) AS checks
+        FROM checks GROUP BY verdict_id""",
     # The newest verdict per candidate and item, and whether a later invalidation on the same
     # track voided that item (evidence is stale, never a silent pass). An invalidation that moves
     # the track *to* this verdict's candidate does not void it: it was judged on those bytes.
@@ -93,9 +106,15 @@ VIEWS = {
                    (SELECT string_agg(i.component || ': ' || i.cause, '; ' ORDER BY i.seq)
                       FROM invalidations i
                       WHERE i.track = l.track AND i.item = l.item AND i.seq > l.seq
-                        AND i.new_candidate_id IS DISTINCT FROM l.candidate_id) AS stale_cause
-            FROM latest l WHERE rn = 1)
+                        AND i.new_candidate_id IS DISTINCT FROM l.candidate_id) AS stale_cause,
+                   s.failed_checks, coalesce(s.after_the_fact, false) AS after_the_fact, s.checks
+            FROM latest l LEFT JOIN verdict_check_status s USING (verdict_id) WHERE rn = 1)
         SELECT *, stale_cause IS NOT NULL AS stale FROM judged""",
+    "after_the_fact_verdicts": """
+        SELECT v.seq, t.track, v.candidate_id, v.item, v.verdict, v.summary, v.question_hash, v.verdict_id,
+               c.description AS why
+        FROM verdicts v JOIN checks c USING (verdict_id) LEFT JOIN candidate_tracks t USING (candidate_id)
+        WHERE c.name = 'frozen_before_run' AND c.passed = 0 ORDER BY v.seq""",
     # The newest verdict per track and item: what the acceptance report shows.
     "track_verdicts": """
         SELECT * EXCLUDE (rn) FROM (
@@ -112,6 +131,7 @@ VIEWS = {
             "SELECT seq, recorded_at, 'verdict', item, candidate_id || ' ' || verdict FROM verdicts",
             "SELECT seq, recorded_at, 'invalidation', item, track || ' ' || component || ': ' || cause FROM invalidations",
             "SELECT seq, recorded_at, 'rerun', original_kind, original_id || ' -> ' || new_id FROM reruns",
+            "SELECT seq, recorded_at, 'check', name, verdict_id || CASE WHEN passed = 1 THEN ' passed' ELSE ' failed' END FROM checks",
         ]
     ),
 }

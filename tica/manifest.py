@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from tica.errors import ManifestError, pydantic_errors, read_yaml_mapping
 from tica.evidence import Component, EvidenceItem
+from tica.source import WORKING_TREE, checkout_commit
 
 DIGEST_PREFIXES = ("sha256:", "blake3:", "xxh3-128:")
 
@@ -56,7 +57,8 @@ class Image(_Strict):
 
 class Source(_Strict):
     repository: str
-    commit: str = Field(..., min_length=7)
+    commit: str = Field(..., min_length=7, description=f"a git commit (7+ hex digits), or {WORKING_TREE!r}: the "
+                        "checkout holding the manifest, resolved to its HEAD (+dirty) when loaded")
     overlay_digest: str | None = None
 
     @field_validator("overlay_digest")
@@ -224,6 +226,11 @@ def load_manifest(path: str | Path) -> LoadedManifest:
         manifest = Manifest.model_validate(data)
     except ValidationError as err:
         raise pydantic_errors(ManifestError, path, err) from None
+    if manifest.source.commit == WORKING_TREE:
+        # "the checkout next to this manifest": resolved to its commit (+dirty), as producers record it
+        resolved = checkout_commit(path.parent)
+        if resolved is not None:
+            manifest = manifest.model_copy(update={"source": manifest.source.model_copy(update={"commit": resolved})})
     ckpt = None
     if manifest.checkpoint.path is not None:
         ckpt = (path.parent / manifest.checkpoint.path).resolve()

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 from tica.candidate import CandidateIdentity, ComponentChange
+from tica.checks import CheckOutcome
 from tica.errors import FrozenQuestionError
 from tica.ledger import Ledger, new_id
 from tica.manifest import LoadedManifest
@@ -120,8 +122,10 @@ def record_leg(
     return leg_id
 
 
-def record_verdict(ledger: Ledger, candidate_id: str, cell: VerdictCell, rerun_of: str | None = None) -> str:
-    """Append a verdict; a rerun is linked to the verdict it reruns, never replaces it."""
+def record_verdict(ledger: Ledger, candidate_id: str, cell: VerdictCell, rerun_of: str | None = None,
+                   checks: Sequence[CheckOutcome] = (), rerun_reason: str | None = None) -> str:
+    """Append a verdict with the checks of it, in one transaction; a rerun is linked to the
+    verdict it reruns (with why), never replaces it."""
     verdict_id = new_id("verdict")
     rows = [
         (
@@ -149,10 +153,25 @@ def record_verdict(ledger: Ledger, candidate_id: str, cell: VerdictCell, rerun_o
                     "original_kind": "verdict",
                     "original_id": rerun_of,
                     "new_id": verdict_id,
-                    "reason": "rerun of the same item for the same candidate",
+                    "reason": rerun_reason or "rerun of the same item for the same candidate",
                 },
             )
         )
+    rows += [
+        (
+            "checks",
+            {
+                "check_id": new_id("check"),
+                "verdict_id": verdict_id,
+                "name": c.name,
+                "blocking": int(c.blocking),
+                "passed": int(c.passed),
+                "description": c.description,
+                "detail_json": c.detail,
+            },
+        )
+        for c in checks
+    ]
     ledger.append_many(rows)
     return verdict_id
 

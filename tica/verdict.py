@@ -35,6 +35,7 @@ class VerdictCell(BaseModel):
     tables: dict[str, str] = Field(default_factory=dict)
     receipt_hashes: dict[str, str] = Field(default_factory=dict)
     judge_version: str = ""
+    candidate_id: str | None = Field(None, description="the candidate the receipts were bound to; None: bound to none")
 
     @property
     def passed(self) -> bool:

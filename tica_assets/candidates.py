@@ -22,10 +22,10 @@ from dagster import (
 
 from dagster._core.definitions.data_version import extract_data_version_from_entry
 
-from tica.candidate import CandidateIdentity, diff, identify, voided_items
-from tica.records import record_candidate, record_invalidations
+from tica.acceptance import record_candidate_change
+from tica.candidate import CandidateIdentity, identify
 from tica.errors import ManifestError
-from tica.evidence import Component, EvidenceItem, invalidated_by, reason
+from tica.evidence import Component, invalidated_by, reason
 from tica.ledger import Ledger
 from tica.fingerprint import FingerprintCache
 from tica.manifest import LoadedManifest, load_manifest
@@ -60,20 +60,6 @@ def load_track(track: Track, settings: Settings) -> tuple[LoadedManifest, Candid
     return loaded, identity
 
 
-def changes_voiding(ledger: Ledger, candidate_id: str, current: CandidateIdentity, item: EvidenceItem) -> list[Component] | None:
-    """The components changed between a recorded candidate and the current one that void
-    `item` (empty: evidence judged for that candidate still holds for this one); None when
-    the ledger does not hold that candidate's components."""
-    if candidate_id == current.candidate_id:
-        return []
-    rows = ledger.rows("SELECT component, fingerprint FROM components WHERE candidate_id = ?", [candidate_id])
-    judged = {Component(r["component"]): r["fingerprint"] for r in rows}
-    if set(judged) != set(Component):
-        return None
-    old = CandidateIdentity(track=current.track, manifest_path=current.manifest_path, components=judged)
-    return voided_items(diff(old, current)).get(item, [])
-
-
 def observed_version(instance: DagsterInstance, key: AssetKey) -> str | None:
     """The data version Dagster last observed for a component, None if never observed."""
     record = instance.get_latest_data_version_record(key, is_source=True)
@@ -85,25 +71,20 @@ def observed_version(instance: DagsterInstance, key: AssetKey) -> str | None:
 
 def record_change(track: Track, loaded: LoadedManifest, identity: CandidateIdentity, instance: DagsterInstance,
                   ledger: Ledger, log) -> tuple[list[Component], dict[Component, str | None]]:
-    """Compare the candidate now with what Dagster last observed; for a change, record the new
-    candidate and one invalidation row per (changed component, voided item) with its cause.
-    Both the manifest sensor and a manual observation go through here, so the ledger never
-    misses a change Dagster has seen. Returns the changed components and the old versions."""
+    """Compare the candidate now with what Dagster last observed; the core records a change
+    (the new candidate, one invalidation row per changed component and voided item). Both the
+    manifest sensor and a manual observation go through here, so the ledger never misses a
+    change Dagster has seen. Returns the changed components and the old versions."""
     observed = {c: observed_version(instance, component_key(track.name, c)) for c in Component}
     changed = [c for c in Component if observed[c] != identity.components[c]]
     if not changed:
         return [], observed
-    record_candidate(ledger, identity, loaded)
-    if any(v is None for v in observed.values()):
+    changes = record_candidate_change(ledger, loaded, identity, observed)
+    if not changes:
         log.info(f"{track.name}: first observation of {len(changed)} component(s) of {identity.candidate_id}")
-        return changed, observed
-    old = CandidateIdentity(track=track.name, manifest_path=str(loaded.path), components=observed)
-    changes = diff(old, identity)
-    seqs = record_invalidations(ledger, old, identity, changes)
     for change in changes:
         log.info(f"{track.name}: {change.component.value} changed ({change.old[:19]} -> {change.new[:19]}); "
-                 f"voids {', '.join(i.value for i in change.invalidates)}")
-    log.info(f"{track.name}: {len(seqs)} invalidation row(s) appended to {ledger.path}")
+                 f"voids {', '.join(i.value for i in change.invalidates)}; recorded in {ledger.path}")
     return changed, observed
 
 

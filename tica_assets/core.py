@@ -1,16 +1,14 @@
-"""The Dagster layer's calls into the core, in one place: questions, judges, canaries, and the
-small receipt readings the checks and plots need (docs/receipts.md)."""
+"""The Dagster layer's small helpers over the core: finding a track's question, and the loose
+receipt readings the plots and tables need (docs/receipts.md)."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 from tica.errors import QuestionError
 from tica.evidence import EvidenceItem
-from tica.question import Question, load_question
-from tica.verdict import VerdictCell
+from tica.question import load_question
 
 QUESTION_SUFFIXES = (".yaml", ".yml")
 
@@ -42,47 +40,6 @@ def find_question(questions_dir: Path, track: str, item: EvidenceItem) -> Path:
             return found[0]
     detail = f"; malformed: {'; '.join(malformed)}" if malformed else ""
     raise QuestionError(questions_dir, "item", f"no question for {item.value} (track {track}){detail}")
-
-
-# ---------------------------------------------------------------------------- judging
-
-
-def judge(item: EvidenceItem, question: Question, leg_paths: list[Path]) -> VerdictCell:
-    from tica import judges  # looked up at call time: tests replace tica.judges.judge
-
-    return judges.judge(item, question, leg_paths)
-
-
-# ---------------------------------------------------------------------------- canaries
-
-
-@dataclass(frozen=True)
-class CanaryOutcome:
-    """One planted error fed to one criterion; `caught` when the criterion returned fail."""
-
-    name: str
-    caught: bool
-    detail: str
-    applicable: bool = True  # False: the frozen question switches this criterion off
-
-
-def run_canaries(item: EvidenceItem, question: Question) -> list[CanaryOutcome]:
-    """Every canary of the item's criteria, under this frozen question (`tica.canaries`). An
-    empty list means no canary exists: the check turns that into a blocking failure."""
-    from tica import canaries  # looked up at call time: tests replace tica.canaries
-
-    results = canaries.run_canaries(questions={item: question}, only=[f"{item.value}."])
-    return [
-        CanaryOutcome(
-            name=r.name,
-            caught=not r.broken,
-            applicable=not r.not_applicable,
-            detail=r.detail if r.not_applicable
-            else f"expected {'/'.join(r.expected)}, got {r.got}" + (f": {r.detail}" if r.detail else ""),
-        )
-        for r in results
-        if r.item == item.value
-    ]
 
 
 # ---------------------------------------------------------------------------- receipts

@@ -18,7 +18,6 @@ from dagster import Definitions
 from resources import CpuLegRunner, LedgerResource, LocalGpuLegRunner, ReplayLegRunner
 from sensors import autorun_sensor, manifest_sensor
 from tica_assets.candidates import candidate_defs
-from tica_assets.checks import check_defs
 from tica_assets.evidence import evidence_defs
 from tica_assets.jobs import job_defs
 from tica_assets.keys import leg_runner_key
@@ -44,7 +43,6 @@ def build_defs(settings: Settings | None = None, resources: dict | None = None) 
         per_track += [
             candidate_defs(track, settings),
             evidence_defs(track, settings),
-            check_defs(track, settings),
             report_defs(track, settings),
             job_defs(track),
         ]

@@ -5,10 +5,11 @@ sensitive to (`tica.evidence.sensitive_components`), so Dagster's own staleness 
 cause of a change. Clean exit and the final artifacts also cover the legs of the evidence
 before them (every leg's processes, every sealed receipt), so they depend on those assets too.
 
-A materialization: read the manifest, refuse a component version Dagster has not observed,
-record the candidate, freeze the question (before any leg), run the legs through the track's
-leg runner, record legs and receipts, judge the sealed receipts, append the verdict (linked to
-the verdict it reruns) and return the verdict with its tables, receipt hashes and plot.
+A materialization: read the manifest, refuse a component version Dagster has not observed, then
+`tica.acceptance.materialize` (record the candidate, freeze the question before any leg, run the
+legs through the track's leg runner, record them, judge them for the candidate, check the
+verdict, append verdict and checks), and show the verdict with its tables, receipt hashes, plot
+and checks (as asset checks). Nothing here writes to the ledger itself.
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from dagster import (
+    AssetCheckResult,
+    AssetCheckSeverity,
+    AssetCheckSpec,
     AssetExecutionContext,
     AssetKey,
     AutomationCondition,
@@ -27,14 +31,15 @@ from dagster import (
 )
 
 from resources.legs import LegRequest
+from tica import checks
+from tica.acceptance import TITLES, Judged, LegBatch, changes_voiding, materialize
 from tica.candidate import CandidateIdentity
+from tica.checks import FROZEN
 from tica.errors import FrozenQuestionError, ManifestError, QuestionError
 from tica.evidence import EvidenceItem, sensitive_components
-from tica.records import freeze_question, record_candidate, record_leg, record_verdict
-from tica.seal import check_seal, seal_digest
-from tica.verdict import VerdictCell
+from tica.seal import seal_digest
 from tica_assets import core, plots
-from tica_assets.candidates import changes_voiding, load_track, observed_version
+from tica_assets.candidates import load_track, observed_version
 from tica_assets.keys import GPU_POOL, LEDGER_POOL, component_key, evidence_key, leg_runner_key, safe_name
 from tica_assets.settings import Settings
 from tica_assets.tracks import Track
@@ -46,15 +51,6 @@ LEG_ITEMS = (E.FORWARD, E.BACKWARD, E.UPDATE, E.QUALITY, E.THROUGHPUT)
 COVERS: dict[EvidenceItem, tuple[EvidenceItem, ...]] = {
     E.CLEAN_EXIT: LEG_ITEMS,
     E.ARTIFACTS: (*LEG_ITEMS, E.CLEAN_EXIT),
-}
-TITLES = {
-    E.FORWARD: "train-inference forward",
-    E.BACKWARD: "module backward",
-    E.UPDATE: "real update",
-    E.QUALITY: "quality pairing",
-    E.THROUGHPUT: "throughput pairing",
-    E.CLEAN_EXIT: "clean exit",
-    E.ARTIFACTS: "final immutable artifacts",
 }
 
 
@@ -104,12 +100,6 @@ def upstream_legs(context: AssetExecutionContext, ledger, track: str, item: Evid
     return legs
 
 
-def leg_status(leg: Path, meta: dict) -> str:
-    if meta.get("not_run_reason"):
-        return "not run"
-    return "sealed" if not check_seal(leg) else "seal broken"
-
-
 def receipt_table(legs: list[Path]) -> str:
     lines = ["| leg | arm | round | c | seal digest |", "| --- | --- | --- | --- | --- |"]
     for leg in legs:
@@ -125,23 +115,30 @@ def receipt_table(legs: list[Path]) -> str:
     return "\n".join(lines)
 
 
-def cell_metadata(cell: VerdictCell, question, candidate_id: str, verdict_id: str, legs: list[Path],
-                  own_legs: list[Path], runner_kind: str, plot: tuple[str, str] | None) -> dict:
+def cell_metadata(judged: Judged, question, candidate_id: str, runner_kind: str, plot: tuple[str, str] | None,
+                  earlier: tuple[Judged, ...] = ()) -> dict:
+    cell = judged.cell
     meta: dict = {
         "verdict": MetadataValue.text(cell.verdict.value),
         "summary": MetadataValue.text(cell.summary),
         "candidate_id": MetadataValue.text(candidate_id),
-        "verdict_id": MetadataValue.text(verdict_id),
+        "verdict_id": MetadataValue.text(judged.verdict_id),
         "question": MetadataValue.text(question.name),
         "question_hash": MetadataValue.text(question.hash),
         "judge_version": MetadataValue.text(cell.judge_version),
         "leg_runner": MetadataValue.text(runner_kind),
-        "leg_dirs": MetadataValue.json([str(p) for p in own_legs]),
-        "legs_judged": MetadataValue.int(len(legs)),
-        "receipt_hashes": MetadataValue.md(receipt_table(legs) if legs else "_no receipts_"),
+        "leg_dirs": MetadataValue.json([str(p) for p in judged.own_legs]),
+        "legs_judged": MetadataValue.int(len(judged.legs)),
+        "receipt_hashes": MetadataValue.md(receipt_table(list(judged.legs)) if judged.legs else "_no receipts_"),
         "judge_receipt_hashes": MetadataValue.json(dict(cell.receipt_hashes)),
         "reasons": MetadataValue.md("\n".join(f"- {r}" for r in cell.reasons) or "_none_"),
+        "checks": MetadataValue.md("\n".join(
+            f"- `{c.name}`: {'passed' if c.passed else 'FAILED' if c.applicable else 'not applicable'}"
+            f"{' (blocking)' if c.blocking else ''}: {c.description}" for c in judged.checks)),
     }
+    if earlier:
+        meta["earlier_runs"] = MetadataValue.md("\n".join(
+            f"- {j.label or j.verdict_id}: {j.cell.verdict.value} (`{j.verdict_id}`): {j.cell.summary}" for j in earlier))
     if question.formula_label:
         meta["formula"] = MetadataValue.text(question.formula_label)
     for name, table in cell.tables.items():
@@ -150,6 +147,20 @@ def cell_metadata(cell: VerdictCell, question, candidate_id: str, verdict_id: st
         meta["plot"] = MetadataValue.md(plot[0])
         meta["plot_path"] = MetadataValue.path(plot[1])
     return meta
+
+
+def check_results(key: AssetKey, judged: Judged) -> list[AssetCheckResult]:
+    """The verdict's checks, as the ledger holds them, shown as Dagster asset checks. Integrity
+    checks that fail stop the run (ERROR); a check with nothing to check (the cell cannot pass
+    anyway) and the advisory ones warn."""
+    out = []
+    for c in judged.checks:
+        severity = AssetCheckSeverity.ERROR if c.blocking and c.applicable and c.name != FROZEN else AssetCheckSeverity.WARN
+        out.append(AssetCheckResult(asset_key=key, check_name=c.name, passed=c.passed, severity=severity,
+                                    description=c.description[:2000],
+                                    metadata={"verdict_id": judged.verdict_id, "blocking": c.blocking,
+                                              "detail": MetadataValue.json(c.detail)}))
+    return out
 
 
 def materialize_evidence(context: AssetExecutionContext, track: Track, item: EvidenceItem, settings: Settings,
@@ -161,43 +172,49 @@ def materialize_evidence(context: AssetExecutionContext, track: Track, item: Evi
     require_observed(context, track.name, item, identity.components)
     ledger = context.resources.ledger.ledger()
     runner = getattr(context.resources, runner_key)
-    candidate_id = record_candidate(ledger, identity, loaded)
+    upstream = upstream_legs(context, ledger, track.name, item, identity)
+
+    def run_legs(question, candidate_id: str) -> list[LegBatch]:
+        out_dir = settings.legs_dir / track.name / candidate_id / item.value / context.run.run_id[:8]
+        return runner.run_batches(context, LegRequest(track=track.name, item=item, question=question, manifest=loaded,
+                                                      candidate_id=candidate_id, out_dir=out_dir))
+
     try:
         question_path = core.find_question(settings.questions_dir, track.name, item)
-        question = freeze_question(ledger, question_path)  # frozen before the first leg runs
+        done = materialize(ledger, loaded, identity, item, question_path, run_legs, upstream,
+                           log=lambda m: context.log.info(f"{track.name}/{m}"))
     except (QuestionError, FrozenQuestionError) as err:
         raise Failure(description=str(err)) from None
-    context.log.info(f"{track.name}/{item.value}: question {question.name} {question.hash}")
-
-    out_dir = settings.legs_dir / track.name / candidate_id / item.value / context.run.run_id[:8]
-    own_legs = runner.run_legs(
-        context,
-        LegRequest(track=track.name, item=item, question=question, manifest=loaded,
-                   candidate_id=candidate_id, out_dir=out_dir),
-    )
-    for leg in own_legs:
-        meta = core.leg_meta(leg)
-        record_leg(ledger, candidate_id, question, leg, meta, leg_status(leg, meta))
-    legs = own_legs + upstream_legs(context, ledger, track.name, item, identity)
-    cell = core.judge(item, question, legs)
-
-    previous = ledger.rows(
-        "SELECT verdict_id FROM verdicts WHERE candidate_id = ? AND item = ? ORDER BY seq DESC LIMIT 1",
-        [candidate_id, item.value],
-    )
-    verdict_id = record_verdict(ledger, candidate_id, cell, rerun_of=previous[0]["verdict_id"] if previous else None)
-    context.log.info(f"{track.name}/{item.value}: {cell.verdict.value}: {cell.summary}")
-
+    current = done.current
     plot = None
-    png = plots.plot_for(item, own_legs, getattr(question.criteria, "budget", None))
+    png = plots.plot_for(item, list(current.own_legs), getattr(done.question.criteria, "budget", None))
     if png:
-        path = settings.plots_dir / track.name / f"{item.value}-{verdict_id}.png"
+        path = settings.plots_dir / track.name / f"{item.value}-{current.verdict_id}.png"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(png)
         plot = (plots.markdown_image(png, f"{item.value} plot"), str(path))
     return MaterializeResult(
-        metadata=cell_metadata(cell, question, candidate_id, verdict_id, legs, own_legs, runner.kind, plot)
+        metadata=cell_metadata(current, done.question, done.candidate_id, runner.kind, plot, done.judged[:-1]),
+        check_results=check_results(evidence_key(track.name, item), current),
     )
+
+
+def check_specs(track: Track, item: EvidenceItem) -> list[AssetCheckSpec]:
+    key = evidence_key(track.name, item)
+    names = [*checks.REQUIRED] + ([checks.QUALITY_SUMS] if item is E.QUALITY else []) + (
+        [checks.WORKLOAD] if item is E.THROUGHPUT else [])
+    return [AssetCheckSpec(name, asset=key, blocking=name != checks.WORKLOAD, description=CHECK_DESCRIPTIONS[name])
+            for name in names]
+
+
+CHECK_DESCRIPTIONS = {
+    checks.CANARIES: "every criterion of the frozen question returns fail on its planted error (those the question "
+                     "switches off are listed one by one)",
+    checks.RECEIPTS: "every judged receipt matches its seal and every hash the ledger recorded for it",
+    checks.FROZEN: "the question was frozen before any judged leg started (otherwise: judged after the fact)",
+    checks.QUALITY_SUMS: "both_correct + only_bi0 + only_bi1 + both_wrong = N, recounted from the receipts, as judged",
+    checks.WORKLOAD: "each throughput leg ran the fixed-length workload the manifest names (advisory)",
+}
 
 
 def evidence_asset(track: Track, item: EvidenceItem, settings: Settings, runner_key: str):
@@ -215,6 +232,7 @@ def evidence_asset(track: Track, item: EvidenceItem, settings: Settings, runner_
         kinds={"duckdb"},
         metadata={"evidence_item": item.value, "sensitive_to": components},
         automation_condition=AutomationCondition.eager() if settings.autoruns(track.name) else None,
+        check_specs=check_specs(track, item),
     )
     def _evidence(context) -> MaterializeResult:
         return materialize_evidence(context, track, item, settings, runner_key)

@@ -1,7 +1,10 @@
-"""Judges: sealed receipts + a frozen question -> a verdict cell. Pure functions, no Dagster.
+"""Judges: sealed receipts + a frozen question + the candidate -> a verdict cell. Pure
+functions, no Dagster.
 
-`judge(item, question, leg_paths)` is the one entry point; `JUDGE_VERSION` names the code that
-judged (it hashes the receipt readers and judges, so a parser change is a new version).
+`judge(item, question, leg_paths, candidate)` is the one entry point for a verdict: the
+question's criteria (`judge_criteria`), then every leg bound to the candidate (`tica.binding`).
+`JUDGE_VERSION` names the code that judged (it hashes the judges and every tica module they
+import, so a parser change is a new version).
 """
 
 from __future__ import annotations
@@ -12,9 +15,10 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from tica.binding import BindingProblem, Candidate, bind_legs
 from tica.errors import InputError, ReceiptError
 from tica.evidence import EvidenceItem
-from tica.judges._common import JUDGE_VERSION, Findings, cell
+from tica.judges._common import JUDGE_VERSION, Findings, cell, worst
 from tica.judges.artifacts import judge_artifacts
 from tica.judges.backward import judge_backward
 from tica.judges.clean_exit import judge_clean_exit
@@ -49,6 +53,40 @@ def as_item(item: EvidenceItem | str) -> EvidenceItem:
     if isinstance(item, EvidenceItem):
         return item
     return _ALIASES.get(item) or EvidenceItem(item)
+
+
+def judge(item: EvidenceItem | str, question: Question, leg_paths: Sequence[str | Path],
+          candidate: Candidate | None) -> VerdictCell:
+    """The verdict cell of one evidence item for one candidate.
+
+    The criteria's verdict stands only where every leg is bound to the candidate: a leg that
+    records another candidate's identity, or nothing where the manifest pins a value, is not
+    evidence for it, and neither is a judgement bound to no candidate at all (`candidate=None`).
+    Such a cell is never `pass`; a `fail` stays a fail, with the binding reasons beside it."""
+    cell = judge_criteria(item, question, leg_paths)
+    if candidate is None:
+        problems: list[BindingProblem | str] = ["bound to no candidate: name the candidate's manifest to judge for it"]
+    else:
+        problems = bind_legs(leg_paths, candidate)
+    return bound_cell(cell, candidate, problems)
+
+
+def bound_cell(cell: VerdictCell, candidate: Candidate | None, problems: Sequence[BindingProblem | str]) -> VerdictCell:
+    binding = [{"reason": str(p), **({"leg": p.leg, "file": p.file, "component": p.component.value, "field": p.field,
+                                      "pinned": p.pinned, "recorded": p.recorded, "kind": p.kind}
+                                     if isinstance(p, BindingProblem) else {})} for p in problems]
+    update: dict = {"candidate_id": candidate.candidate_id if candidate else None,
+                    "numbers": {**cell.numbers, "binding": binding}}
+    if problems:
+        f = Findings()
+        for p in problems:
+            f.inconclusive(f"not evidence for this candidate: {p}")
+        verdict = worst([cell.verdict, Verdict.INCONCLUSIVE])
+        update.update(verdict=verdict, reasons=(*f.reasons(), *cell.reasons) if verdict is not cell.verdict
+                      else (*cell.reasons, *f.reasons()),
+                      summary=(f"{verdict.value}: {len(problems)} binding problem(s), e.g. {problems[0]}; "
+                               f"criteria: {cell.summary}") if verdict is not cell.verdict else cell.summary)
+    return cell.model_copy(update=update)
 
 
 def judge_criteria(item: EvidenceItem | str, question: Question, leg_paths: Sequence[str | Path]) -> VerdictCell:
@@ -107,9 +145,18 @@ def _print_human(summary: str, reasons: Sequence[str], tables: dict[str, str], o
         print(f"\n## {title}\n\n{table}", file=out)
 
 
+def load_candidate(manifest_path: str | Path) -> Candidate:
+    from tica.candidate import identify
+    from tica.manifest import load_manifest
+
+    loaded = load_manifest(manifest_path)
+    return Candidate.of(loaded, identify(loaded))
+
+
 def cli_judge(argv: Sequence[str] | None = None, out=None) -> int:
     """`tica judge ITEM --question Q.yaml [--receipts DIR ...] [LEG ...] [--json]`;
-    `tica judge recipe DRY_RUNS.json [--json]`.
+    `tica judge recipe DRY_RUNS.json [--json]`. `--manifest M` binds the receipts to that
+    candidate; without it no cell passes.
 
     Exit code: 0 pass, 1 fail, 2 inconclusive, 3 not run, 4 bad input. `--json` prints the
     VerdictCell's JSON (its pydantic schema is the stable, documented output) and nothing else.
@@ -119,6 +166,8 @@ def cli_judge(argv: Sequence[str] | None = None, out=None) -> int:
     parser.add_argument("item", help="forward|backward|update|quality|throughput|clean_exit (exit)|artifacts|recipe")
     parser.add_argument("legs", nargs="*", help="leg directories or bench JSON files (recipe: the dry-run receipt)")
     parser.add_argument("--question", "-q", help="frozen question YAML")
+    parser.add_argument("--manifest", "-m", help="the candidate manifest the receipts must be bound to "
+                        "(without it the cell is bound to no candidate and cannot pass)")
     parser.add_argument("--receipts", "-r", action="append", default=[], help="directory of legs (repeatable)")
     parser.add_argument("--json", action="store_true", help="print the verdict cell as JSON only")
     args = parser.parse_intermixed_args(argv)
@@ -140,7 +189,8 @@ def cli_judge(argv: Sequence[str] | None = None, out=None) -> int:
         if not args.question:
             parser.error("--question is required")
         question = load_question(args.question)
-        verdict_cell = judge(item, question, expand_receipts([*args.receipts, *args.legs]))
+        candidate = load_candidate(args.manifest) if args.manifest else None
+        verdict_cell = judge(item, question, expand_receipts([*args.receipts, *args.legs]), candidate)
     except InputError as err:
         print(json.dumps({"error": {"file": err.file, "field": err.field, "message": err.message}})
               if args.json else f"error: {err}", file=out)

@@ -1,0 +1,286 @@
+"""Binding: a receipt is evidence for a candidate only if what it recorded is what the candidate
+manifest pins.
+
+Every value the manifest pins for a component a leg's item is sensitive to (the invalidation
+matrix in `tica.evidence`) is looked up in the leg's `leg.json` (and, for quality legs, its
+`contract.json`) and compared after a few documented normalizations. A value the receipt records
+differently names another candidate; a value it does not record at all leaves the leg unbound
+("records nothing where the manifest pins a value"). Either way the leg is not evidence for this
+candidate and the cell cannot pass; the reason names the field, both values and the file.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from tica.candidate import CandidateIdentity
+from tica.evidence import Component, EvidenceItem, sensitive_components
+from tica.manifest import LoadedManifest, Manifest
+from tica.receipts import CONTRACT_FILE, LEG_FILE
+from tica.source import WORKING_TREE, same_commit
+
+TRAINER_ITEMS = frozenset({"forward", "backward", "update"})
+_DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16", "half": "float16",
+           "fp32": "float32", "float32": "float32", "float": "float32"}
+_PACKAGE = re.compile(r"^\s*([A-Za-z0-9_.\-]+)\s*==\s*([^\s;]+)\s*$")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """What a verdict is judged for: the candidate's id, its weights fingerprint and its manifest."""
+
+    candidate_id: str
+    weights: str
+    manifest: Manifest
+    manifest_path: str = ""
+
+    @classmethod
+    def of(cls, loaded: LoadedManifest, identity: CandidateIdentity) -> "Candidate":
+        return cls(candidate_id=identity.candidate_id, weights=identity.components[Component.WEIGHTS],
+                   manifest=loaded.manifest, manifest_path=str(loaded.path))
+
+
+@dataclass(frozen=True)
+class Pin:
+    """One value the manifest pins, where a receipt records it and how the two compare."""
+
+    component: Component
+    field: str
+    value: Any
+    receipt_keys: tuple[str, ...]
+    same: Callable[[Any, Any], bool]
+    items: frozenset[str] | None = None  # leg items that record it (None: every item the component is read by)
+    arms: frozenset[str] | None = None  # arms whose legs must record it (None: both)
+
+
+@dataclass(frozen=True)
+class BindingProblem:
+    leg: str
+    file: str
+    component: Component
+    field: str
+    pinned: Any
+    recorded: Any
+    kind: Literal["differs", "unrecorded"]
+
+    def __str__(self) -> str:
+        if self.kind == "unrecorded":
+            return (f"{self.leg}: {self.component.value} not bound: the manifest pins {self.field} = "
+                    f"{_show(self.pinned)}; {self.file} records nothing for it")
+        return (f"{self.leg}: {self.component.value} names another candidate: the manifest pins {self.field} = "
+                f"{_show(self.pinned)}; {self.file} records {_show(self.recorded)}")
+
+
+def _show(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True, default=str) if not isinstance(value, str) else value
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+# ------------------------------------------------------------------------ comparisons
+
+
+def _text(a: Any, b: Any) -> bool:
+    return str(a).strip() == str(b).strip()
+
+
+def _lower(a: Any, b: Any) -> bool:
+    return str(a).strip().lower() == str(b).strip().lower()
+
+
+def _bool(pinned: Any, recorded: Any) -> bool:
+    if isinstance(recorded, str) and recorded.lower() in ("true", "false"):
+        recorded = recorded.lower() == "true"
+    return isinstance(recorded, bool) and recorded is bool(pinned)
+
+
+def _int(pinned: Any, recorded: Any) -> bool:
+    return not isinstance(recorded, bool) and isinstance(recorded, int) and recorded == pinned
+
+
+def _dtype(pinned: Any, recorded: Any) -> bool:
+    a, b = _DTYPES.get(str(pinned).strip().lower()), _DTYPES.get(str(recorded).strip().lower().removeprefix("torch."))
+    return a is not None and a == b
+
+
+def _first_word(pinned: Any, recorded: Any) -> bool:
+    """A backend is pinned by the name vLLM reports, optionally followed by a note:
+    `FLASH_ATTN (FA3, num_splits=1)` pins FLASH_ATTN."""
+    word = re.split(r"[\s(]", str(pinned).strip(), maxsplit=1)[0]
+    rec = str(recorded).strip().removeprefix("AttentionBackendEnum.")
+    return bool(word) and word.lower() == rec.lower()
+
+
+def _commit(pinned: Any, recorded: Any) -> bool:
+    return isinstance(recorded, str) and same_commit(str(pinned), recorded)
+
+
+def _graphs_off(pinned: Any, recorded: Any) -> bool:
+    """cuda_graph_mode `none ...` pins graphs off: enforce_eager true (or cudagraph_mode NONE)."""
+    off = str(pinned).strip().lower().startswith("none")
+    if isinstance(recorded, bool):
+        return recorded is off
+    return (str(recorded).strip().upper() == "NONE") is off
+
+
+# ------------------------------------------------------------------------ what a manifest pins
+
+
+def _packages(m: Manifest) -> dict[str, str]:
+    """Package versions the manifest pins as `name==version` (runner.rollout_engine, runner.trainer)."""
+    out = {}
+    for text in (m.runner.rollout_engine, m.runner.trainer):
+        if match := _PACKAGE.match(text):
+            out[match.group(1)] = match.group(2)
+    return out
+
+
+def pins(candidate: Candidate) -> list[Pin]:
+    m, C = candidate.manifest, Component
+    out = [Pin(C.WEIGHTS, "checkpoint (weights fingerprint)", candidate.weights, ("resolved_config.weights_hash",), _text)]
+    if m.image.digest:
+        out.append(Pin(C.IMAGE, "image.digest", m.image.digest, ("image_digest",), _text))
+    for name, version in _packages(m).items():
+        keys = (f"versions.{name}",) + ((f"versions.{name.removesuffix('-cpu')}",) if name.endswith("-cpu") else ())
+        out.append(Pin(C.IMAGE, f"package {name}", version, keys, lambda a, b: _text(a, b.split("+")[0]) or _text(a, b)))
+    out.append(Pin(C.SOURCE, "source.commit", m.source.commit, ("source.commit",), _commit))
+    if m.source.overlay_digest:
+        out.append(Pin(C.SOURCE, "source.overlay_digest", m.source.overlay_digest, ("source.overlay_digest",), _text))
+    out.append(Pin(C.HARDWARE, "hardware.accelerator", m.hardware.accelerator,
+                   ("device.name",) if m.hardware.accelerator.lower() != "cpu" else ("device.kind",), _lower))
+    if m.hardware.driver:
+        out.append(Pin(C.HARDWARE, "hardware.driver", m.hardware.driver, ("device.driver",), _text))
+    out.append(Pin(C.RUNNER, "runner.trainer", m.runner.trainer, ("trainer",), _text,
+                   items=TRAINER_ITEMS, arms=frozenset({"bi1"})))
+    out.append(Pin(C.RUNNER, "runner.parallelism.tp", m.runner.parallelism.tp,
+                   ("resolved_config.tensor_parallel_size", "resolved_config.tp", "kernels.rollout.tensor_parallel_size"),
+                   _int))
+    out.append(Pin(C.PRECISION, "precision.weights", m.precision.weights, ("resolved_config.dtype",), _dtype))
+    out.append(Pin(C.BACKENDS, "backends.attention", m.backends.attention,
+                   ("kernels.rollout.attention", "kernels.attention", "resolved_config.attention_backend"), _first_word))
+    g = m.graph_cache
+    out += [
+        Pin(C.GRAPH_CACHE, "graph_cache.prefix_caching", g.prefix_caching,
+            ("kernels.rollout.prefix_caching", "resolved_config.enable_prefix_caching", "resolved_config.prefix_caching"), _bool),
+        Pin(C.GRAPH_CACHE, "graph_cache.chunked_prefill", g.chunked_prefill,
+            ("kernels.rollout.chunked_prefill", "resolved_config.enable_chunked_prefill", "resolved_config.chunked_prefill"),
+            _bool),
+        Pin(C.GRAPH_CACHE, "graph_cache.async_scheduling", g.async_scheduling,
+            ("kernels.rollout.async_scheduling", "resolved_config.async_scheduling"), _bool),
+        Pin(C.GRAPH_CACHE, "graph_cache.cuda_graph_mode", g.cuda_graph_mode,
+            ("kernels.rollout.enforce_eager", "resolved_config.enforce_eager", "kernels.rollout.cudagraph_mode"), _graphs_off),
+    ]
+    if g.max_num_batched_tokens is not None:
+        out.append(Pin(C.GRAPH_CACHE, "graph_cache.max_num_batched_tokens", g.max_num_batched_tokens,
+                       ("kernels.rollout.max_num_batched_tokens", "resolved_config.max_num_batched_tokens"), _int))
+    w = m.workload
+    for field, same in (("input_len", _int), ("output_len", _int), ("ignore_eos", _bool), ("warmups", _int)):
+        key = "num_warmups" if field == "warmups" else field
+        out.append(Pin(C.WORKLOAD, f"workload.{field}", getattr(w, field), (f"resolved_config.{key}",), same,
+                       items=frozenset({"throughput"})))
+    c = m.eval_contract
+    for field, value in (("dataset_version", c.dataset_version), ("prompt_template", c.prompt_template),
+                         ("thinking_mode", c.thinking_mode), ("repeats", c.repeats), ("scorer", c.scorer),
+                         ("length_cap", c.length_cap), ("sampling.temperature", c.sampling.temperature),
+                         ("sampling.top_p", c.sampling.top_p), ("sampling.top_k", c.sampling.top_k),
+                         ("sampling.seed", c.sampling.seed), ("sampling.n", c.sampling.n)):
+        out.append(Pin(C.EVAL_CONTRACT, f"eval_contract.{field}", value, (f"contract.{field}",),
+                       lambda a, b: a == b and type(a) is type(b) or (isinstance(a, (int, float)) and not isinstance(b, bool)
+                                                                       and isinstance(b, (int, float)) and a == b),
+                       items=frozenset({"quality"})))
+    return out
+
+
+# ------------------------------------------------------------------------ reading a receipt
+
+
+def _lookup(data: dict[str, Any], dotted: str) -> tuple[bool, Any]:
+    node: Any = data
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False, None
+        node = node[part]
+    return node is not None, node
+
+
+def _recorded(leg_dir: Path) -> tuple[dict[str, Any], str | None]:
+    """leg.json (with contract.json under `contract`) as recorded; (None-ish, why) when unreadable."""
+    try:
+        meta = json.loads((leg_dir / LEG_FILE).read_text())
+    except (OSError, ValueError) as err:
+        return {}, f"{leg_dir / LEG_FILE}: unreadable ({err})"
+    if not isinstance(meta, dict):
+        return {}, f"{leg_dir / LEG_FILE}: not a JSON object"
+    contract = leg_dir / CONTRACT_FILE
+    if contract.is_file():
+        try:
+            meta = {**meta, "contract": json.loads(contract.read_text())}
+        except (OSError, ValueError) as err:
+            return {}, f"{contract}: unreadable ({err})"
+    return meta, None
+
+
+def bind_leg(leg_dir: str | Path, candidate: Candidate) -> list[BindingProblem | str]:
+    """Every way this leg fails to be evidence for the candidate (empty: bound).
+
+    A leg that did not run binds nothing and claims nothing; its cell is `not run` on its own."""
+    leg_dir = Path(leg_dir)
+    if not leg_dir.is_dir():  # a bare bench JSON records no identity at all
+        return [f"{leg_dir.name}: a bare result file records no candidate identity (weights, image, device ...)"]
+    meta, unreadable = _recorded(leg_dir)
+    if unreadable:
+        return [unreadable]
+    if meta.get("not_run_reason"):
+        return []
+    item, arm = str(meta.get("item")), str(meta.get("arm"))
+    try:
+        read_by = set(sensitive_components(EvidenceItem(item)))
+    except ValueError:
+        return [f"{leg_dir.name}: leg.json item {item!r} is not an evidence item"]
+    problems: list[BindingProblem | str] = []
+    packages_bound: list[bool] = []
+    for pin in pins(candidate):
+        if pin.component not in read_by or (pin.items is not None and item not in pin.items):
+            continue
+        if pin.arms is not None and arm not in pin.arms:
+            continue
+        if pin.component is Component.SOURCE and pin.field == "source.commit" and pin.value == WORKING_TREE:
+            problems.append(f"{leg_dir.name}: source not bound: the manifest's source.commit is {WORKING_TREE!r}, "
+                            "which names no commit (outside a git checkout it cannot be resolved)")
+            continue
+        problem = _check(pin, meta, leg_dir)
+        if pin.field.startswith("package "):
+            packages_bound.append(problem is None)
+        if problem is not None:
+            problems.append(problem)
+    return _image_by_packages(problems, packages_bound)
+
+
+def _check(pin: Pin, meta: dict[str, Any], leg_dir: Path) -> BindingProblem | None:
+    found = [(k, v) for k in pin.receipt_keys for ok, v in [_lookup(meta, k)] if ok]
+    file = leg_dir / (CONTRACT_FILE if pin.receipt_keys[0].startswith("contract.") else LEG_FILE)
+    if not found:
+        return BindingProblem(leg_dir.name, str(file), pin.component, pin.field, pin.value, None, "unrecorded")
+    # Every place the receipt records the value must agree: one contradiction names another candidate.
+    for key, value in found:
+        if not pin.same(pin.value, value):
+            return BindingProblem(leg_dir.name, f"{file} ({key})", pin.component, pin.field, pin.value, value, "differs")
+    return None
+
+
+def _image_by_packages(problems: list[BindingProblem | str], packages_bound: list[bool]) -> list[BindingProblem | str]:
+    """Where a leg records no image digest, the package versions the manifest pins bind the
+    image instead (the practice accepts "image or package versions"); a digest it records
+    must still be the manifest's."""
+    if packages_bound and all(packages_bound):
+        return [p for p in problems if not (isinstance(p, BindingProblem) and p.field == "image.digest"
+                                            and p.kind == "unrecorded")]
+    return problems
+
+
+def bind_legs(leg_dirs: Sequence[str | Path], candidate: Candidate) -> list[BindingProblem | str]:
+    return [p for leg in leg_dirs for p in bind_leg(leg, candidate)]

@@ -1,0 +1,260 @@
+"""Checks of a verdict, computed when it is judged and appended to the ledger with it.
+
+Acceptance reads the verdicts *and* their checks: a pass whose canaries were not all caught,
+whose receipts do not match their seals or the ledger, whose question was frozen after a leg had
+started, or whose quality counts do not add up, is not accepted. Pure functions, no Dagster; the
+Dagster layer shows these outcomes as asset checks.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tica.evidence import EvidenceItem
+from tica.question import Question, QualityCriteria, ThroughputCriteria
+from tica.receipts import LEG_FILE, RESULTS_FILE
+from tica.seal import SEAL_FILE, check_seal
+from tica.verdict import Verdict, VerdictCell
+
+E = EvidenceItem
+CANARIES = "canaries_caught"
+RECEIPTS = "receipts_sealed"
+FROZEN = "frozen_before_run"
+QUALITY_SUMS = "quality_sums"
+WORKLOAD = "workload_receipts"
+# Every verdict must carry these before it can be accepted (a verdict without them is not).
+REQUIRED: tuple[str, ...] = (CANARIES, RECEIPTS, FROZEN)
+
+
+@dataclass(frozen=True)
+class CheckOutcome:
+    """One check of one verdict. `blocking`: acceptance needs it passed. `applicable`: False
+    when there was nothing to check because the cell cannot pass anyway (shown as a warning,
+    recorded as not passed)."""
+
+    name: str
+    passed: bool
+    blocking: bool
+    description: str
+    detail: dict[str, Any] = field(default_factory=dict)
+    applicable: bool = True
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _meta(leg: Path) -> dict[str, Any]:
+    meta = _read_json(leg / LEG_FILE)
+    return meta if isinstance(meta, dict) else {}
+
+
+# ---------------------------------------------------------------------------- canaries
+
+
+def canaries(item: EvidenceItem, question: Question,
+             run: Callable[..., Sequence[Any]] | None = None) -> CheckOutcome:
+    """Every canary of the item's criteria under this frozen question returned fail; the ones
+    the question switches off are listed with the reason, one by one."""
+    if run is None:
+        from tica.canaries import run_canaries as run
+    results = [r for r in run(questions={item: question}, only=[f"{item.value}."]) if r.item == item.value]
+    rows = [{"canary": r.name, "rule": r.rule, "expected": list(r.expected), "got": r.got,
+             "caught": not r.broken and not r.not_applicable, "off": r.not_applicable, "detail": r.detail}
+            for r in results]
+    detail = {"question_hash": question.hash, "canaries": rows,
+              "switched_off": {r.name: r.detail for r in results if r.not_applicable}}
+    if not results:
+        return CheckOutcome(CANARIES, False, True, f"no canary for {question.name} ({item.value}): "
+                            "a criterion never shown to fail blocks acceptance", detail)
+    missed = [r for r in results if r.broken]
+    off = [r for r in results if r.not_applicable]
+    if missed:
+        return CheckOutcome(CANARIES, False, True, f"{len(missed)} canary(ies) not caught: "
+                            + ", ".join(f"{r.name} (got {r.got})" for r in missed), detail)
+    text = f"{len(results) - len(off)} canaries all caught"
+    if off:
+        text += "; switched off by the question: " + "; ".join(f"{r.name} ({r.detail})" for r in off)
+    return CheckOutcome(CANARIES, True, True, text, detail)
+
+
+# ---------------------------------------------------------------------------- receipts
+
+
+def receipts(legs: Sequence[Path], recorded: dict[str, list[dict[str, str]]]) -> CheckOutcome:
+    """Every judged leg matches its seal, and every time the ledger recorded it, its files'
+    hashes are the sealed ones. A judged leg the ledger never recorded is no evidence."""
+    problems: list[str] = []
+    for leg in legs:
+        problems += check_seal(leg)
+        seal = (_read_json(leg / SEAL_FILE) or {}).get("files", {})
+        records = recorded.get(str(leg))
+        if not records:
+            problems.append(f"{leg}: judged but never recorded in the ledger")
+            continue
+        for files in records:
+            for rel, digest in files.items():
+                if seal.get(rel) != digest:
+                    problems.append(f"{leg / rel}: seal says {str(seal.get(rel))[:12]}, the ledger recorded {digest[:12]}")
+    text = f"{len(legs)} leg(s) sealed and as recorded" if not problems else f"{len(problems)} problem(s): {problems[0]}"
+    return CheckOutcome(RECEIPTS, not problems, True, text, {"problems": problems, "legs": len(legs)})
+
+
+# ---------------------------------------------------------------------------- frozen before run
+
+
+def _when(value: Any) -> _dt.datetime | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        t = _dt.datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return t if t.tzinfo is not None else None
+
+
+def frozen_before_run(frozen_at: str | None, legs: Sequence[Path]) -> CheckOutcome:
+    """The question was frozen (its first ledger row) before any judged leg started. A leg whose
+    start is unknown cannot show that, and a verdict judged after the fact is never accepted."""
+    frozen = _when(frozen_at)
+    late, unknown = [], []
+    for leg in legs:
+        started = _when(_meta(leg).get("started_at"))
+        if started is None:
+            unknown.append(leg.name)
+        elif frozen is not None and started < frozen:
+            late.append(f"{leg.name} started {started.isoformat()}")
+    detail = {"frozen_at": frozen_at, "started_before_freeze": late, "start_unknown": unknown}
+    if frozen is None:
+        return CheckOutcome(FROZEN, False, True, "the question's freeze time is not in the ledger", detail)
+    if late or unknown:
+        parts = []
+        if late:
+            parts.append(f"judged after the fact: the question was frozen at {frozen.isoformat()}, after "
+                         f"{len(late)} leg(s) had started ({late[0]})")
+        if unknown:
+            parts.append(f"{len(unknown)} leg(s) record no start time with a time zone ({unknown[0]}): "
+                         "freezing before them cannot be shown")
+        return CheckOutcome(FROZEN, False, True, "; ".join(parts), detail)
+    return CheckOutcome(FROZEN, True, True, f"frozen at {frozen.isoformat()}, before all {len(legs)} leg(s) started",
+                        detail)
+
+
+# ---------------------------------------------------------------------------- quality sums
+
+
+def recount_quality(legs: Sequence[Path]) -> tuple[dict[str, int], list[str]]:
+    """The 2x2 counted again from the legs' results.jsonl, independently of the judge."""
+    by_arm: dict[str, dict[str, bool]] = {}
+    problems: list[str] = []
+    for leg in legs:
+        meta = _meta(leg)
+        if meta.get("item") != "quality" or meta.get("not_run_reason"):
+            continue
+        arm = str(meta.get("arm"))
+        seen: dict[str, bool] = {}
+        try:
+            lines = (leg / RESULTS_FILE).read_text().splitlines()
+        except OSError as err:
+            problems.append(f"{leg.name}: {RESULTS_FILE} unreadable ({err})")
+            continue
+        for n, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                r = json.loads(line)
+            except ValueError:
+                problems.append(f"{leg.name}: {RESULTS_FILE} line {n} is not JSON")
+                continue
+            pid = str(r.get("problem_id"))
+            if pid in seen:
+                problems.append(f"{leg.name}: problem {pid} appears twice")
+            seen[pid] = r.get("correct") is True
+        if arm in by_arm:
+            problems.append(f"two quality legs for arm {arm}")
+        by_arm[arm] = seen
+    if set(by_arm) != {"bi1", "bi0"}:
+        problems.append(f"quality results for arms {sorted(by_arm)}: pairing needs bi1 and bi0")
+        return {}, problems
+    a, b = by_arm["bi1"], by_arm["bi0"]
+    if set(a) != set(b):
+        problems.append(f"problem ids differ between the arms: {len(set(a) ^ set(b))} not paired")
+    ids = set(a) | set(b)
+    counts = {"both_correct": sum(a.get(i, False) and b.get(i, False) for i in ids),
+              "only_bi0": sum(b.get(i, False) and not a.get(i, False) for i in ids),
+              "only_bi1": sum(a.get(i, False) and not b.get(i, False) for i in ids),
+              "both_wrong": sum(not a.get(i, False) and not b.get(i, False) for i in ids),
+              "n": len(ids)}
+    return counts, problems
+
+
+def quality_sums(cell: VerdictCell, question: Question, legs: Sequence[Path]) -> CheckOutcome:
+    """both_correct + only_bi0 + only_bi1 + both_wrong = N, recounted from the receipts and
+    compared with what the judge reported and the N the question froze."""
+    if cell.verdict in (Verdict.NOT_RUN,):
+        return CheckOutcome(QUALITY_SUMS, False, True, "nothing to sum: the quality pairing did not run",
+                            applicable=False)
+    counts, problems = recount_quality(legs)
+    keys = ("both_correct", "only_bi0", "only_bi1", "both_wrong", "n")
+    judged = {k: cell.numbers.get(k) for k in keys}
+    if counts:
+        if sum(counts[k] for k in keys[:4]) != counts["n"]:
+            problems.append(f"recounted cells sum to {sum(counts[k] for k in keys[:4])}, not N = {counts['n']}")
+        if judged != counts:
+            problems.append(f"the judge reported {judged}, the receipts recount to {counts}")
+        want = question.criteria.expected_problems if isinstance(question.criteria, QualityCriteria) else None
+        if want is not None and counts["n"] != want:
+            problems.append(f"N = {counts['n']} paired problems, the question froze {want}")
+    text = (f"{counts['both_correct']} + {counts['only_bi0']} + {counts['only_bi1']} + {counts['both_wrong']} = "
+            f"{counts['n']}, as judged") if not problems else problems[0]
+    return CheckOutcome(QUALITY_SUMS, not problems, True, text, {"recount": counts, "judged": judged,
+                                                                  "problems": problems})
+
+
+# ---------------------------------------------------------------------------- workload
+
+
+def workload(legs: Sequence[Path], manifest_workload: Any, question: Question) -> CheckOutcome:
+    """Each throughput leg against the manifest's fixed-length workload (the request count per
+    concurrency is the question's where it names one). Advisory: the judge already makes a
+    mismatched leg `inconclusive`."""
+    criteria = question.criteria
+    per_c = dict(criteria.num_prompts) if isinstance(criteria, ThroughputCriteria) and criteria.num_prompts else {}
+    problems: list[str] = []
+    for leg in legs:
+        meta = _meta(leg)
+        if meta.get("not_run_reason"):
+            continue
+        bench = _read_json(leg / "bench.json")
+        if not isinstance(bench, dict):
+            problems.append(f"{leg}: no readable bench.json")
+            continue
+        cfg = meta.get("resolved_config") or {}
+        for name in ("input_len", "output_len", "ignore_eos"):
+            if name in cfg and cfg[name] != getattr(manifest_workload, name):
+                problems.append(f"{leg.name}: resolved_config.{name} = {cfg[name]!r}, the workload says "
+                                f"{getattr(manifest_workload, name)!r}")
+        conc = meta.get("concurrency")
+        expected = per_c.get(conc, manifest_workload.num_prompts)
+        completed = bench.get("completed", 0)
+        if completed != expected:
+            problems.append(f"{leg.name}: completed {completed} of {expected} requests")
+        if bench.get("failed", 0):
+            problems.append(f"{leg.name}: {bench['failed']} failed request(s)")
+        if conc is not None and bench.get("max_concurrency") not in (None, conc):
+            problems.append(f"{leg.name}: max_concurrency {bench.get('max_concurrency')} != leg concurrency {conc}")
+        if manifest_workload.ignore_eos and completed:
+            for name, per in (("total_input_tokens", manifest_workload.input_len),
+                              ("total_output_tokens", manifest_workload.output_len)):
+                if name in bench and bench[name] != per * completed:
+                    problems.append(f"{leg.name}: {name} {bench[name]} != {per} x {completed}")
+    text = "every leg matches the workload" if not problems else f"{len(problems)} mismatch(es): {problems[0]}"
+    return CheckOutcome(WORKLOAD, not problems, False, text, {"mismatches": problems})
