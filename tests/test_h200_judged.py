@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tica.judges import judge_criteria
+from tica.judges import judge, judge_criteria, load_candidate
 from tica.question import load_question
 from tica.receipts import load_leg
 from tica.verdict import Verdict
@@ -22,7 +22,9 @@ SELECTION = yaml.safe_load((H200 / "replay.yaml").read_text())
 
 
 def legs(item: str) -> list[Path]:
-    return [p for pattern in SELECTION[item] for p in sorted(H200.glob(pattern))]
+    """The newest committed run of an item (replay.yaml lists every run, oldest first)."""
+    newest = SELECTION[item][-1]
+    return [p for pattern in newest["legs"] for p in sorted(H200.glob(pattern))]
 
 
 def q(item: str):
@@ -156,3 +158,38 @@ def test_a_trainer_left_at_tp1_against_a_tp2_rollout_fails():
     assert cell.verdict is Verdict.FAIL
     steps = cell.numbers["legs"][0]["steps"]
     assert all(s["max"] > 0 for s in steps)
+
+
+# ---------------------------------------------------------------------------- bound to the candidate
+
+
+MANIFEST = Path(__file__).resolve().parents[1] / "demo" / "candidates" / "h200-mid4.yaml"
+
+
+@pytest.mark.parametrize("item", ["forward", "backward", "update", "quality", "throughput"])
+def test_committed_h200_receipts_are_not_evidence_for_the_h200_manifest_without_a_source_commit(item):
+    """Issue 10: the receipts predate `leg.json` `source`; the manifest pins a commit they cannot
+    be bound to, so no H200 cell passes for it, whatever the criteria say (forward, backward and
+    update pass on the criteria alone)."""
+    cell = judge(item, q(item), legs(item), load_candidate(MANIFEST))
+    assert cell.verdict is not Verdict.PASS
+    fields = {b.get("field") for b in cell.numbers["binding"]}
+    assert "source.commit" in fields, fields
+
+
+def test_the_h200_quality_and_throughput_legs_name_other_weights():
+    """Recorded deviations (SmolLM2 for quality, a 1.7B model for throughput) are honest, and
+    still not evidence about this candidate's checkpoint."""
+    candidate = load_candidate(MANIFEST)
+    for item in ("quality", "throughput"):
+        cell = judge(item, q(item), legs(item), candidate)
+        differs = [b for b in cell.numbers["binding"] if b.get("component") == "weights" and b.get("kind") == "differs"]
+        assert differs, item
+
+
+def test_the_h200_manifest_now_says_what_the_rollout_resolved():
+    """The manifest used to pin chunked_prefill false while every forward receipt recorded true;
+    corrected, the graph/cache settings bind (only the source commit is left unbound)."""
+    cell = judge("forward", q("forward"), legs("forward"), load_candidate(MANIFEST))
+    differs = [b for b in cell.numbers["binding"] if b.get("kind") == "differs"]
+    assert not [b for b in differs if b["component"] == "graph_cache"], differs

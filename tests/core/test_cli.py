@@ -6,14 +6,47 @@ import json
 from pathlib import Path
 
 from tica.cli import main
+from tica.evidence import EvidenceItem
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "receipts"
 
 
-def test_tica_judge_passes_the_sealed_passing_forward_set(capsys):
-    rc = main(["judge", "forward", "-q", str(FIX / "questions" / "forward.yaml"), "-r", str(FIX / "forward"), "--json"])
+def _bound_forward(candidate_dir: Path, manifest_data: dict) -> tuple[Path, Path, Path]:
+    from tests.bound_receipts import build_bound
+    from tica.judges import load_candidate
+    from tica.question import load_question
+
+    from .conftest import write_manifest
+
+    manifest = write_manifest(candidate_dir, manifest_data)
+    question = FIX / "questions" / "forward.yaml"
+    legs = candidate_dir / "legs"
+    build_bound(EvidenceItem.FORWARD, load_question(question), load_candidate(manifest), legs)
+    return manifest, question, legs
+
+
+def test_tica_judge_passes_receipts_bound_to_the_manifest(candidate_dir, manifest_data, capsys):
+    manifest, question, legs = _bound_forward(candidate_dir, manifest_data)
+    rc = main(["judge", "forward", "-q", str(question), "-m", str(manifest), "-r", str(legs), "--json"])
     cell = json.loads(capsys.readouterr().out)
-    assert (rc, cell["verdict"], cell["item"]) == (0, "pass", "forward")
+    assert (rc, cell["verdict"], cell["item"]) == (0, "pass", "forward"), cell["reasons"]
+
+
+def test_tica_judge_without_a_manifest_is_bound_to_no_candidate_and_cannot_pass(candidate_dir, manifest_data, capsys):
+    _, question, legs = _bound_forward(candidate_dir, manifest_data)
+    rc = main(["judge", "forward", "-q", str(question), "-r", str(legs), "--json"])
+    cell = json.loads(capsys.readouterr().out)
+    assert (rc, cell["verdict"]) == (2, "inconclusive")
+    assert "bound to no candidate" in cell["reasons"][0]
+
+
+def test_tica_judge_for_another_candidate_cannot_pass(candidate_dir, manifest_data, capsys):
+    manifest, question, legs = _bound_forward(candidate_dir, manifest_data)
+    (candidate_dir / "ckpt" / "model.safetensors").write_bytes(b"other weights" * 64)
+    rc = main(["judge", "forward", "-q", str(question), "-m", str(manifest), "-r", str(legs), "--json"])
+    cell = json.loads(capsys.readouterr().out)
+    assert rc == 2 and cell["verdict"] == "inconclusive"
+    assert any("weights" in r and "another candidate" in r for r in cell["reasons"]), cell["reasons"]
 
 
 def test_tica_judge_exit_code_is_not_zero_for_a_tampered_leg(tmp_path, capsys):

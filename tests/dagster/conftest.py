@@ -2,11 +2,10 @@ from __future__ import annotations
 
 import pytest
 
-from dagster_project import Project, build_project, install_stubs
+from dagster_project import Project, build_project
 
 
 @pytest.fixture
 def project(tmp_path, monkeypatch) -> Project:
     monkeypatch.setenv("TICA_CACHE_DIR", str(tmp_path / "cache"))
-    install_stubs(monkeypatch)
     return build_project(tmp_path / "project")

@@ -1,13 +1,13 @@
 """A whole TICA project in a temporary folder: a candidate manifest (one track), its small
-checkpoint, one frozen question per evidence item, and small sealed receipts for the replay leg
-runner. Stand-ins for the judge and canaries, used only by these tests via monkeypatch."""
+checkpoint, one frozen question per evidence item, small sealed receipts for the replay leg
+runner (recorded before any question was frozen: judged after the fact, never accepted), and a
+leg runner whose receipts are written when a materialization asks (`fresh_defs`). No stand-ins:
+the real judges, binding, canaries and checks judge them."""
 
 from __future__ import annotations
 
 import copy
 import json
-import sys
-import types
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,8 +16,8 @@ import yaml
 
 from tests.manifests import BASE_MANIFEST
 from tica.evidence import EvidenceItem
-from tica.seal import seal_digest, seal_leg
-from tica.verdict import Verdict, VerdictCell
+from resources.legs import LegRunner
+from tica.seal import seal_leg
 from tica_assets.settings import Settings
 
 TRACK = "demo"
@@ -36,7 +36,7 @@ CRITERIA: dict[EvidenceItem, dict] = {
     EvidenceItem.FORWARD: {"item": "forward", "min_steps": 5, "bi0_reference_mean": 0.01},
     EvidenceItem.BACKWARD: {"item": "backward"},
     EvidenceItem.UPDATE: {"item": "update"},
-    EvidenceItem.QUALITY: {"item": "quality", "threshold_points": 5.0, "expected_problems": 10},
+    EvidenceItem.QUALITY: {"item": "quality", "threshold_points": 10.0, "expected_problems": 10},
     EvidenceItem.THROUGHPUT: {
         "item": "throughput", "input_len": 64, "output_len": 16, "concurrencies": [1, 2],
         "formula": "median_per_round_paired_loss", "budget": {1: 0.5, 2: 0.5},
@@ -184,45 +184,29 @@ def write_receipts(root: Path) -> None:
                      round=r, slot=slot, concurrency=c, resolved_config=cfg)
 
 
-# ---------------------------------------------------------------------------- stand-ins
+# ---------------------------------------------------------------------------- a producer
 
 
-def stub_judge(item: EvidenceItem, question, leg_paths) -> VerdictCell:
-    """Passes every item that has sealed legs (artifacts: legs of the items before it)."""
-    legs = [Path(p) for p in leg_paths]
-    verdict = Verdict.PASS if legs else Verdict.NOT_RUN
-    table = "| round | c | loss |\n| --- | --- | --- |\n| 1 | 1 | 0.080 |\n| 2 | 1 | 0.079 |"
-    return VerdictCell(
-        item=EvidenceItem(item), verdict=verdict, summary=f"{item.value} {verdict.value} over {len(legs)} legs (stub)",
-        question_hash=question.hash, reasons=("note: stub judge",), numbers={"legs": len(legs)},
-        tables={"per round": table} if EvidenceItem(item) is EvidenceItem.THROUGHPUT else {},
-        receipt_hashes={f"{p.parent.name}/{p.name}": seal_digest(p) for p in legs if (p / "seal.json").exists()},
-        judge_version="stub/1",
-    )
+class FreshReceiptsRunner(LegRunner):
+    """Stands in for the producers of a candidate whose legs run when asked (after the question
+    is frozen): each call writes the item's passing receipt set for the frozen question
+    (tica.canaries' builders), recording the candidate the manifest names now and the time it
+    ran, and seals it. The real judges, binding, canaries and checks then judge it."""
+
+    def run_legs(self, context, request) -> list[Path]:
+        if request.item is EvidenceItem.ARTIFACTS:
+            return []
+        from tests.bound_receipts import build_bound
+        from tica.binding import Candidate
+        from tica.candidate import identify
+
+        candidate = Candidate.of(request.manifest, identify(request.manifest))
+        return build_bound(request.item, request.question, candidate, request.out_dir)
 
 
-def stub_canaries() -> types.ModuleType:
-    """`tica.canaries.run_canaries` with the real signature: every planted error is caught."""
-    from tica.canaries import CanaryResult
+def fresh_defs(project: "Project", settings: Settings | None = None):
+    """The code location with the track's legs run by FreshReceiptsRunner."""
+    from tica_assets.definitions import build_defs
+    from tica_assets.keys import leg_runner_key
 
-    module = types.ModuleType("tica.canaries")
-
-    def run_canaries(questions=None, workdir=None, judge_fn=None, recipe_fn=None, only=None):
-        return [
-            CanaryResult(name=f"{item.value}.planted", item=item.value, rule="stub", expected=("fail",),
-                         got="fail", broken=False, detail="returned fail")
-            for item in questions
-        ]
-
-    module.run_canaries = run_canaries
-    return module
-
-
-def install_stubs(monkeypatch) -> None:
-    import tica.judges
-
-    monkeypatch.setattr(tica.judges, "judge", stub_judge)
-    monkeypatch.setitem(sys.modules, "tica.canaries", stub_canaries())
-    import tica
-
-    monkeypatch.setattr(tica, "canaries", sys.modules["tica.canaries"], raising=False)
+    return build_defs(settings or project.settings, resources={leg_runner_key(TRACK, True): FreshReceiptsRunner()})

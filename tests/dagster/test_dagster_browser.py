@@ -11,7 +11,7 @@ import shutil
 
 import pytest
 from dagster_browser import CHROMIUM, chromium, dagster_dev, graph_nodes, graphql, visible_text, wait_for
-from dagster_project import TRACK
+from dagster_project import TRACK, fresh_defs
 from dagster_helpers import build_defs, kept_instance, materialize_track, tick
 
 from tica.evidence import Component, EvidenceItem, invalidated_by
@@ -35,7 +35,7 @@ def metadata_value(text: str, key: str) -> str:
 def test_graph_unsynced_marker_and_report_cells_in_the_browser(project, tmp_path):
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     home = tmp_path / "dagster_home"
-    defs = build_defs(project.settings)
+    defs = fresh_defs(project)
     instance = kept_instance(home)
     tick(defs, instance)
     assert materialize_track(defs, instance, TRACK).success

@@ -1,13 +1,13 @@
 """A change of candidate unsyncs exactly the evidence it touches, with the cause Dagster names.
 
-The whole graph of one track is materialized in-process (replayed receipts, stand-in judge and
-canaries); then one component changes in the manifest, one sensor tick is evaluated and its
+The whole graph of one track is materialized in-process (receipts written when asked, judged by
+the real core); then one component changes in the manifest, one sensor tick is evaluated and its
 events applied, and Dagster's GraphQL (`staleStatus`, `staleCauses`) is asked what is unsynced.
 """
 
 from __future__ import annotations
 
-from dagster_project import TRACK
+from dagster_project import TRACK, fresh_defs
 from dagster_helpers import build_defs, graphql_context, kept_instance, materialize_track, stale_nodes, tick
 
 from tica.evidence import Component, EvidenceItem, invalidated_by
@@ -39,7 +39,7 @@ def legs_judged(instance, item: EvidenceItem) -> int:
 
 
 def test_each_change_unsyncs_exactly_the_sensitive_evidence_with_its_cause(project, tmp_path):
-    defs = build_defs(project.settings)
+    defs = fresh_defs(project)
     instance = kept_instance(tmp_path / "dagster_home")
     first = tick(defs, instance)
     assert len(first.asset_events) == len(Component), "first sight observes every component"

@@ -1,0 +1,115 @@
+"""Receipts that record a candidate's identity, as an honest producer records it: the canaries'
+passing receipt sets (tica.canaries.BUILDERS) with every value the candidate's manifest pins
+written where `tica.binding` reads it, work times set, and resealed.
+
+Tests start from such a bound set and break one thing at a time; a bound set itself must pass.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from tica.binding import Candidate, Pin, pins
+from tica.canaries import BUILDERS
+from tica.evidence import EvidenceItem, sensitive_components
+from tica.question import Question
+from tica.receipts import CONTRACT_FILE, LEG_FILE
+from tica.seal import seal_leg
+
+_RECORDED_DTYPE = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16",
+                   "fp32": "float32", "float32": "float32"}
+
+
+def recorded_value(pin: Pin, key: str) -> Any:
+    """What a producer writes at `key` for the pinned value."""
+    v = pin.value
+    if pin.field == "precision.weights":
+        return _RECORDED_DTYPE.get(str(v).lower(), v)
+    if pin.field == "backends.attention":
+        return re.split(r"[\s(]", str(v).strip(), maxsplit=1)[0]
+    if pin.field == "graph_cache.cuda_graph_mode":
+        off = str(v).strip().lower().startswith("none")
+        return off if key.endswith("enforce_eager") else ("NONE" if off else "FULL")
+    return v
+
+
+def _set(data: dict, dotted: str, value: Any) -> None:
+    node = data
+    parts = dotted.split(".")
+    for part in parts[:-1]:
+        if not isinstance(node.get(part), dict):
+            node[part] = {}
+        node = node[part]
+    node[parts[-1]] = value
+
+
+def _clear(data: dict, dotted: str) -> None:
+    node: Any = data
+    parts = dotted.split(".")
+    for part in parts[:-1]:
+        if not isinstance(node, dict) or part not in node:
+            return
+        node = node[part]
+    if isinstance(node, dict):
+        node.pop(parts[-1], None)
+
+
+def _start(leg: Path) -> _dt.datetime | None:
+    try:
+        return _dt.datetime.fromisoformat(json.loads((leg / LEG_FILE).read_text())["started_at"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def stamp_leg(leg: Path, candidate: Candidate, shift: _dt.timedelta | None = None) -> Path:
+    """Make one sealed leg record the candidate's identity, move its work times by `shift`
+    (default: to start now), then reseal."""
+    meta = json.loads((leg / LEG_FILE).read_text())
+    contract_path = leg / CONTRACT_FILE
+    contract = json.loads(contract_path.read_text()) if contract_path.is_file() else None
+    read_by = set(sensitive_components(EvidenceItem(meta["item"])))
+    for pin in pins(candidate):
+        if pin.component not in read_by or (pin.items is not None and meta["item"] not in pin.items):
+            continue
+        if pin.arms is not None and meta["arm"] not in pin.arms:
+            continue
+        if pin.receipt_keys[0].startswith("contract."):
+            if contract is not None:
+                _set(contract, pin.receipt_keys[0].removeprefix("contract."), recorded_value(pin, pin.receipt_keys[0]))
+            continue
+        if pin.field.startswith("package "):  # recorded under the distribution's import name
+            _set(meta, pin.receipt_keys[-1], recorded_value(pin, pin.receipt_keys[-1]))
+            continue
+        # One place holds the value; a second, disagreeing place would name another candidate.
+        for key in pin.receipt_keys[1:]:
+            _clear(meta, key)
+        _set(meta, pin.receipt_keys[0], recorded_value(pin, pin.receipt_keys[0]))
+    meta["source"] = {"repository": candidate.manifest.source.repository, "commit": candidate.manifest.source.commit}
+    meta["image_digest"] = candidate.manifest.image.digest
+    now = _dt.datetime.now(_dt.timezone.utc)
+    for key in ("started_at", "ended_at"):
+        try:
+            t = _dt.datetime.fromisoformat(meta[key])
+        except (KeyError, TypeError, ValueError):
+            t = now if key == "started_at" else now + _dt.timedelta(seconds=30)
+        meta[key] = (t + shift if shift is not None else now + (t - (_start(leg) or t))).isoformat()
+    (leg / LEG_FILE).write_text(json.dumps(meta, indent=1))
+    if contract is not None:
+        contract_path.write_text(json.dumps(contract, indent=1))
+    seal_leg(leg)
+    return leg
+
+
+def build_bound(item: EvidenceItem, question: Question, candidate: Candidate, dest: Path,
+                started: _dt.datetime | None = None) -> list[Path]:
+    """A passing receipt set for the question, recording the candidate (artifacts: the forward
+    and update legs it covers)."""
+    legs = BUILDERS[item](question, dest)
+    first = min((t for leg in legs if (t := _start(leg)) is not None), default=None)
+    start = started or _dt.datetime.now(_dt.timezone.utc)
+    shift = start - first if first is not None else None
+    return [stamp_leg(leg, candidate, shift) for leg in legs]

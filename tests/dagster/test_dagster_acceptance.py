@@ -1,0 +1,96 @@
+"""Acceptance through the graph with the real core (judges, binding, canaries, checks): what the
+report accepts, and what it must not.
+
+Receipts written when the materialization asks (after the question is frozen) and recording the
+candidate are accepted; a blocking check that fails afterwards takes acceptance away; receipts
+sealed before the question was frozen are judged after the fact and never accepted."""
+
+from __future__ import annotations
+
+import copy
+
+import yaml
+from dagster_project import MANIFEST, TRACK, fresh_defs
+from dagster_helpers import build_defs, kept_instance, materialize_track, tick
+
+from tica.acceptance import report
+from tica.candidate import identify
+from tica.evidence import EvidenceItem
+from tica.ledger import Ledger
+from tica.manifest import load_manifest
+from tica_assets.keys import evidence_key, report_key
+from tica_assets.settings import PROJECT_ROOT, Settings
+
+FIXTURES = PROJECT_ROOT / "tests" / "fixtures" / "receipts"
+
+
+def report_meta(instance, track: str = TRACK) -> dict:
+    return instance.get_latest_materialization_event(report_key(track)).asset_materialization.metadata
+
+
+def test_receipts_bound_to_the_candidate_and_frozen_before_are_accepted(project, tmp_path):
+    defs = fresh_defs(project)
+    instance = kept_instance(tmp_path / "dagster_home")
+    tick(defs, instance)
+    result = materialize_track(defs, instance, TRACK)
+    assert result.success
+    checks = {(e.asset_key.path[-1], e.check_name): e.passed for e in result.get_asset_check_evaluations()}
+    failed = {k for k, ok in checks.items() if not ok and k[1] != "workload_receipts"}
+    assert not failed, failed
+    assert report_meta(instance)["acceptance"].value == "accepted"
+    ledger = Ledger(project.settings.ledger_path)
+    rows = ledger.rows("SELECT item, verdict, failed_checks, after_the_fact FROM track_verdicts")
+    assert {r["item"]: r["verdict"] for r in rows} == {i.value: "pass" for i in EvidenceItem}
+    assert not any(r["failed_checks"] or r["after_the_fact"] for r in rows)
+    assert ledger.rows("SELECT count(*) AS n FROM checks")[0]["n"] >= 3 * len(EvidenceItem)
+
+
+def test_the_report_is_not_accepted_after_a_blocking_check_fails(project, tmp_path, monkeypatch):
+    """Issue 10, finding 2: break every canary, re-materialize forward (its check fails, the run
+    fails), run the report job alone: not accepted, naming the check."""
+    defs = fresh_defs(project)
+    instance = kept_instance(tmp_path / "dagster_home")
+    tick(defs, instance)
+    assert materialize_track(defs, instance, TRACK).success
+    assert report_meta(instance)["acceptance"].value == "accepted"
+
+    import tica.canaries
+
+    real = tica.canaries.run_canaries
+    monkeypatch.setattr(tica.canaries, "run_canaries", lambda **kw: [
+        r.model_copy(update={"broken": True, "got": "pass"}) for r in real(**kw)])
+    forward = materialize_track(defs, instance, TRACK, keys=[evidence_key(TRACK, EvidenceItem.FORWARD)])
+    assert not forward.success
+    assert materialize_track(defs, instance, TRACK, job="report").success
+    acceptance = report_meta(instance)["acceptance"].value
+    assert acceptance.startswith("not accepted") and "canaries_caught" in acceptance, acceptance
+    assert report_meta(instance)["cell: forward"].value.startswith("pass, not accepted")
+
+
+def test_receipts_sealed_before_the_question_was_frozen_are_judged_after_the_fact(tmp_path, monkeypatch):
+    """The committed H200-shaped receipts (tests/fixtures/receipts), replayed: every cell is
+    judged after the fact (its legs started before the question was frozen in this ledger) and the
+    report is not accepted, whatever the criteria say."""
+    monkeypatch.setenv("TICA_CACHE_DIR", str(tmp_path / "cache"))
+    track = "h200-replay"
+    candidates = tmp_path / "candidates"
+    (candidates / "ckpt").mkdir(parents=True)
+    (candidates / "ckpt" / "model.safetensors").write_bytes(b"h200 weights" * 16)
+    manifest = copy.deepcopy(MANIFEST) | {"track": track}
+    manifest["hardware"] = {"accelerator": "NVIDIA H200", "count_per_node": 1}
+    manifest["workload"] = {"input_len": 8192, "output_len": 1024, "concurrencies": [1, 8, 32, 64], "num_prompts": 8}
+    (candidates / f"{track}.yaml").write_text(yaml.safe_dump(manifest))
+    settings = Settings(candidates_dir=candidates, questions_dir=FIXTURES / "questions",
+                        ledger_path=tmp_path / "ledger.duckdb", data_dir=tmp_path / "data", replay={track: FIXTURES})
+    defs = build_defs(settings)
+    instance = kept_instance(tmp_path / "dagster_home")
+    tick(defs, instance)
+    assert materialize_track(defs, instance, track).success  # after the fact is a verdict, not a crash
+    meta = report_meta(instance, track)
+    assert meta["acceptance"].value.startswith("not accepted")
+    ledger = Ledger(settings.ledger_path)
+    late = {r["item"] for r in ledger.rows("SELECT item FROM after_the_fact_verdicts")}
+    assert late == {i.value for i in EvidenceItem}
+    rep = report(ledger, track, identify(load_manifest(candidates / f"{track}.yaml")))
+    assert not rep.accepted and all(c.after_the_fact for c in rep.cells)
+    assert all(not c.accepted for c in rep.cells)
