@@ -150,7 +150,9 @@ def _forward_files(arm: str, steps: Sequence[int], ref: float, seed: int, checkp
     for s in steps:
         blob, m = _arrays(s, arm, ref, seed)
         files[f"{prefix}arrays/step_{s:04d}.npz"] = blob
-        rows.append({"step": s, "step_basis": "rollout", "checkpoint_version": checkpoint(s), **m})
+        # verl logs the actor's grad norm per training step; BI=0's smoke check reads it.
+        grad = {"actor/grad_norm": 0.5 + 0.1 * s} if arm == "bi0" else {}
+        rows.append({"step": s, "step_basis": "rollout", "checkpoint_version": checkpoint(s), **m, **grad})
     files[f"{prefix}metrics.jsonl"] = _jsonl(rows)
     return files
 
@@ -164,6 +166,8 @@ def build_forward(question: Question, dest: Path) -> list[Path]:
     steps = list(range(1, c.min_steps + 1))
     legs = []
     for arm, trainer, seed in (("bi1", "vllm_kernels", 1), ("bi0", "megatron", 2)):
+        if arm not in c.arms:
+            continue
         meta = _meta("forward", arm, trainer=trainer,
                      processes=[_proc("trainer", 4100 + seed), _proc("engine_core", 4200 + seed)])
         legs.append(_write_leg(dest / f"forward_{arm}", meta, _forward_files(arm, steps, c.bi0_reference_mean or 0.01, seed, _ckpt)))
@@ -195,7 +199,9 @@ def build_update(question: Question, dest: Path) -> list[Path]:
     rows = _grad_rows(1, lambda s: {"optimizer": c.optimizer, "weights_changed_tensors": 24,
                                     "weights_total_tensors": 24, "updated_weights_hash": updated,
                                     "reloaded_by_rollout": True})
-    files = {"metrics.jsonl": _jsonl(rows), **_forward_files("bi1", [1], 0.01, 3, lambda s: updated, "post_forward/")}
+    post_steps = list(range(1, c.post_update_steps + 1))
+    files = {"metrics.jsonl": _jsonl(rows),
+             **_forward_files("bi1", post_steps, 0.01, 3, lambda s: updated, "post_forward/")}
     meta = _meta("update", "bi1", trainer="vllm_kernels", processes=[_proc("trainer", 6100), _proc("engine_core", 6101)])
     return [_write_leg(dest / "update_bi1", meta, files)]
 
@@ -519,6 +525,111 @@ def recipe_combo(data: dict[str, Any], mode: str, arm: str) -> dict[str, Any]:
     return next(c for c in data["combos"] if c["mode"] == mode and c["arm"] == arm)
 
 
+def judged_arm(q: Question) -> str:
+    """The forward arm whose leg must have run under `q` (BI=1 when judged, else BI=0)."""
+    c: ForwardCriteria = q.criteria  # type: ignore[assignment]
+    return "bi1" if "bi1" in c.arms else "bi0"
+
+
+def drop_arm(arm: str) -> Callable[[Question, list[Path]], None]:
+    """The receipt set without any leg of `arm` (the list is edited in place)."""
+    def mutate(q: Question, legs: list[Path]) -> None:
+        legs[:] = [p for p in legs if _load(p / "leg.json")["arm"] != arm]
+    return mutate
+
+
+def _gradcheck(passed: bool, caught: bool) -> Callable[[Question, list[Path]], None]:
+    """The producer's gradient check as vllm_kernels records it, planted on the BI=1 leg."""
+    ops = ("linear", "rms_norm", "fused_add_rms_norm", "rotary", "silu_and_mul", "attention", "logprob")
+
+    def mutate(q: Question, legs: list[Path]) -> None:
+        leg = _leg(legs, arm="bi1")
+        edit_jsonl(leg / "metrics.jsonl", _set_row(0, **{"tica/gradcheck_pass": passed,
+                                                         "tica/gradcheck_controls_caught": {op: caught for op in ops}}), leg)
+    return mutate
+
+
+def shift_post_forward(leg: Path, delta: float) -> None:
+    """Every post-update rollout logprob off by `delta`, metrics recomputed honestly."""
+    post = leg / "post_forward"
+    rows = []
+    for path in sorted((post / "arrays").glob("step_*.npz")):
+        with np.load(path) as z:
+            data = {k: z[k] for k in z.files}
+        data["rollout_logprobs"] = data["rollout_logprobs"] + np.float32(delta)
+        data["decode_logprobs"] = data["rollout_logprobs"].copy()
+        np.savez(path, **data)
+        rows.append(forward_metrics(data["trainer_logprobs"], data["rollout_logprobs"]))
+    edit_jsonl(post / "metrics.jsonl", lambda rs: [{**r, **m} for r, m in zip(rs, rows)], leg)
+
+
+def as_bi0(leg: Path) -> None:
+    """Relabel a leg as the BI=0 arm (arm, switch and trainer together, as a BI=0 producer writes them)."""
+    edit_meta(leg, lambda m: (m.update(arm="bi0", trainer="megatron"), m["env"].update(VLLM_BATCH_INVARIANT="0")))
+
+
+def _update_as_bi0(q: Question, legs: list[Path]) -> None:
+    """An update leg of the BI=0 arm whose post-update logprobs are off by 0.1: no BI=1 evidence."""
+    shift_post_forward(legs[0], 0.1)
+    as_bi0(legs[0])
+
+
+def drop_post_update_step(q: Question, legs: list[Path]) -> None:
+    leg = legs[0]
+    rows = [json.loads(l) for l in (leg / "post_forward" / "metrics.jsonl").read_text().splitlines() if l.strip()]
+    last = rows[-1]["step"]
+    (leg / "post_forward" / "arrays" / f"step_{last:04d}.npz").unlink(missing_ok=True)
+    edit_jsonl(leg / "post_forward" / "metrics.jsonl", lambda rs: [r for r in rs if r["step"] != last], leg)
+
+
+def _bi0_grad_norm(**kv: Any) -> Callable[[Question, list[Path]], None]:
+    def mutate(q: Question, legs: list[Path]) -> None:
+        leg = _leg(legs, arm="bi0")
+
+        def f(rows: list[dict[str, Any]]) -> None:
+            rows[1].pop("actor/grad_norm", None)
+            rows[1].update(kv)
+        edit_jsonl(leg / "metrics.jsonl", f, leg)
+    return mutate
+
+
+def unrecord(q: Question, legs: list[Path]) -> None:
+    """The first field the question requires, removed from one judged leg's leg.json."""
+    parts = q.must_record[0].split(".")
+
+    def f(m: dict[str, Any]) -> None:
+        node = m
+        for part in parts[:-1]:
+            node = node.get(part) or {}
+        node.pop(parts[-1], None)
+    dirs = [p for p in legs if p.is_dir()]
+    if q.item is E.FORWARD:
+        dirs = [p for p in dirs if _load(p / "leg.json")["arm"] == judged_arm(q)]
+    edit_meta(dirs[0], f)
+
+
+def tput_exit(arm: str, role: str, **kv: Any) -> Callable[[Question, list[Path]], None]:
+    """One throughput leg at the first target c whose `role` process did not end cleanly (or, with
+    no kv, whose exits were not recorded at all)."""
+    def mutate(q: Question, legs: list[Path]) -> None:
+        def f(m: dict[str, Any]) -> None:
+            if not kv:
+                m["processes"] = []
+                return
+            next(p for p in m["processes"] if p["role"] == role).update(kv)
+        edit_meta(tput_leg(legs, arm, _targets(q)[0], 1), f)
+    return mutate
+
+
+def swap_work_times(q: Question, legs: list[Path]) -> None:
+    """Slots as frozen, but the legs' credible work times say slot 2 ran first."""
+    c = _targets(q)[0]
+    a, b = tput_leg(legs, "bi1", c, 1), tput_leg(legs, "bi0", c, 1)
+    ma, mb = _load(a / "leg.json"), _load(b / "leg.json")
+    edit_meta(a, lambda m: m.update(started_at=mb["started_at"], ended_at=mb["ended_at"]))
+    edit_meta(b, lambda m: m.update(started_at=ma["started_at"], ended_at=ma["ended_at"]))
+
+
 Mutation = Callable[[Any, list[Path]], None]
 
 
@@ -532,7 +643,7 @@ def _needs_bi0_reference(question: Question | None) -> str | None:
 def _needs_budget(question: Question | None) -> str | None:
     c = getattr(question, "criteria", None)
     if isinstance(c, ThroughputCriteria) and (not c.budget or c.formula is None):
-        return "the question freezes no budget and formula: the cell is report-only and can never pass"
+        return "the question freezes no budget and formula: no concurrency can be over a budget"
     return None
 
 
@@ -558,13 +669,19 @@ CANARIES: tuple[Canary, ...] = (
     Canary("forward.bi1_bitwise_arrays", E.FORWARD, "BI=1 logprobs bitwise equal (recomputed from arrays)", FAIL,
            lambda q, legs: perturb_arrays(_leg(legs, arm="bi1"), 2)),
     Canary("forward.arrays_vs_metrics", E.FORWARD, "recompute from arrays; a receipt contradicting itself is no pass",
-           NOT_PASS, lambda q, legs: perturb_arrays_keep_metrics(_leg(legs, arm="bi1"), 1)),
+           NOT_PASS, lambda q, legs: perturb_arrays_keep_metrics(_leg(legs, arm=judged_arm(q)), 1)),
     Canary("forward.missing_step", E.FORWARD, "a missing step is not a pass", INCONCLUSIVE,
-           lambda q, legs: drop_step(_leg(legs, arm="bi1"), 2)),
+           lambda q, legs: drop_step(_leg(legs, arm=judged_arm(q)), 2)),
     Canary("forward.too_few_steps", E.FORWARD, "min_steps present", INCONCLUSIVE,
-           lambda q, legs: drop_step(_leg(legs, arm="bi1"), None)),
+           lambda q, legs: drop_step(_leg(legs, arm=judged_arm(q)), None)),
     Canary("forward.bi0_magnitude", E.FORWARD, "BI=0 mean has the reference's magnitude", FAIL,
            lambda q, legs: logged_only(_leg(legs, arm="bi0"), 2, scale_mean=200.0)),
+    Canary("forward.arm_ran", E.FORWARD, "the judged arm's leg ran (BI=1; BI=0 in a BI=0 smoke question)",
+           frozenset({Verdict.NOT_RUN}), lambda q, legs: drop_arm(judged_arm(q))(q, legs)),
+    Canary("forward.bi0_grad_norm_finite", E.FORWARD, "BI=0 smoke: grad norm finite", FAIL,
+           _bi0_grad_norm(**{"actor/grad_norm": float("nan")})),
+    Canary("forward.bi0_grad_norm_recorded", E.FORWARD, "BI=0 smoke: grad norm recorded at every step",
+           INCONCLUSIVE, _bi0_grad_norm()),
     # backward
     Canary("backward.finite", E.BACKWARD, "gradients finite", FAIL,
            lambda q, legs: edit_jsonl(legs[0] / "metrics.jsonl", _set_row(1, **{"actor/grad_norm": float("nan"),
@@ -575,6 +692,13 @@ CANARIES: tuple[Canary, ...] = (
            lambda q, legs: edit_jsonl(legs[0] / "metrics.jsonl", _set_row(1, **{"actor/grad_norm": 0.0}), legs[0])),
     Canary("backward.deployed_bytes", E.BACKWARD, "forward equals the deployed bytes", FAIL,
            lambda q, legs: edit_jsonl(legs[1] / "metrics.jsonl", _set_row(0, deployed_bytes_equal=False), legs[1])),
+    Canary("backward.bi1_leg_ran", E.BACKWARD, "a BI=1 backward leg ran (BI=0 legs alone are no evidence)",
+           frozenset({Verdict.NOT_RUN}), drop_arm("bi1")),
+    Canary("backward.gradient_check", E.BACKWARD, "a gradient check the producer recorded as failed is no pass",
+           FAIL, _gradcheck(passed=False, caught=True)),
+    Canary("backward.gradient_check_controls", E.BACKWARD,
+           "a gradient check whose planted errors were not detected is no evidence", INCONCLUSIVE,
+           _gradcheck(passed=True, caught=False)),
     # update
     Canary("update.weights_change", E.UPDATE, "the optimizer step changes the weights", FAIL,
            lambda q, legs: edit_jsonl(legs[0] / "metrics.jsonl", _set_row(0, weights_changed_tensors=0), legs[0])),
@@ -587,6 +711,10 @@ CANARIES: tuple[Canary, ...] = (
                                       _set_row(0, checkpoint_version=_ckpt(1)), legs[0])),
     Canary("update.post_forward_present", E.UPDATE, "no post-update forward is not a pass", INCONCLUSIVE,
            lambda q, legs: (shutil.rmtree(legs[0] / "post_forward"), seal_leg(legs[0])) and None),
+    Canary("update.post_update_steps", E.UPDATE, "every one of the frozen post-update steps present", INCONCLUSIVE,
+           drop_post_update_step),
+    Canary("update.bi1_leg_ran", E.UPDATE, "a BI=1 update leg ran (a BI=0 re-check is no bitwise evidence)",
+           frozenset({Verdict.NOT_RUN}), _update_as_bi0),
     # quality
     *(Canary(f"quality.contract.{name}", E.QUALITY, f"contract item '{name}' matches", INCONCLUSIVE,
              contract_item(key, value)) for name, key, value in (
@@ -624,6 +752,15 @@ CANARIES: tuple[Canary, ...] = (
            lambda q, legs: edit_meta(tput_leg(legs, "bi0", _targets(q)[0], 1), lambda m: m.update(profiled=True))),
     Canary("throughput.confounder", E.THROUGHPUT, "no delta attributed under an unquantified confounder",
            INCONCLUSIVE, lambda q, legs: _confounder(q, legs, "throughput")),
+    Canary("throughput.client_exit", E.THROUGHPUT, "exit receipts first: the client exits normally", INCONCLUSIVE,
+           tput_exit("bi1", "client", exit_code=1)),
+    Canary("throughput.server_exit", E.THROUGHPUT, "exit receipts first: the API server is not force killed",
+           INCONCLUSIVE, tput_exit("bi0", "api_server", end_state="force_killed",
+                                   evidence="force killing remaining processes count=1")),
+    Canary("throughput.exits_recorded", E.THROUGHPUT, "exit receipts first: a leg directory records its exits",
+           INCONCLUSIVE, tput_exit("bi1", "client")),
+    Canary("throughput.slot_times", E.THROUGHPUT, "credible work times corroborate the slot order", INCONCLUSIVE,
+           swap_work_times),
     # clean exit
     Canary("clean_exit.force_killed", E.CLEAN_EXIT, "vLLM's force kill of EngineCore is not clean", FAIL,
            process_exit("engine_core", evidence="Force killing remaining process EngineCore (pid 9002)")),
@@ -636,6 +773,9 @@ CANARIES: tuple[Canary, ...] = (
     Canary("artifacts.sealed", E.ARTIFACTS, "receipts immutable: a file changed after sealing", FAIL, _tamper),
     Canary("artifacts.weights_by_hash", E.ARTIFACTS, "weights named by content hash", FAIL,
            lambda q, legs: edit_meta(legs[0], lambda m: m["resolved_config"].update(weights_hash="Qwen3-8B"))),
+    # every item: the fields the question requires are recorded
+    *(Canary(f"{item.value}.must_record", item, "a field the question requires is recorded (unknown is no pass)",
+             INCONCLUSIVE, unrecord) for item in EvidenceItem),
     # recipe identity
     Canary("recipe.bi1_identical", None, "BI=1 command byte-identical", FAIL,
            _recipe_edit(lambda d: recipe_combo(d, "dry_run", "bi1")["after"].update(
@@ -682,18 +822,46 @@ def perturb_arrays_keep_metrics(leg: Path, step: int) -> None:
 
 
 # A criterion the question switches off cannot pass a wrong receipt either: its canary is not
-# applicable (reported with the reason) rather than broken. prefix -> why it is off, or None.
+# applicable (reported with the reason) rather than broken. Exact canary name -> why it is off
+# under this question, or None (it runs). Every other canary always runs.
+def _needs_arm(arm: str) -> Callable[[Question | None], str | None]:
+    def why(question: Question | None) -> str | None:
+        c = getattr(question, "criteria", None)
+        if isinstance(c, ForwardCriteria) and arm not in c.arms:
+            return f"the question judges {list(c.arms)}, not {arm}"
+        return None
+    return why
+
+
+def _needs_bi0_smoke(question: Question | None) -> str | None:
+    c = getattr(question, "criteria", None)
+    if isinstance(c, ForwardCriteria) and not c.bi0_smoke:
+        return ("the question judges BI=1: BI=0's grad norm is judged where recorded, required only in a "
+                "BI=0 smoke question (arms [bi0])")
+    return None
+
+
+def _needs_must_record(question: Question | None) -> str | None:
+    if question is not None and not question.must_record:
+        return "the question requires no leg.json field to be recorded (must_record is empty)"
+    return None
+
+
 SWITCHED_OFF: dict[str, Callable[[Question | None], str | None]] = {
-    "forward.bi0_magnitude": _needs_bi0_reference,
-    "throughput.": _needs_budget,
+    "forward.bi1_max_zero": _needs_arm("bi1"),
+    "forward.bi1_mean_zero": _needs_arm("bi1"),
+    "forward.bi1_bitwise_arrays": _needs_arm("bi1"),
+    "forward.bi0_magnitude": lambda q: _needs_arm("bi0")(q) or _needs_bi0_reference(q),
+    "forward.bi0_grad_norm_finite": _needs_arm("bi0"),
+    "forward.bi0_grad_norm_recorded": _needs_bi0_smoke,
+    "throughput.target_c_over_budget": _needs_budget,
+    **{f"{item.value}.must_record": _needs_must_record for item in EvidenceItem},
 }
 
 
 def switched_off(canary: "Canary", question: Question | None) -> str | None:
-    for prefix, why in SWITCHED_OFF.items():
-        if canary.name.startswith(prefix) and (reason := why(question)):
-            return reason
-    return None
+    why = SWITCHED_OFF.get(canary.name)
+    return why(question) if why is not None else None
 
 
 class CanaryResult(BaseModel):

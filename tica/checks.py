@@ -77,6 +77,13 @@ def canaries(item: EvidenceItem, question: Question,
                             "a criterion never shown to fail blocks acceptance", detail)
     missed = [r for r in results if r.broken]
     off = [r for r in results if r.not_applicable]
+    if missed and all(r.got.startswith("baseline") for r in missed):
+        # The question's own passing receipt set cannot pass under it (a report-only throughput
+        # question, say): no criterion can be shown to flip a pass, and no cell under it passes.
+        # Recorded as failed (acceptance stays blocked); not an integrity fault that stops a run.
+        return CheckOutcome(CANARIES, False, True, f"{len(missed)} canary(ies) cannot run: under this question no "
+                            f"receipt set passes ({missed[0].detail[:300]}), so no criterion can be shown to fail "
+                            "a pass; the cell cannot be accepted", detail, applicable=False)
     if missed:
         return CheckOutcome(CANARIES, False, True, f"{len(missed)} canary(ies) not caught: "
                             + ", ".join(f"{r.name} (got {r.got})" for r in missed), detail)

@@ -17,9 +17,10 @@ import hashlib
 import json
 import os
 import random
+import re
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -154,9 +155,50 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:16]}"
 
 
+_LOCK_ERROR = re.compile(r"could not set lock|conflicting lock|\block on file\b|being used by another", re.I)
+
+
 def _is_lock_error(err: Exception) -> bool:
-    text = str(err).lower()
-    return "lock" in text or "conflicting" in text or "being used" in text
+    """DuckDB's "another process holds this file" (not any message that happens to say "block")."""
+    return bool(_LOCK_ERROR.search(str(err)))
+
+
+class LedgerLockTimeout(TicaError):
+    """Another writer held the ledger longer than the bounded wait."""
+
+
+class LedgerMissing(TicaError):
+    """A read of a ledger file that does not exist (a mistyped path is not an empty ledger)."""
+
+
+@dataclass(frozen=True)
+class Head:
+    """The chain's tail, published to anchor it: `verify --expect-head` fails when the row at
+    this seq no longer has this hash (truncation or a rewrite up to it)."""
+
+    seq: int
+    row_hash: str
+    recorded_at: str
+
+    def to_json(self) -> str:
+        return json.dumps({"seq": self.seq, "row_hash": self.row_hash, "recorded_at": self.recorded_at}, indent=1)
+
+    @classmethod
+    def from_json(cls, text: str, source: str = "<head>") -> "Head":
+        from tica.errors import InputError
+
+        try:
+            data = json.loads(text)
+        except ValueError as err:
+            raise InputError(source, "<json>", f"malformed JSON: {err}") from None
+        if not isinstance(data, dict):
+            raise InputError(source, "<root>", "a head is {seq, row_hash, recorded_at}")
+        seq, digest, at = data.get("seq"), data.get("row_hash"), data.get("recorded_at")
+        if isinstance(seq, bool) or not isinstance(seq, int) or seq < 0:
+            raise InputError(source, "seq", f"{seq!r} is not a row number")
+        if not isinstance(digest, str) or not re.fullmatch(r"[0-9a-f]{64}|genesis", digest):
+            raise InputError(source, "row_hash", f"{digest!r} is not a sha256 hex digest")
+        return cls(seq=seq, row_hash=digest, recorded_at=str(at or ""))
 
 
 @dataclass(frozen=True)
@@ -164,6 +206,12 @@ class VerifyReport:
     rows: int
     head_hash: str
     problems: tuple[str, ...]
+    head_seq: int = 0
+    head_recorded_at: str = ""
+
+    @property
+    def head(self) -> Head:
+        return Head(seq=self.head_seq, row_hash=self.head_hash, recorded_at=self.head_recorded_at)
 
     @property
     def ok(self) -> bool:
@@ -173,17 +221,38 @@ class VerifyReport:
 class Ledger:
     """Append-only access to one DuckDB ledger file."""
 
-    def __init__(self, path: str | Path, lock_timeout_s: float = 120.0) -> None:
+    def __init__(self, path: str | Path, lock_timeout_s: float = 30.0) -> None:
         self.path = Path(path)
         self.lock_timeout_s = lock_timeout_s
         self._lock_path = self.path.with_name(self.path.name + ".lock")
 
     # -- connections -------------------------------------------------------------------
+    def _take_lock(self, lock) -> None:
+        """The writer lock, waited for at most lock_timeout_s; the error names who holds it."""
+        deadline = time.monotonic() + self.lock_timeout_s
+        delay = 0.01
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    lock.seek(0)
+                    holder = lock.read().strip() or "a process that recorded nothing"
+                    raise LedgerLockTimeout(f"{self.path}: another writer has held the ledger for more than "
+                                            f"{self.lock_timeout_s:g} s ({holder}); nothing was written") from None
+                time.sleep(delay * (1 + random.random()))
+                delay = min(delay * 2, 0.2)
+        lock.seek(0)
+        lock.truncate()
+        lock.write(f"pid {os.getpid()} since {_now()}")
+        lock.flush()
+
     @contextmanager
     def _writer(self) -> Iterator[duckdb.DuckDBPyConnection]:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self._lock_path, "a+") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+            self._take_lock(lock)
             try:
                 con = self._connect(read_only=False)
                 try:
@@ -191,14 +260,17 @@ class Ledger:
                 finally:
                     con.close()
             finally:
+                lock.seek(0)
+                lock.truncate()
+                lock.flush()
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
-    def _connect(self, read_only: bool) -> duckdb.DuckDBPyConnection:
+    def _connect(self, read_only: bool, config: dict | None = None) -> duckdb.DuckDBPyConnection:
         deadline = time.monotonic() + self.lock_timeout_s
         delay = 0.01
         while True:
             try:
-                return duckdb.connect(str(self.path), read_only=read_only)
+                return duckdb.connect(str(self.path), read_only=read_only, config=config or {})
             except duckdb.Error as err:  # another process holds the file
                 if not _is_lock_error(err) or time.monotonic() > deadline:
                     raise TicaError(f"{self.path}: cannot open ledger: {err}") from err
@@ -206,14 +278,22 @@ class Ledger:
                 delay = min(delay * 2, 0.5)
 
     @contextmanager
-    def reader(self) -> Iterator[duckdb.DuckDBPyConnection]:
+    def reader(self, sandboxed: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A read-only connection; `sandboxed` also turns off every file access from SQL (COPY,
+        EXPORT, read_text, INSTALL/LOAD, ATTACH), for SQL a person typed."""
         if not self.path.exists():
             self.init()
-        con = self._connect(read_only=True)
+        con = self._connect(read_only=True, config={"enable_external_access": False} if sandboxed else None)
         try:
             yield con
         finally:
             con.close()
+
+    def require_exists(self) -> "Ledger":
+        """For reading verbs: a path that holds no ledger is an error, never an empty ledger."""
+        if not self.path.is_file():
+            raise LedgerMissing(f"{self.path}: no ledger here (check --ledger or TICA_LEDGER)")
+        return self
 
     # -- schema ----------------------------------------------------------------------
     def init(self) -> "Ledger":
@@ -243,15 +323,27 @@ class Ledger:
 
     def append_many(self, rows: Sequence[tuple[str, Mapping[str, Any]]]) -> list[int]:
         """Append rows in one short transaction; returns their seq numbers."""
-        prepared = [(table, self._payload(table, row)) for table, row in rows]
+        return self.check_and_append(lambda _: list(rows))[1]
+
+    def check_and_append(
+        self, decide: "Callable[[Callable[..., list[dict[str, Any]]]], Sequence[tuple[str, Mapping[str, Any]]]]"
+    ) -> tuple[Any, list[int]]:
+        """Read and append under one writer lock and transaction: `decide(rows)` may query (with
+        `rows(sql, params)`) and returns the rows to append, so "check, then append" cannot race
+        another writer. What `decide` raises aborts the transaction; nothing is written."""
         with self._writer() as con:
             if not self._has_schema(con):
                 self._ensure_schema(con)
             con.execute("BEGIN TRANSACTION")
             try:
-                head = con.execute(
-                    "SELECT seq, row_hash FROM ledger_chain ORDER BY seq DESC LIMIT 1"
-                ).fetchone()
+                def rows(sql: str, params: Sequence[Any] | None = None) -> list[dict[str, Any]]:
+                    cur = con.execute(sql, params or [])
+                    cols = [d[0] for d in cur.description] if cur.description else []
+                    return [dict(zip(cols, r)) for r in cur.fetchall()]
+
+                wanted = decide(rows)
+                prepared = [(table, self._payload(table, row)) for table, row in wanted]
+                head = con.execute("SELECT seq, row_hash FROM ledger_chain ORDER BY seq DESC LIMIT 1").fetchone()
                 seq, prev = (head[0], head[1]) if head else (0, GENESIS)
                 seqs = []
                 for table, payload in prepared:
@@ -269,7 +361,7 @@ class Ledger:
             except BaseException:
                 con.execute("ROLLBACK")
                 raise
-        return seqs
+        return wanted, seqs
 
     @staticmethod
     def _payload(table: str, row: Mapping[str, Any]) -> dict[str, Any]:
@@ -282,6 +374,8 @@ class Ledger:
         payload: dict[str, Any] = {}
         for name, kind in columns:
             value = row.get(name)
+            if isinstance(value, bool):
+                value = int(value)  # stored and hashed as the integer DuckDB reads back
             if value is not None and kind == "BIGINT" and not isinstance(value, int):
                 raise TicaError(f"ledger {table}.{name} must be an integer, got {value!r}")
             if value is not None and kind == "VARCHAR" and not isinstance(value, str):
@@ -290,9 +384,10 @@ class Ledger:
         return payload
 
     # -- reading ---------------------------------------------------------------------
-    def query(self, sql: str, params: Sequence[Any] | None = None) -> tuple[list[str], list[tuple]]:
-        """Run SQL on a read-only connection: any attempt to write is refused by DuckDB."""
-        with self.reader() as con:
+    def query(self, sql: str, params: Sequence[Any] | None = None, sandboxed: bool = False) -> tuple[list[str], list[tuple]]:
+        """Run SQL on a read-only connection: any attempt to write is refused by DuckDB;
+        `sandboxed` also refuses any file access (for SQL a person typed)."""
+        with self.reader(sandboxed=sandboxed) as con:
             cur = con.execute(sql, params or [])
             columns = [d[0] for d in cur.description] if cur.description else []
             return columns, cur.fetchall()
@@ -301,8 +396,10 @@ class Ledger:
         columns, rows = self.query(sql, params)
         return [dict(zip(columns, r)) for r in rows]
 
-    def verify(self) -> VerifyReport:
-        """Recompute the chain; name every row whose content or link does not match."""
+    def verify(self, expect: Head | None = None) -> VerifyReport:
+        """Recompute the chain; name every row whose content or link does not match, every view
+        whose definition is not the code's, and, given a published head, a chain that no longer
+        holds it (truncated, or rewritten up to it)."""
         problems: list[str] = []
         entries: list[tuple[int, str, dict[str, Any]]] = []
         with self.reader() as con:
@@ -311,8 +408,9 @@ class Ledger:
                 cur = con.execute(f"SELECT {', '.join((*CHAIN_COLUMNS, *names))} FROM {table}")
                 for r in cur.fetchall():
                     entries.append((r[0], table, dict(zip((*CHAIN_COLUMNS, *names), r))))
+            problems += self._view_problems(con)
         entries.sort(key=lambda e: e[0])
-        prev = GENESIS
+        prev, at_seq = GENESIS, {0: GENESIS}
         for expected_seq, (seq, table, r) in enumerate(entries, start=1):
             where = f"{table} seq={seq}"
             if seq != expected_seq:
@@ -323,13 +421,54 @@ class Ledger:
             if row_hash(r["prev_hash"], table, seq, r["recorded_at"], payload) != r["row_hash"]:
                 problems.append(f"{where}: content does not match its row_hash (edited behind the ledger)")
             prev = r["row_hash"]
-        return VerifyReport(rows=len(entries), head_hash=prev, problems=tuple(problems))
+            at_seq[seq] = prev
+        if expect is not None:
+            held = at_seq.get(expect.seq)
+            if held is None:
+                problems.append(f"the published head seq={expect.seq} is gone: the chain ends at seq={len(entries)} "
+                                "(truncated)")
+            elif held != expect.row_hash:
+                problems.append(f"row seq={expect.seq} has hash {held[:16]}, the published head says "
+                                f"{expect.row_hash[:16]} (rewritten up to the head)")
+        last = entries[-1][2] if entries else None
+        return VerifyReport(rows=len(entries), head_hash=prev, problems=tuple(problems),
+                            head_seq=len(entries), head_recorded_at=last["recorded_at"] if last else "")
+
+    @staticmethod
+    def _view_problems(con: duckdb.DuckDBPyConnection) -> list[str]:
+        """Views are part of what is verified: each must be defined exactly as this code defines it."""
+        found = {r[0]: r[1] for r in con.execute(
+            "SELECT view_name, sql FROM duckdb_views() WHERE NOT internal").fetchall()}
+        expected = _expected_view_sql()
+        out = []
+        for name, sql in expected.items():
+            if name not in found:
+                out.append(f"view {name} is missing")
+            elif found[name] != sql:
+                out.append(f"view {name} is not defined as the code defines it (changed behind the ledger)")
+        return out
 
     def verify_or_raise(self) -> VerifyReport:
         report = self.verify()
         if not report.ok:
             raise LedgerIntegrityError("; ".join(report.problems))
         return report
+
+
+_VIEW_SQL: dict[str, str] = {}
+
+
+def _expected_view_sql() -> dict[str, str]:
+    """Each view's definition as DuckDB stores it, made once in an empty in-memory ledger."""
+    if not _VIEW_SQL:
+        con = duckdb.connect(":memory:")
+        try:
+            Ledger._ensure_schema(con)
+            _VIEW_SQL.update({r[0]: r[1] for r in con.execute(
+                "SELECT view_name, sql FROM duckdb_views() WHERE NOT internal").fetchall()})
+        finally:
+            con.close()
+    return _VIEW_SQL
 
 
 def default_ledger_path() -> Path:

@@ -2,9 +2,15 @@
 
 A question fixes, before the first leg runs, what is compared, how it is computed, the pass
 line, the noise floor, repeats, pairing order, the aggregation formula, the budget per
-concurrency and how an invalid leg is detected. Its hash is over the canonical JSON of the
-validated model, so two files that say the same thing are the same question, and any change
-of substance is a new question.
+concurrency, how an invalid leg is detected, and which leg.json fields must be recorded. Its
+hash is over the canonical JSON of the validated model (defaults filled in), so two files that
+say the same thing are the same question, and any change of substance is a new question.
+
+The noise floor is in the unit of the item's pass line: forward, BI=0 mean |probs diff|;
+quality, percentage points; throughput, loss 1 - T_BI1/T_BI0. A difference inside it is
+reported as such. A pass line at or inside a non-zero noise floor cannot be told from noise, so
+such a question is refused when it is parsed. Exact criteria (BI=1 bitwise, backward, update,
+exits, artifacts) have no noise floor: they do not read it.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from tica.errors import QuestionError, pydantic_errors, read_yaml_mapping
 from tica.evidence import EvidenceItem
+from tica.receipts import LegMeta
 
 
 class _Strict(BaseModel):
@@ -38,9 +45,16 @@ FORMULA_LABELS: dict[ThroughputFormula, str] = {
 }
 
 
+Arm = Literal["bi1", "bi0"]
+
+
 class ForwardCriteria(_Strict):
     item: Literal[EvidenceItem.FORWARD] = EvidenceItem.FORWARD
     min_steps: int = Field(5, ge=1, description="steps that must each be present and judged")
+    arms: tuple[Arm, ...] = Field(
+        ("bi1", "bi0"), min_length=1,
+        description="arms judged: with bi1, a BI=1 leg must have run (the bitwise claim) and BI=0 legs present are "
+                    "judged; [bi0] alone is the BI=0 smoke check (a BI=0 leg must have run, grad norm recorded)")
     # BI=1 passes only with max = mean = 0 at every step: not a parameter, a rule.
     bi0_reference_mean: float | None = Field(
         ..., gt=0, description="independent reference for BI=0 mean |diff|; null: BI=0 is reported, not judged"
@@ -49,6 +63,19 @@ class ForwardCriteria(_Strict):
     quantified_confounders: dict[str, str] = Field(
         default_factory=dict, description="arm differences (dotted receipt keys) aligned or quantified elsewhere: key -> where"
     )
+
+    @model_validator(mode="after")
+    def _arms(self) -> "ForwardCriteria":
+        if len(set(self.arms)) != len(self.arms):
+            raise ValueError(f"arms {list(self.arms)} names an arm twice")
+        if self.arms == ("bi0",) and self.bi0_reference_mean is None:
+            raise ValueError("a BI=0 smoke question (arms [bi0]) needs bi0_reference_mean: without a reference it cannot pass")
+        return self
+
+    @property
+    def bi0_smoke(self) -> bool:
+        """The question judges BI=0 alone: the practice's BI=0 smoke check."""
+        return "bi1" not in self.arms
 
 
 class BackwardCriteria(_Strict):
@@ -62,6 +89,8 @@ class UpdateCriteria(_Strict):
     optimizer: str = "adamw"
     min_weight_change_fraction: float = Field(0.5, gt=0, le=1, description="share of tensors that must change")
     recheck_forward_bitwise: bool = True
+    # The committed H200 update (run4 update_bi1) re-checks 5 steps on the updated weights.
+    post_update_steps: int = Field(5, ge=1, description="post-update forward steps that must each be bitwise equal")
 
 
 class QualityCriteria(_Strict):
@@ -117,6 +146,20 @@ class ArtifactsCriteria(_Strict):
     require_weights_hash: bool = True
 
 
+# What every leg of an item must record (dotted leg.json keys); an unknown one makes the cell
+# inconclusive. Exits and artifacts judge what their own criteria name.
+_IDENTITY = ("versions.vllm", "versions.torch", "device.name", "kernels", "resolved_config.weights_hash")
+DEFAULT_MUST_RECORD: dict[EvidenceItem, tuple[str, ...]] = {
+    EvidenceItem.FORWARD: _IDENTITY, EvidenceItem.BACKWARD: _IDENTITY, EvidenceItem.UPDATE: _IDENTITY,
+    EvidenceItem.QUALITY: _IDENTITY, EvidenceItem.THROUGHPUT: _IDENTITY,
+    EvidenceItem.CLEAN_EXIT: (), EvidenceItem.ARTIFACTS: (),
+}
+
+
+def _leg_json_keys() -> set[str]:
+    return {f.alias or name for name, f in LegMeta.model_fields.items()}
+
+
 Criteria = Annotated[
     Union[
         ForwardCriteria,
@@ -139,11 +182,54 @@ class Question(_Strict):
     compared: str = Field(..., min_length=1, description="the compared quantity")
     computation: str = Field(..., min_length=1, description="how it is computed")
     pass_line: str = Field(..., min_length=1)
-    noise_floor: float = Field(..., ge=0)
+    noise_floor: float = Field(..., ge=0, description="in the pass line's unit (module docstring); 0: none")
     repeats: int = Field(1, ge=1)
     pairing_order: tuple[Literal["AB", "BA"], ...] = ("AB",)
     invalid_leg_rule: str = Field(..., min_length=1)
+    must_record: tuple[str, ...] = Field(
+        (), description="dotted leg.json keys every judged leg must record (e.g. versions.vllm); default per item")
     criteria: Criteria
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_must_record(cls, data: Any) -> Any:
+        # Filled in before hashing, so the hash names the fields actually required.
+        if isinstance(data, dict) and "must_record" not in data:
+            try:
+                item = EvidenceItem(data.get("item"))
+            except ValueError:
+                return data
+            data = {**data, "must_record": DEFAULT_MUST_RECORD[item]}
+        return data
+
+    @model_validator(mode="after")
+    def _must_record_names_leg_fields(self) -> "Question":
+        known = _leg_json_keys()
+        for key in self.must_record:
+            parts = key.split(".")
+            if "" in parts or parts[0] not in known:
+                raise ValueError(f"must_record {key!r} is not a dotted leg.json key (top level: {sorted(known)})")
+        return self
+
+    def pass_lines(self) -> list[tuple[str, float]]:
+        """The numeric pass lines a noise floor applies to, named."""
+        c = self.criteria
+        if isinstance(c, ThroughputCriteria):
+            return [(f"budget at c={k}", v) for k, v in sorted((c.budget or {}).items())]
+        if isinstance(c, QualityCriteria):
+            return [("threshold_points", c.threshold_points)]
+        if isinstance(c, ForwardCriteria) and c.bi0_reference_mean is not None:
+            return [("bi0_reference_mean", c.bi0_reference_mean)]
+        return []
+
+    @model_validator(mode="after")
+    def _pass_line_outside_noise(self) -> "Question":
+        if self.noise_floor > 0:
+            inside = [f"{name} {v:g}" for name, v in self.pass_lines() if v <= self.noise_floor]
+            if inside:
+                raise ValueError(f"{', '.join(inside)} is at or inside the noise floor {self.noise_floor:g}: a pass "
+                                 "line that cannot be separated from noise cannot yield pass")
+        return self
 
     @model_validator(mode="after")
     def _consistent(self) -> "Question":

@@ -27,6 +27,7 @@ POST_FORWARD_DIR = "post_forward"
 RESULTS_FILE = "results.jsonl"
 CONTRACT_FILE = "contract.json"
 BENCH_FILE = "bench.json"
+GRADCHECK_FILE = "gradcheck.json"
 
 Arm = Literal["bi1", "bi0"]
 EndState = Literal["exited", "killed", "force_killed", "signalled", "running"]
@@ -88,6 +89,21 @@ class LegMeta(_Receipt):
         return self
 
 
+def is_unknown(value: Any) -> bool:
+    """What a producer did not record: absent (None), or an empty value where one was expected."""
+    return value is None or (isinstance(value, (dict, list, tuple, str)) and not value)
+
+
+def recorded_value(meta: LegMeta, dotted: str) -> Any | None:
+    """The value of a dotted leg.json key (e.g. `versions.vllm`), None when it is unknown."""
+    node: Any = meta.model_dump(mode="json", by_alias=True)
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return None if is_unknown(node) else node
+
+
 # ---------------------------------------------------------------- per-step metrics
 
 
@@ -107,6 +123,9 @@ class ForwardStep(_Receipt):
     n_tokens: int | None = Field(None, alias="tica/n_tokens", ge=0)
     n_bitwise_diff: int | None = Field(None, alias="tica/n_bitwise_diff", ge=0)
     logprob_abs_diff_max: float | None = Field(None, alias="tica/logprob_abs_diff_max")
+    # verl logs the actor's grad norm per step; the BI=0 smoke check reads it (None: not recorded).
+    grad_norm: float | None = Field(None, alias="actor/grad_norm")
+    within_group_rewards: list[list[float]] | None = None
 
     @field_validator("step")
     @classmethod
@@ -129,6 +148,10 @@ class BackwardStep(_Receipt):
     params_nonzero_grad: int | None = Field(None, ge=0)
     within_group_rewards: list[list[float]] | None = None
     deployed_bytes_equal: bool | None = None
+    # The producer's gradient check (analytic backward vs float64 autograd) and, per op, whether
+    # its planted backward error was detected. None: no gradient check was recorded.
+    gradcheck_pass: bool | None = Field(None, alias="tica/gradcheck_pass")
+    gradcheck_controls_caught: dict[str, bool] | None = Field(None, alias="tica/gradcheck_controls_caught")
 
     @field_validator("step")
     @classmethod

@@ -4,9 +4,11 @@ updated weights."""
 
 from __future__ import annotations
 
+import json
 import shutil
+from pathlib import Path
 
-from tica.canaries import perturb_arrays, edit_jsonl, edit_meta
+from tica.canaries import as_bi0, drop_post_update_step, edit_jsonl, edit_meta, perturb_arrays, shift_post_forward
 from tica.judges import judge_criteria
 from tica.seal import seal_leg
 from tica.verdict import Verdict
@@ -130,3 +132,123 @@ def test_update_without_a_post_update_forward_is_not_a_pass(receipts):
 def test_update_under_another_optimizer_answers_another_question(receipts):
     legs = receipts("update")
     assert judge_criteria("update", question("update", optimizer="muon"), legs).verdict is Verdict.INCONCLUSIVE
+
+
+# ---- the producer's gradient check (analytic backward vs float64 autograd, planted error per op)
+
+OPS = ("linear", "rms_norm", "fused_add_rms_norm", "rotary", "silu_and_mul", "attention", "logprob")
+RUN4 = Path(__file__).resolve().parents[1] / "fixtures" / "h200" / "run4"
+
+
+def _gradcheck(p, passed, caught):
+    _set(p, 0, **{"tica/gradcheck_pass": passed, "tica/gradcheck_controls_caught": caught})
+
+
+def test_a_gradient_check_the_producer_recorded_as_failed_fails(receipts):
+    legs = receipts("backward")
+    _gradcheck(leg(legs, "bi1"), True, {op: True for op in OPS})
+    assert judge_criteria("backward", QB, legs).verdict is Verdict.PASS  # control: a check that passed
+    _gradcheck(leg(legs, "bi1"), False, {op: True for op in OPS})
+    cell = judge_criteria("backward", QB, legs)
+    assert cell.verdict is Verdict.FAIL and "gradient check failed" in cell.reasons[0]
+
+
+def test_a_gradient_check_whose_planted_errors_were_all_missed_is_not_a_pass(receipts):
+    legs = receipts("backward")
+    _gradcheck(leg(legs, "bi1"), True, {op: False for op in OPS})
+    cell = judge_criteria("backward", QB, legs)
+    assert cell.verdict is Verdict.INCONCLUSIVE and "did not detect the planted backward errors" in cell.reasons[0]
+
+
+def test_a_gradient_check_without_its_controls_is_not_shown_able_to_fail(receipts):
+    legs = receipts("backward")
+    _set(leg(legs, "bi1"), 0, **{"tica/gradcheck_pass": True})
+    assert judge_criteria("backward", QB, legs).verdict is Verdict.INCONCLUSIVE
+
+
+def _run4_backward(tmp_path):
+    dst = tmp_path / "backward_bi1"
+    shutil.copytree(RUN4 / "backward_bi1", dst)
+    return dst
+
+
+def _edit_gradcheck(p, fn):
+    data = json.loads((p / "gradcheck.json").read_text())
+    fn(data)
+    (p / "gradcheck.json").write_text(json.dumps(data))
+    seal_leg(p)
+
+
+def test_the_h200_gradcheck_file_is_recomputed_and_passes(tmp_path):
+    cell = judge_criteria("backward", QB, [_run4_backward(tmp_path)])
+    assert cell.verdict is Verdict.PASS, cell.reasons
+    assert cell.numbers["legs"][0]["steps"][0]["gradcheck_pass"] is True
+
+
+def test_a_planted_error_the_gradcheck_file_shows_undetected_is_not_a_pass(tmp_path):
+    """The file's own `pass` flags still say caught; its numbers say the planted linear error was
+    within tol: judged on the numbers, and the receipt contradicts itself."""
+    p = _run4_backward(tmp_path)
+    _edit_gradcheck(p, lambda d: d["controls"][0]["ops"][0].update(rel_err=[0.001], max_rel_err=0.001))
+    cell = judge_criteria("backward", QB, [p])
+    assert cell.verdict is Verdict.INCONCLUSIVE
+    assert any("planted backward errors in ['linear'] were not detected" in r for r in cell.reasons)
+    assert any("contradicts itself" in r for r in cell.reasons)
+
+
+def test_an_op_outside_tol_in_the_gradcheck_file_fails(tmp_path):
+    p = _run4_backward(tmp_path)
+    _edit_gradcheck(p, lambda d: d["check"]["ops"][5].update(rel_err=[0.5, 0.001, 0.001]))
+    cell = judge_criteria("backward", QB, [p])
+    assert cell.verdict is Verdict.FAIL and "['attention'] is outside tol" in cell.reasons[0]
+
+
+def test_a_malformed_gradcheck_file_is_unknown_not_a_pass(tmp_path):
+    p = _run4_backward(tmp_path)
+    _edit_gradcheck(p, lambda d: d["check"].pop("ops"))
+    assert judge_criteria("backward", QB, [p]).verdict is Verdict.INCONCLUSIVE
+
+
+# ---- the arm that carries the claim
+
+def test_bi0_backward_legs_alone_are_not_run(receipts):
+    legs = receipts("backward")
+    cell = judge_criteria("backward", QB, [leg(legs, "bi0")])
+    assert cell.verdict is Verdict.NOT_RUN and "no BI=1 backward leg ran" in cell.reasons[0]
+    # a BI=0 fault is still a fail: not run never hides it
+    _set(leg(legs, "bi0"), 0, **{"actor/grad_norm": float("nan"), "grad_finite": False})
+    assert judge_criteria("backward", QB, [leg(legs, "bi0")]).verdict is Verdict.FAIL
+
+
+def test_a_bi0_update_leg_off_by_a_tenth_is_not_run_not_a_pass(receipts):
+    legs = receipts("update")
+    shift_post_forward(legs[0], 0.1)
+    # control: as BI=1 the same re-check fails
+    assert judge_criteria("update", QU, legs).verdict is Verdict.FAIL
+    as_bi0(legs[0])
+    cell = judge_criteria("update", QU, legs)
+    assert cell.verdict is Verdict.NOT_RUN and "no BI=1 update leg ran" in cell.reasons[0]
+
+
+def test_every_frozen_post_update_step_must_be_present(receipts):
+    legs = receipts("update")
+    assert QU.criteria.post_update_steps == 5
+    drop_post_update_step(QU, legs)
+    cell = judge_criteria("update", QU, legs)
+    assert cell.verdict is Verdict.INCONCLUSIVE and "post-update 4 steps present, the question requires 5" in cell.reasons[0]
+    # control: a question that freezes 4 post-update steps passes the same receipts
+    assert judge_criteria("update", question("update", post_update_steps=4), legs).verdict is Verdict.PASS
+
+
+def test_the_default_post_update_steps_is_the_committed_h200_updates():
+    from tica.question import UpdateCriteria
+
+    rows = (RUN4 / "update_bi1" / "post_forward" / "metrics.jsonl").read_text().splitlines()
+    assert UpdateCriteria().post_update_steps == len([r for r in rows if r.strip()]) == 5
+
+
+def test_every_post_update_step_must_be_bitwise(receipts):
+    legs = receipts("update")
+    perturb_arrays(legs[0], 5, "post_forward")  # the last of the five
+    cell = judge_criteria("update", QU, legs)
+    assert cell.verdict is Verdict.FAIL and "step 5" in cell.reasons[0]

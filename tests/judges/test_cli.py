@@ -21,12 +21,14 @@ def test_json_output_is_a_verdict_cell():
     rc, text = _run(["throughput", "--question", str(FIXTURES / "questions" / "throughput.yaml"),
                      "--receipts", str(FIXTURES / "throughput"), "--json"])
     cell = VerdictCell.model_validate_json(text)
-    assert rc == 0 and cell.verdict.value == "pass" and cell.numbers["formula_label"]
+    # no --manifest: bound to no candidate, so never a pass (tests/core/test_cli.py binds one)
+    assert rc == 2 and cell.verdict.value == "inconclusive" and cell.numbers["formula_label"]
+    assert "bound to no candidate" in cell.reasons[0]
 
 
 def test_human_output_prints_the_tables():
     rc, text = _run(["quality", "-q", str(FIXTURES / "questions" / "quality.yaml"), str(FIXTURES / "quality")])
-    assert rc == 0 and "## pairing (2x2)" in text and "| BI=1 correct |" in text
+    assert rc == 2 and "## pairing (2x2)" in text and "| BI=1 correct |" in text
 
 
 def test_exit_code_follows_the_verdict(receipts):

@@ -156,3 +156,82 @@ def test_metrics_claiming_a_diff_over_bitwise_arrays_are_not_a_pass_either(recei
     edit_jsonl(p / "metrics.jsonl", lambda rows: rows[1].update({"training/rollout_probs_diff_max": 0.5}), p)
     cell = judge_criteria("forward", Q, legs)
     assert cell.verdict is Verdict.INCONCLUSIVE and "contradicts itself" in cell.reasons[0]
+
+
+# ---- a question scoped to one arm; the BI=0 smoke check (mean magnitude, max, grad norm)
+
+QBI0 = question("forward", arms=["bi0"])
+
+
+def _grad_norms(p, values, rewards=None):
+    from tica.canaries import edit_jsonl
+
+    def f(rows):
+        for r, g in zip(rows, values):
+            r["actor/grad_norm"] = g
+            if rewards is not None:
+                r["within_group_rewards"] = rewards
+    edit_jsonl(p / "metrics.jsonl", f, p)
+
+
+def test_a_bi0_smoke_question_needs_no_bi1_leg_and_passes_with_grad_norms(receipts):
+    legs = receipts("forward")
+    _grad_norms(leg(legs, "bi0"), [0.5, 0.6, 0.7, 0.8, 0.9])
+    cell = judge_criteria("forward", QBI0, [leg(legs, "bi0")])
+    assert cell.verdict is Verdict.PASS, cell.reasons
+    assert cell.summary.startswith("pass: BI=0 smoke pass")
+    # control: the default question (BI=1 judged) gives the same BI=0 leg no pass without a BI=1 leg
+    assert judge_criteria("forward", Q, [leg(legs, "bi0")]).verdict is Verdict.NOT_RUN
+
+
+def test_a_bi0_smoke_check_without_a_recorded_grad_norm_is_inconclusive(receipts):
+    from tica.canaries import edit_jsonl
+
+    legs = receipts("forward")
+    p = leg(legs, "bi0")  # verl-style metrics, but this BI=0 leg logged no actor/grad_norm
+    edit_jsonl(p / "metrics.jsonl", lambda rows: [{k: v for k, v in r.items() if k != "actor/grad_norm"} for r in rows], p)
+    cell = judge_criteria("forward", QBI0, [p])
+    assert cell.verdict is Verdict.INCONCLUSIVE and "grad norm not recorded" in cell.reasons[0]
+
+
+def test_a_non_finite_bi0_grad_norm_fails_the_smoke_check(receipts):
+    legs = receipts("forward")
+    _grad_norms(leg(legs, "bi0"), [0.5, float("inf"), 0.7, 0.8, 0.9])
+    cell = judge_criteria("forward", QBI0, [leg(legs, "bi0")])
+    assert cell.verdict is Verdict.FAIL and "step 2: BI=0 grad norm is inf" in cell.reasons[0]
+    # a question judging both arms reads a recorded grad norm too
+    assert judge_criteria("forward", Q, legs).verdict is Verdict.FAIL
+
+
+def test_a_zero_bi0_grad_norm_is_read_against_the_group_rewards(receipts):
+    legs = receipts("forward")
+    p = leg(legs, "bi0")
+    _grad_norms(p, [0.0, 0.6, 0.7, 0.8, 0.9], rewards=[[1.0, 0.0, 1.0, 1.0]])
+    assert judge_criteria("forward", QBI0, [p]).verdict is Verdict.FAIL
+    _grad_norms(p, [0.0, 0.6, 0.7, 0.8, 0.9], rewards=[[1.0, 1.0, 1.0, 1.0]])
+    cell = judge_criteria("forward", QBI0, [p])
+    assert cell.verdict is Verdict.PASS and any("advantage 0" in r for r in cell.reasons)
+
+
+def test_a_bi0_smoke_question_with_no_bi0_leg_is_not_run(receipts):
+    legs = receipts("forward")
+    cell = judge_criteria("forward", QBI0, [leg(legs, "bi1")])
+    assert cell.verdict is Verdict.NOT_RUN and "no BI=0 forward leg" in cell.reasons[0]
+
+
+def test_a_bi1_only_question_reports_bi0_without_judging_it(receipts):
+    legs = receipts("forward")
+    logged_only(leg(legs, "bi0"), 2, scale_mean=200.0)
+    assert judge_criteria("forward", Q, legs).verdict is Verdict.FAIL  # control: judged when in arms
+    cell = judge_criteria("forward", question("forward", arms=["bi1"]), legs)
+    assert cell.verdict is Verdict.PASS and any("reported, not judged" in r for r in cell.reasons)
+
+
+def test_a_bi0_mean_inside_the_noise_floor_is_reported_as_such(receipts):
+    from .conftest import with_question
+
+    legs = receipts("forward")
+    cell = judge_criteria("forward", with_question(question("forward", bi0_reference_mean=None), noise_floor=0.5), legs)
+    assert cell.verdict is Verdict.PASS
+    assert "inside the noise floor 0.5" in cell.summary and any("not distinguishable from noise" in r for r in cell.reasons)
+    assert "inside the noise floor" not in judge_criteria("forward", Q, legs).summary  # control: floor 0

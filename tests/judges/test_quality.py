@@ -153,3 +153,18 @@ def test_an_arm_whose_leg_did_not_run_makes_the_pairing_not_run(receipts):
     edit_meta(leg(legs, "bi1"), lambda m: m.update(not_run_reason="vLLM: batch invariance unsupported on cpu"))
     cell = judge_criteria("quality", Q, legs)
     assert cell.verdict is Verdict.NOT_RUN and "no bi1 leg ran" in cell.summary
+
+
+def test_a_difference_inside_the_noise_floor_is_reported_as_such(receipts):
+    from .conftest import with_question
+
+    legs = receipts("quality")
+    p = leg(legs, "bi1")
+    edit_jsonl(p / "results.jsonl", lambda rows: next(r for r in rows if r["correct"]).update(correct=False), p)
+    q = with_question(question("quality", threshold_points=5.0), noise_floor=4.0)  # 1 problem of 30: 3.33 points
+    cell = judge_criteria("quality", q, legs)
+    assert cell.verdict is Verdict.PASS and cell.numbers["inside_noise_floor"] is True
+    assert "inside the noise floor 4" in cell.summary
+    # control: the same difference with no noise floor is not said to be noise
+    cell = judge_criteria("quality", question("quality", threshold_points=5.0), legs)
+    assert cell.numbers["inside_noise_floor"] is False and "noise" not in cell.summary

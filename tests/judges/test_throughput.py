@@ -11,13 +11,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tica.canaries import swap_slots, tput_leg, edit_json, edit_meta
+from tica.canaries import edit_json, edit_meta, swap_slots, swap_work_times, tput_leg
 from tica.judges import judge_criteria
 from tica.judges.throughput import expected_order, formal_statistic
 from tica.question import FORMULA_LABELS, ThroughputFormula
 from tica.verdict import Verdict
 
-from .conftest import FIXTURES, question
+from .conftest import FIXTURES, question, with_question
 
 Q = question("throughput")
 MEDIAN_LOSS = ThroughputFormula.MEDIAN_PER_ROUND_PAIRED_LOSS
@@ -86,15 +86,92 @@ def test_rounds_out_of_the_frozen_crossed_order_are_invalid(receipts):
     assert "frozen order AB" in " ".join(_round(cell, 1, 1)["reasons"])
 
 
-def test_slots_contradicted_by_the_clock_are_invalid(receipts):
+def _times(p, started, ended):
+    edit_meta(p, lambda m: m.update(started_at=started, ended_at=ended))
+
+
+def test_slots_contradicted_by_credible_work_times_are_invalid(receipts):
+    legs = receipts("throughput")
+    swap_work_times(Q, legs)  # 50 s legs: credible work times, and they say slot 2 ran first
+    cell = judge_criteria("throughput", Q, legs)
+    assert cell.verdict is Verdict.INCONCLUSIVE
+    assert "not before slot 2" in " ".join(_round(cell, 1, 1)["reasons"])
+
+
+def test_times_stamped_when_leg_json_was_written_do_not_order_legs(receipts):
+    """Old producers stamped started_at/ended_at microseconds apart when writing leg.json: not
+    work times. Their order is ignored (and said so); round/slot decide."""
+    legs = receipts("throughput")
+    a, b = tput_leg(legs, "bi1", 8, 1), tput_leg(legs, "bi0", 8, 1)  # slot 1, slot 2
+    _times(a, "2026-11-29T22:41:33.859363+00:00", "2026-11-29T22:41:33.859532+00:00")
+    _times(b, "2026-11-29T22:41:33.706672+00:00", "2026-11-29T22:41:33.706926+00:00")
+    cell = judge_criteria("throughput", Q, legs)
+    assert cell.verdict is Verdict.PASS, cell.reasons
+    assert _round(cell, 8, 1)["valid"]
+    assert any("2 leg(s) record no credible work times" in r for r in cell.reasons)
+    # control: the same contradiction over credible (seconds-long) times invalidates the round
+    _times(a, "2026-11-29T22:41:40+00:00", "2026-11-29T22:42:30+00:00")
+    _times(b, "2026-11-29T22:40:00+00:00", "2026-11-29T22:40:50+00:00")
+    assert not _round(judge_criteria("throughput", Q, legs), 8, 1)["valid"]
+
+
+def test_legs_of_one_round_that_overlap_in_time_are_invalid(receipts):
     legs = receipts("throughput")
     a, b = tput_leg(legs, "bi1", 8, 1), tput_leg(legs, "bi0", 8, 1)
-    ta = json.loads((a / "leg.json").read_text())["started_at"]
-    tb = json.loads((b / "leg.json").read_text())["started_at"]
-    edit_meta(a, lambda m: m.update(started_at=tb))
-    edit_meta(b, lambda m: m.update(started_at=ta))
+    _times(a, "2026-11-29T10:07:00+00:00", "2026-11-29T10:09:30+00:00")  # slot 2 starts at 10:08:00
     cell = judge_criteria("throughput", Q, legs)
-    assert "not before slot 2" in " ".join(_round(cell, 8, 1)["reasons"])
+    assert cell.verdict is Verdict.INCONCLUSIVE and "overlapped" in " ".join(_round(cell, 8, 1)["reasons"])
+
+
+def _proc(p, role, **kv):
+    def f(m):
+        next(x for x in m["processes"] if x["role"] == role).update(kv)
+    edit_meta(p, f)
+
+
+@pytest.mark.parametrize("role,kv,why", [
+    ("client", {"exit_code": 1}, "client: client pid"),
+    ("api_server", {"end_state": "force_killed", "evidence": "force killing remaining processes count=1"},
+     "server: api_server pid"),
+    ("engine_core", {"end_state": "signalled", "exit_code": None, "signal": "SIGKILL"}, "server: engine_core pid"),
+])
+def test_a_leg_whose_exits_are_not_clean_is_invalid_and_never_in_a_loss(receipts, role, kv, why):
+    legs = receipts("throughput")
+    _proc(tput_leg(legs, "bi1", 32, 2), role, **kv)
+    cell = judge_criteria("throughput", Q, legs)
+    assert cell.verdict is Verdict.INCONCLUSIVE
+    r = _round(cell, 32, 2)
+    assert not r["valid"] and r["loss"] is None and why in " ".join(r["reasons"])
+    assert cell.numbers["per_concurrency"]["32"]["valid_rounds"] == [1, 3]
+
+
+def test_client_and_server_exits_are_each_required(receipts):
+    legs = receipts("throughput")
+    p = tput_leg(legs, "bi0", 64, 1)
+    edit_meta(p, lambda m: m.update(processes=[x for x in m["processes"] if x["role"] != "api_server"]))
+    r = _round(judge_criteria("throughput", Q, legs), 64, 1)
+    assert not r["valid"] and "server exit not recorded" in " ".join(r["reasons"])
+    edit_meta(p, lambda m: m.update(processes=[]))
+    reasons = " ".join(_round(judge_criteria("throughput", Q, legs), 64, 1)["reasons"])
+    assert "client exit not recorded" in reasons and "server exit not recorded" in reasons
+
+
+def test_clean_exits_let_the_same_rounds_count(receipts):
+    # negative control of the exit tests: the untouched legs' clean exits invalidate nothing
+    cell = judge_criteria("throughput", Q, receipts("throughput"))
+    assert cell.verdict is Verdict.PASS and all(r["valid"] for r in cell.numbers["rounds"])
+
+
+def test_a_loss_inside_the_noise_floor_is_reported_as_such(receipts):
+    legs = receipts("throughput")
+    q = with_question(Q, noise_floor=0.05)  # the fixtures' losses are 0.04 (c=1, 8) and 0.06 (c=32, 64)
+    cell = judge_criteria("throughput", q, legs)
+    assert cell.verdict is Verdict.PASS
+    inside = {c: e["inside_noise_floor"] for c, e in cell.numbers["per_concurrency"].items()}
+    assert inside == {"1": True, "8": True, "32": False, "64": False}
+    assert any("c=8: loss" in r and "inside the noise floor 0.05" in r for r in cell.reasons)
+    # control: with no noise floor nothing is said to be inside it
+    assert not any("noise floor" in r for r in judge_criteria("throughput", Q, legs).reasons)
 
 
 def test_a_retest_round_replaces_an_invalid_one_which_is_kept(receipts, tmp_path):
@@ -193,7 +270,7 @@ def test_bare_vllm_bench_files_are_judged_but_confounders_cannot_be_listed():
     q = question("throughput", concurrencies=[8], num_prompts={8: 32}, budget={8: 0.1})
     cell = judge_criteria("throughput", q, sorted((FIXTURES / "bare_bench").iterdir()))
     assert cell.numbers["per_concurrency"]["8"]["statistic"] == pytest.approx(0.05)
-    assert cell.verdict is Verdict.INCONCLUSIVE and any("bare bench" in r for r in cell.reasons)
+    assert cell.verdict is Verdict.INCONCLUSIVE and any("bare bench" in r and "exit receipts" in r for r in cell.reasons)
 
 
 def test_judging_does_not_depend_on_the_order_legs_are_given(receipts):

@@ -10,6 +10,7 @@ from typing import Any
 from tica.errors import ReceiptError
 from tica.evidence import EvidenceItem
 from tica.judges._common import Findings, cell, md_table, wrong_question
+from tica.judges.confounders import require_recorded
 from tica.question import ArtifactsCriteria, Question
 from tica.receipts import LEG_FILE, METRICS_FILE, load_jsonl, load_leg_meta
 from tica.seal import check_seal, seal_digest
@@ -47,6 +48,8 @@ def judge_artifacts(question: Question, leg_paths: Sequence[str | Path]) -> Verd
             findings.inconclusive(str(err))
             rows.append([path.name, "sealed", None, "inconclusive"])
             continue
+        if not meta.not_run_reason:
+            require_recorded(findings, question, [(path.name, meta)])
         named = meta.resolved_config.get("weights_hash")
         status = "pass"
         if named is None:

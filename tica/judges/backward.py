@@ -1,6 +1,9 @@
 """Module backward: gradients finite and reaching the master weights; forward equals the
 deployed bytes where weights are quantized. A grad norm of exactly 0 is checked against the
-within-group rewards before it is called a fault.
+within-group rewards before it is called a fault. The claim is the true on-policy trainer's
+backward, so a BI=1 leg must have run. A gradient check the producer recorded (analytic
+backward vs float64 autograd, with a planted error per op) is judged: a failed check fails, and
+a check whose planted errors were not all detected is not shown able to fail, so it is no pass.
 """
 
 from __future__ import annotations
@@ -11,14 +14,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tica.errors import ReceiptError
 from tica.evidence import EvidenceItem
 from tica.judges._common import Findings, cell, md_table, wrong_question
+from tica.judges.confounders import require_recorded
 from tica.question import BackwardCriteria, Question
-from tica.receipts import METRICS_FILE, BackwardStep, Leg, load_leg, load_step_metrics
+from tica.receipts import GRADCHECK_FILE, METRICS_FILE, BackwardStep, Leg, load_json, load_leg, load_step_metrics
 from tica.verdict import VerdictCell
 
 GRAD_HEADERS = ["step", "basis", "grad norm", "finite", "params with grad", "params total",
-                "nonzero grad", "group rewards", "deployed bytes equal", "reading"]
+                "nonzero grad", "group rewards", "deployed bytes equal", "gradient check", "reading"]
 
 
 @dataclass
@@ -28,9 +33,88 @@ class GradReading:
     steps: list[dict[str, Any]] = field(default_factory=list)
 
 
-def _zero_advantage(groups: list[list[float]]) -> bool:
+def zero_advantage(groups: list[list[float]]) -> bool:
     """Every group's rewards are equal: GRPO-style advantages are all 0, so is the gradient."""
     return all(len(set(g)) <= 1 for g in groups)
+
+
+def _op_passes(op: dict[str, Any]) -> bool:
+    rels = [float(x) for x in op["rel_err"]]
+    return bool(op["finite"]) and bool(rels) and all(math.isfinite(x) for x in rels) and max(rels) < float(op["tol"])
+
+
+@dataclass
+class GradCheck:
+    """gradcheck.json recomputed from its per-op errors (the producer's `pass` flags are not trusted)."""
+
+    ops: list[str]
+    failing: list[str]
+    caught: dict[str, bool]
+
+    @property
+    def missed(self) -> list[str]:
+        return [op for op in self.ops if not self.caught.get(op)]
+
+    @property
+    def passes(self) -> bool:
+        return not self.failing and not self.missed
+
+
+def recompute_gradcheck(data: dict[str, Any]) -> GradCheck:
+    """Raise KeyError/TypeError/ValueError on a malformed file."""
+    ops = data["check"]["ops"]
+    if not ops:
+        raise ValueError("the check ran no op")
+    caught = {str(c["planted"]): not all(_op_passes(o) for o in c["ops"]) for c in data.get("controls") or []}
+    return GradCheck(ops=[str(o["op"]) for o in ops], failing=[str(o["op"]) for o in ops if not _op_passes(o)],
+                     caught=caught)
+
+
+def _judge_gradcheck_rows(steps: Sequence[BackwardStep], f: Findings, label: str) -> None:
+    for s in steps:
+        if s.gradcheck_pass is False:
+            f.fail(f"{label}step {s.step}: the producer's gradient check failed (tica/gradcheck_pass false)")
+        caught = s.gradcheck_controls_caught
+        missed = sorted(op for op, c in (caught or {}).items() if not c)
+        if not caught:
+            f.inconclusive(f"{label}step {s.step}: the gradient check's planted-error controls are not recorded: "
+                           "it is not shown able to fail")
+        elif missed:
+            f.inconclusive(f"{label}step {s.step}: the gradient check did not detect the planted backward errors in "
+                           f"{missed}: it is not shown able to fail, so its pass is no evidence")
+
+
+def read_gradcheck(steps: Sequence[BackwardStep], leg_dir: Path | None, label: str = "") -> Findings:
+    """Judge the gradient check a producer recorded (metrics.jsonl flags and, where present,
+    gradcheck.json, which is recomputed and wins); none recorded: nothing to judge here."""
+    f = Findings()
+    rows = [s for s in steps if s.gradcheck_pass is not None or s.gradcheck_controls_caught is not None]
+    path = leg_dir / GRADCHECK_FILE if leg_dir is not None else None
+    if path is None or not path.is_file():
+        _judge_gradcheck_rows(rows, f, label)
+        return f
+    try:
+        gc = recompute_gradcheck(load_json(path))
+    except ReceiptError as err:
+        f.inconclusive(f"{label}{GRADCHECK_FILE}: {err.message}")
+        return f
+    except (KeyError, TypeError, ValueError) as err:
+        f.inconclusive(f"{label}{GRADCHECK_FILE} is malformed ({type(err).__name__}: {err}): the gradient check is unknown")
+        return f
+    if gc.failing:
+        f.fail(f"{label}{GRADCHECK_FILE}: the analytic backward of {gc.failing} is outside tol of float64 autograd")
+    if gc.missed:
+        f.inconclusive(f"{label}{GRADCHECK_FILE}: the planted backward errors in {gc.missed} were not detected: the "
+                       "check is not shown able to fail, so its pass is no evidence")
+    for s in rows:
+        said = {"tica/gradcheck_pass": s.gradcheck_pass, "tica/gradcheck_controls_caught": s.gradcheck_controls_caught}
+        actual = {"tica/gradcheck_pass": gc.passes,
+                  "tica/gradcheck_controls_caught": {op: gc.caught.get(op, False) for op in s.gradcheck_controls_caught or {}}}
+        for key, value in said.items():
+            if value is not None and value != actual[key]:
+                f.inconclusive(f"{label}step {s.step}: metrics.jsonl says {key}={value!r}, {GRADCHECK_FILE} gives "
+                               f"{actual[key]!r}; the receipt contradicts itself")
+    return f
 
 
 def read_grads(
@@ -39,12 +123,14 @@ def read_grads(
     require_deployed_bytes: bool,
     quantized: bool,
     label: str = "",
+    leg_dir: Path | None = None,
 ) -> GradReading:
     r = GradReading()
     f = r.findings
     if not steps:
         f.inconclusive(f"{label}no steps recorded")
         return r
+    f.extend(read_gradcheck(steps, leg_dir, label))
     informative = 0
     for s in steps:
         sf = Findings()
@@ -65,7 +151,7 @@ def read_grads(
                     "a zero advantage cannot be told from a numerical fault"
                 )
                 reading = "zero, unexplained"
-            elif _zero_advantage(s.within_group_rewards):
+            elif zero_advantage(s.within_group_rewards):
                 sf.note(f"{label}step {s.step}: grad norm 0 explained: every group has equal rewards, advantage 0")
                 reading = "zero advantage (not a fault, not evidence)"
             else:
@@ -90,10 +176,10 @@ def read_grads(
             sf.inconclusive(f"{label}step {s.step}: weights are quantized and forward = deployed bytes was not checked")
         f.extend(sf)
         r.rows.append([s.step, s.step_basis, g, s.grad_finite, s.params_with_grad, s.params_total,
-                       s.params_nonzero_grad, s.within_group_rewards, s.deployed_bytes_equal, reading])
+                       s.params_nonzero_grad, s.within_group_rewards, s.deployed_bytes_equal, s.gradcheck_pass, reading])
         r.steps.append({"step": s.step, "grad_norm": g, "grad_finite": s.grad_finite,
                         "params_with_grad": s.params_with_grad, "params_total": s.params_total,
-                        "reading": reading, "verdict": sf.verdict.value})
+                        "gradcheck_pass": s.gradcheck_pass, "reading": reading, "verdict": sf.verdict.value})
     if informative == 0:
         f.inconclusive(f"{label}no step shows a finite, nonzero gradient reaching the weights")
     return r
@@ -114,7 +200,7 @@ def judge_backward(question: Question, leg_paths: Sequence[str | Path]) -> Verdi
     legs = [load_leg(p) for p in leg_paths]
     numbers: dict[str, Any] = {"legs": []}
     tables: dict[str, str] = {}
-    ran = 0
+    ran: list[Leg] = []
     for leg in legs:
         label = f"{leg.arm} {leg.path.name}: "
         if leg.meta.item != "backward":
@@ -123,15 +209,18 @@ def judge_backward(question: Question, leg_paths: Sequence[str | Path]) -> Verdi
         if leg.meta.not_run_reason:
             findings.not_run(f"{label}did not run: {leg.meta.not_run_reason}")
             continue
-        ran += 1
+        ran.append(leg)
         steps = load_step_metrics(leg.path / METRICS_FILE, BackwardStep)
         reading = read_grads(steps, criteria.min_params_with_grad_fraction,
-                             criteria.require_deployed_bytes_forward, is_quantized(leg), label)
+                             criteria.require_deployed_bytes_forward, is_quantized(leg), label, leg.path)
         findings.extend(reading.findings)
         numbers["legs"].append({"path": str(leg.path), "arm": leg.arm, "steps": reading.steps,
                                 "verdict": reading.findings.verdict.value})
         tables[f"per step: {leg.arm} {leg.path.name}"] = md_table(GRAD_HEADERS, reading.rows)
+    require_recorded(findings, question, [(f"{l.arm} {l.path.name}", l.meta) for l in ran])
     if not legs:
         findings.not_run("no backward leg")
-    summary = f"{ran} backward leg(s) judged"
+    elif not any(l.arm == "bi1" for l in ran):
+        findings.not_run("no BI=1 backward leg ran: the true on-policy trainer's backward has no evidence")
+    summary = f"{len(ran)} backward leg(s) judged"
     return cell(item, question, findings, summary, numbers, tables, {str(l.path): l.digest for l in legs})

@@ -11,8 +11,9 @@ from typing import Any
 
 from tica.evidence import EvidenceItem
 from tica.judges._common import Findings, cell, md_table, wrong_question
+from tica.judges.confounders import require_recorded
 from tica.question import CleanExitCriteria, Question
-from tica.receipts import ProcessExit, load_leg
+from tica.receipts import LegMeta, ProcessExit, load_leg
 from tica.verdict import VerdictCell
 
 SIDES = {"client": "client", "api_server": "server", "engine_core": "server", "worker": "server", "trainer": "trainer",
@@ -31,6 +32,16 @@ def exit_problem(p: ProcessExit) -> str | None:
     if p.evidence and _FORCED.search(p.evidence):
         return f"force killed: {p.evidence!r}"
     return None
+
+
+def exit_problems(meta: LegMeta, sides: Sequence[tuple[str, str]] = (("client", "client"), ("server", "api_server"))
+                  ) -> list[str]:
+    """Why a leg's exits are not clean: a side with no exit receipt (`sides`: side -> the role
+    that must be recorded), or any process that did not end normally. Empty: clean."""
+    problems = [f"{side} exit not recorded (no {role} process in processes)"
+                for side, role in sides if not any(p.role == role for p in meta.processes)]
+    problems += [f"{SIDES[p.role]}: {p.role} pid {p.pid} {why}" for p in meta.processes if (why := exit_problem(p))]
+    return problems
 
 
 def judge_clean_exit(question: Question, leg_paths: Sequence[str | Path]) -> VerdictCell:
@@ -52,6 +63,7 @@ def judge_clean_exit(question: Question, leg_paths: Sequence[str | Path]) -> Ver
         if not leg.meta.processes:
             findings.inconclusive(f"{name}: no exit receipt (processes is empty)")
             continue
+        require_recorded(findings, question, [(name, leg.meta)])
         for p in leg.meta.processes:
             side = SIDES[p.role]
             seen_roles.add(p.role)

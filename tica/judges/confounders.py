@@ -1,26 +1,29 @@
 """Confounders: every difference between the arms' receipts other than the switch itself.
 
 The practice lists confounders first, then compares: each is aligned or quantified separately,
-and a delta under an unquantified confounder is not attributed to the switch.
+and a delta under an unquantified confounder is not attributed to the switch. What a leg did not
+record is `unknown`, never aligned: a key recorded in neither arm is a row of its own, and the
+question's `must_record` names the keys whose being unknown makes a cell inconclusive.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from tica.judges._common import md_table
-from tica.receipts import LegMeta
+from tica.judges._common import Findings, md_table
+from tica.question import Question
+from tica.receipts import LegMeta, is_unknown, recorded_value
 
 SWITCH_KEYS = ("env.VLLM_BATCH_INVARIANT",)
 
 # Fields that name the leg rather than describe the arm.
 _LEG_IDENTITY = {"schema", "item", "arm", "round", "slot", "concurrency", "started_at", "ended_at",
-                 "processes", "not_run_reason", "profiled"}
+                 "processes", "not_run_reason", "profiled", "errors"}
 
 # The practice's named confounders, so the table says which known one a raw key is.
 _KNOWN: tuple[tuple[str, str], ...] = (
@@ -34,12 +37,13 @@ _KNOWN: tuple[tuple[str, str], ...] = (
     (r"tensor_parallel|\btp\b", "TP"),
     (r"async_scheduling", "async scheduling"),
     (r"weights_hash|model$", "weights"),
-    (r"^kernels\.", "kernel/backend selection"),
-    (r"^versions\.", "package versions"),
-    (r"^device\.", "hardware"),
+    (r"^kernels(\.|$)", "kernel/backend selection"),
+    (r"^versions(\.|$)", "package versions"),
+    (r"^device(\.|$)", "hardware"),
 )
 
-_ABSENT = "<absent>"
+# Shown unquoted; a recorded string is shown JSON-quoted, so the two never read alike.
+UNKNOWN = "unknown"
 
 
 class Confounder(BaseModel):
@@ -49,7 +53,7 @@ class Confounder(BaseModel):
     bi1: tuple[str, ...]
     bi0: tuple[str, ...]
     known_as: str | None
-    status: Literal["switch", "quantified", "unquantified"]
+    status: Literal["switch", "quantified", "unquantified", "unknown"]
     note: str = ""
 
 
@@ -58,7 +62,7 @@ def _flatten(prefix: str, value: Any, out: dict[str, str]) -> None:
         for k, v in value.items():
             _flatten(f"{prefix}.{k}" if prefix else str(k), v, out)
     else:
-        out[prefix] = json.dumps(value, sort_keys=True)
+        out[prefix] = UNKNOWN if is_unknown(value) else json.dumps(value, sort_keys=True)
 
 
 def arm_profile(meta: LegMeta) -> dict[str, str]:
@@ -87,15 +91,20 @@ def _quantified(key: str, quantified: Mapping[str, str]) -> str | None:
 def confounder_table(
     bi1: Sequence[LegMeta], bi0: Sequence[LegMeta], quantified: Mapping[str, str] | None = None
 ) -> list[Confounder]:
-    """Keys whose values differ between the arms, or within an arm across its legs."""
+    """Keys whose values differ between the arms, or within an arm across its legs, and keys
+    recorded in neither arm (status `unknown`: not shown aligned)."""
     quantified = quantified or {}
     p1 = [arm_profile(m) for m in bi1]
     p0 = [arm_profile(m) for m in bi0]
     keys = sorted({k for p in (*p1, *p0) for k in p})
     rows = []
     for key in keys:
-        v1 = tuple(sorted({p.get(key, _ABSENT) for p in p1}))
-        v0 = tuple(sorted({p.get(key, _ABSENT) for p in p0}))
+        v1 = tuple(sorted({p.get(key, UNKNOWN) for p in p1}))
+        v0 = tuple(sorted({p.get(key, UNKNOWN) for p in p0}))
+        if v1 == v0 == (UNKNOWN,):
+            rows.append(Confounder(key=key, bi1=v1, bi0=v0, known_as=_known_as(key), status="unknown",
+                                   note="recorded in neither arm: unknown, not aligned"))
+            continue
         if v1 == v0 and len(v1) == 1:
             continue
         if key in SWITCH_KEYS:
@@ -110,6 +119,23 @@ def confounder_table(
 
 def unquantified(table: Sequence[Confounder]) -> list[Confounder]:
     return [c for c in table if c.status == "unquantified"]
+
+
+def unknown(table: Sequence[Confounder]) -> list[Confounder]:
+    return [c for c in table if c.status == "unknown"]
+
+
+def unrecorded(meta: LegMeta, keys: Sequence[str]) -> list[str]:
+    """The keys of `keys` this leg did not record (absent, null or empty)."""
+    return [k for k in keys if recorded_value(meta, k) is None]
+
+
+def require_recorded(findings: Findings, question: Question, legs: Iterable[tuple[str, LegMeta]]) -> None:
+    """Each leg must record every field the question names; an unknown one is no pass."""
+    for name, meta in legs:
+        missing = unrecorded(meta, question.must_record)
+        if missing:
+            findings.inconclusive(f"{name}: {', '.join(missing)} not recorded (unknown); the question requires it")
 
 
 def confounder_markdown(table: Sequence[Confounder]) -> str:

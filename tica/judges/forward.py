@@ -1,8 +1,12 @@
 """Train–inference forward: logprobs of fixed token histories, trainer vs rollout, per step.
 
 BI=1 passes only with max = mean = 0 at every step (and, where arrays exist, every logprob
-bitwise equal); a missing step is not a pass. BI=0 reports its magnitude against the
-question's independent reference.
+bitwise equal); a missing step is not a pass. BI=0 is the practice's smoke check: mean of the
+reference's magnitude, max finite (it may approach 1), grad norm finite (a grad norm of exactly
+0 is read against the within-group rewards). The question's `arms` say which arms are judged: a
+question judging BI=1 needs a BI=1 leg that ran and judges BI=0 legs present (a grad norm they
+do not record is noted); a BI=0 smoke question needs a BI=0 leg whose grad norm is recorded.
+A BI=0 mean inside the noise floor is reported as indistinguishable from noise.
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ import numpy as np
 
 from tica.evidence import EvidenceItem
 from tica.judges._common import Findings, cell, md_table, worst, wrong_question
-from tica.judges.confounders import confounder_markdown, confounder_table, unquantified
+from tica.judges.backward import zero_advantage
+from tica.judges.confounders import confounder_markdown, confounder_table, require_recorded, unquantified
 from tica.metrics import forward_metrics
 from tica.question import ForwardCriteria, Question
 from tica.receipts import (
@@ -35,7 +40,7 @@ from tica.verdict import Verdict, VerdictCell
 
 _STEP_FILE = re.compile(r"step_(\d+)\.npz")
 STEP_HEADERS = ["step", "basis", "checkpoint", "max", "mean", "std", "pearson", "k3 KL",
-                "tokens", "bitwise diffs", "decode≠prefill", "source", "verdict"]
+                "tokens", "bitwise diffs", "decode≠prefill", "grad norm", "source", "verdict"]
 
 
 @dataclass
@@ -91,12 +96,46 @@ def _recompute(forward_dir: Path, step: ForwardStep, findings: Findings, label: 
     return out
 
 
+def _bi0_grad_norm(s: ForwardStep, required: bool, f: Findings, label: str) -> None:
+    """The smoke check's grad norm: finite; exactly 0 only where every group's rewards are equal."""
+    g = s.grad_norm
+    if g is None:
+        if required:
+            f.inconclusive(f"{label}step {s.step}: grad norm not recorded (actor/grad_norm): the BI=0 smoke check is incomplete")
+    elif not math.isfinite(g):
+        f.fail(f"{label}step {s.step}: BI=0 grad norm is {g}")
+    elif g == 0:
+        if s.within_group_rewards is None:
+            f.inconclusive(f"{label}step {s.step}: BI=0 grad norm exactly 0 and no within-group rewards recorded")
+        elif zero_advantage(s.within_group_rewards):
+            f.note(f"{label}step {s.step}: BI=0 grad norm 0 explained: every group has equal rewards, advantage 0")
+        else:
+            f.fail(f"{label}step {s.step}: BI=0 grad norm exactly 0 while rewards vary within a group: a numerical fault")
+
+
+def _judge_bi0_step(s: ForwardStep, mx: float, mean: float, bi0_range: tuple[float, float] | None,
+                    grad_norm_required: bool, noise_floor: float, f: Findings, label: str) -> None:
+    if bi0_range is not None and not (bi0_range[0] <= mean <= bi0_range[1]):
+        f.fail(
+            f"{label}step {s.step}: BI=0 mean {mean:.3g} is not the magnitude of the reference "
+            f"(allowed [{bi0_range[0]:.3g}, {bi0_range[1]:.3g}])"
+        )
+    if not math.isfinite(mx):
+        f.fail(f"{label}step {s.step}: BI=0 max is {mx}")
+    if noise_floor > 0 and mean <= noise_floor:
+        f.note(f"{label}step {s.step}: BI=0 mean {mean:.3g} is inside the noise floor {noise_floor:g}: "
+               "not distinguishable from noise")
+    _bi0_grad_norm(s, grad_norm_required, f, label)
+
+
 def read_forward(
-    forward_dir: Path, arm: str, min_steps: int, bi0_range: tuple[float, float] | None, label: str = ""
+    forward_dir: Path, arm: str, min_steps: int, bi0_range: tuple[float, float] | None, label: str = "",
+    grad_norm_required: bool = False, noise_floor: float = 0.0,
 ) -> ForwardReading:
     """Judge one forward receipt directory (metrics.jsonl [+ arrays/]) as arm `arm`.
 
     `bi0_range` is the allowed BI=0 mean |diff|; None reports BI=0 without judging its magnitude.
+    `grad_norm_required`: a BI=0 step without a recorded grad norm is not a pass (smoke check).
     """
     reading = ForwardReading()
     f = reading.findings
@@ -135,19 +174,24 @@ def read_forward(
             if v["decode_diff"]:
                 step_f.fail(f"{label}step {s.step}: {v['decode_diff']} decode logprobs differ from the prefill scoring")
         else:
-            if bi0_range is not None and not (bi0_range[0] <= mean <= bi0_range[1]):
-                step_f.fail(
-                    f"{label}step {s.step}: BI=0 mean {mean:.3g} is not the magnitude of the reference "
-                    f"(allowed [{bi0_range[0]:.3g}, {bi0_range[1]:.3g}])"
-                )
-            if not math.isfinite(mx):
-                step_f.fail(f"{label}step {s.step}: BI=0 max is {mx}")
+            _judge_bi0_step(s, mx, mean, bi0_range, grad_norm_required, noise_floor, step_f, label)
         f.extend(step_f)
         reading.rows.append([s.step, s.step_basis, s.checkpoint_version, mx, mean, v["std"], v["pearson"], v["k3"],
-                             v["n_tokens"], v["n_bitwise_diff"], v["decode_diff"], src, step_f.verdict.value])
+                             v["n_tokens"], v["n_bitwise_diff"], v["decode_diff"], s.grad_norm, src,
+                             step_f.verdict.value])
         reading.steps.append({"step": s.step, "step_basis": s.step_basis, "checkpoint_version": s.checkpoint_version,
-                              "source": src, **{k: v[k] for k in v}, "verdict": step_f.verdict.value})
+                              "source": src, **{k: v[k] for k in v}, "grad_norm": s.grad_norm,
+                              "verdict": step_f.verdict.value})
     return reading
+
+
+def _required_arm(criteria: ForwardCriteria) -> str:
+    """The arm whose leg must have run: BI=1 when it is judged (the bitwise claim), else BI=0 (smoke)."""
+    return "bi1" if "bi1" in criteria.arms else "bi0"
+
+
+_NO_LEG = {"bi1": "no BI=1 forward leg: the bitwise claim has no evidence",
+           "bi0": "no BI=0 forward leg: the BI=0 smoke check has no evidence"}
 
 
 def judge_forward(question: Question, leg_paths: Sequence[str | Path]) -> VerdictCell:
@@ -158,28 +202,36 @@ def judge_forward(question: Question, leg_paths: Sequence[str | Path]) -> Verdic
         return cell(item, question, findings, bad)
     criteria: ForwardCriteria = question.criteria  # type: ignore[assignment]
     legs: list[Leg] = [load_leg(p) for p in leg_paths]
-    numbers: dict[str, Any] = {"legs": [], "bi0_reference_mean": criteria.bi0_reference_mean}
+    numbers: dict[str, Any] = {"legs": [], "arms": list(criteria.arms), "bi0_reference_mean": criteria.bi0_reference_mean,
+                               "noise_floor": question.noise_floor}
     tables: dict[str, str] = {}
     arm_verdicts: dict[str, list[Verdict]] = {"bi1": [], "bi0": []}
+    ref, factor = criteria.bi0_reference_mean, criteria.bi0_magnitude_factor
+    bi0_range = None if ref is None else (ref / factor, ref * factor)
     for leg in legs:
         label = f"{leg.arm} {leg.path.name}: "
+        judged = leg.arm in criteria.arms
         if leg.meta.item != "forward":
             findings.inconclusive(f"{label}is a {leg.meta.item} leg, not a forward leg")
             continue
         if leg.meta.not_run_reason:
-            findings.not_run(f"{label}did not run: {leg.meta.not_run_reason}")
+            (findings.not_run if judged else findings.note)(f"{label}did not run: {leg.meta.not_run_reason}")
             arm_verdicts[leg.arm].append(Verdict.NOT_RUN)
             continue
-        ref, factor = criteria.bi0_reference_mean, criteria.bi0_magnitude_factor
-        bi0_range = None if ref is None else (ref / factor, ref * factor)
-        reading = read_forward(leg.path, leg.arm, criteria.min_steps, bi0_range, label)
-        findings.extend(reading.findings)
+        reading = read_forward(leg.path, leg.arm, criteria.min_steps, bi0_range, label,
+                               grad_norm_required=criteria.bi0_smoke, noise_floor=question.noise_floor)
+        if judged:
+            findings.extend(reading.findings)
+            require_recorded(findings, question, [(f"{leg.arm} {leg.path.name}", leg.meta)])
+        else:
+            findings.note(f"{label}reported, not judged: the question judges {list(criteria.arms)} only")
         arm_verdicts[leg.arm].append(reading.findings.verdict)
-        numbers["legs"].append({"path": str(leg.path), "arm": leg.arm, "steps": reading.steps,
+        numbers["legs"].append({"path": str(leg.path), "arm": leg.arm, "judged": judged, "steps": reading.steps,
                                 "verdict": reading.findings.verdict.value})
         tables[f"per step: {leg.arm} {leg.path.name}"] = md_table(STEP_HEADERS, reading.rows)
-    if not arm_verdicts["bi1"]:
-        findings.not_run("no BI=1 forward leg: the bitwise claim has no evidence")
+    required = _required_arm(criteria)
+    if not arm_verdicts[required]:
+        findings.not_run(_NO_LEG[required])
     bi1 = [l.meta for l in legs if l.arm == "bi1" and not l.meta.not_run_reason]
     bi0 = [l.meta for l in legs if l.arm == "bi0" and not l.meta.not_run_reason]
     if bi1 and bi0:
@@ -191,13 +243,25 @@ def judge_forward(question: Question, leg_paths: Sequence[str | Path]) -> Verdic
             # BI=1's verdict stands on its own; only the BI=0 magnitude would be misattributed.
             findings.note("BI=0 magnitude is not attributed to the switch alone; unquantified: "
                           + ", ".join(c.key for c in loose))
-    v1 = worst(arm_verdicts["bi1"]) if arm_verdicts["bi1"] else Verdict.NOT_RUN
-    n_steps = max((len(l["steps"]) for l in numbers["legs"] if l["arm"] == "bi1"), default=0)
-    summary = f"BI=1 {v1.value} over {n_steps} step(s)"
-    if arm_verdicts["bi0"]:
-        means = [s["mean"] for l in numbers["legs"] if l["arm"] == "bi0" for s in l["steps"] if s["mean"] is not None]
-        if means:
-            ref = criteria.bi0_reference_mean
-            against = f"vs reference {ref:g}" if ref is not None else "(reported; the question names no reference)"
-            summary += f"; BI=0 mean |diff| {min(means):.3g}..{max(means):.3g} {against}"
-    return cell(item, question, findings, summary, numbers, tables, {str(l.path): l.digest for l in legs})
+    return cell(item, question, findings, _summary(criteria, arm_verdicts, numbers), numbers, tables,
+                {str(l.path): l.digest for l in legs})
+
+
+def _summary(criteria: ForwardCriteria, arm_verdicts: dict[str, list[Verdict]], numbers: dict[str, Any]) -> str:
+    parts = []
+    if "bi1" in criteria.arms:
+        v1 = worst(arm_verdicts["bi1"]) if arm_verdicts["bi1"] else Verdict.NOT_RUN
+        n_steps = max((len(l["steps"]) for l in numbers["legs"] if l["arm"] == "bi1"), default=0)
+        parts.append(f"BI=1 {v1.value} over {n_steps} step(s)")
+    else:
+        v0 = worst(arm_verdicts["bi0"]) if arm_verdicts["bi0"] else Verdict.NOT_RUN
+        parts.append(f"BI=0 smoke {v0.value}")
+    means = [s["mean"] for l in numbers["legs"] if l["arm"] == "bi0" for s in l["steps"] if s["mean"] is not None]
+    if means:
+        ref = criteria.bi0_reference_mean
+        against = f"vs reference {ref:g}" if ref is not None else "(reported; the question names no reference)"
+        parts.append(f"BI=0 mean |diff| {min(means):.3g}..{max(means):.3g} {against}")
+        floor = numbers["noise_floor"]
+        if floor > 0 and max(means) <= floor:
+            parts.append(f"inside the noise floor {floor:g}")
+    return "; ".join(parts)

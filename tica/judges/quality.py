@@ -3,7 +3,8 @@
 If any contract item differs it is not the same score (`inconclusive`, naming the item). The
 2x2 of per-problem outcomes must sum to the problem count. Each side's score, the absolute
 point difference and the threshold are reported; under greedy decoding a score moves in steps
-of 1/N, so a finer threshold is flagged.
+of 1/N, so a finer threshold is flagged. A difference inside the question's noise floor (in
+points) is reported as not distinguishable from noise.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 
 from tica.evidence import EvidenceItem
 from tica.judges._common import Findings, cell, md_table, wrong_question
-from tica.judges.confounders import confounder_markdown, confounder_table, unquantified
+from tica.judges.confounders import confounder_markdown, confounder_table, require_recorded, unquantified
 from tica.question import QualityCriteria, Question
 from tica.receipts import CONTRACT_FILE, RESULTS_FILE, Leg, ProblemResult, load_eval_contract, load_leg, load_quality_results
 from tica.verdict import Verdict, VerdictCell
@@ -68,6 +69,7 @@ def judge_quality(question: Question, leg_paths: Sequence[str | Path]) -> Verdic
     if any(len(v) != 1 for v in by_arm.values()):
         return cell(item, question, findings, "no pair of quality legs to compare", receipt_hashes=hashes)
     l1, l0 = by_arm["bi1"][0], by_arm["bi0"][0]
+    require_recorded(findings, question, [(f"{l.arm} {l.path.name}", l.meta) for l in (l1, l0)])
     c1, c0 = load_eval_contract(l1.path / CONTRACT_FILE), load_eval_contract(l0.path / CONTRACT_FILE)
     r1, r0 = load_quality_results(l1.path / RESULTS_FILE), load_quality_results(l0.path / RESULTS_FILE)
     tables: dict[str, str] = {}
@@ -136,6 +138,10 @@ def judge_quality(question: Question, leg_paths: Sequence[str | Path]) -> Verdic
         )
     if diff > criteria.threshold_points + 1e-9:
         findings.fail(f"|{score1:.4g} - {score0:.4g}| = {diff:.4g} points exceeds the threshold {criteria.threshold_points:g}")
+    floor = question.noise_floor
+    inside_noise = floor > 0 and diff <= floor
+    if inside_noise:
+        findings.note(f"|diff| {diff:.4g} points is inside the noise floor {floor:g} points: not distinguishable from noise")
     t1, t0 = _truncation(r1), _truncation(r0)
     for arm, t in (("BI=1", t1), ("BI=0", t0)):
         if t is None:
@@ -147,6 +153,7 @@ def judge_quality(question: Question, leg_paths: Sequence[str | Path]) -> Verdic
     )
     numbers.update(counts, n=n, score_bi1=score1, score_bi0=score0, abs_diff_points=diff,
                    threshold_points=criteria.threshold_points, one_problem_points=resolution,
+                   noise_floor_points=floor, inside_noise_floor=inside_noise,
                    threshold_finer_than_one_problem=finer, truncation_ratio_bi1=t1, truncation_ratio_bi0=t0)
 
     # 4. Confounders: a pass would attribute the (small) delta to the switch.
@@ -161,5 +168,6 @@ def judge_quality(question: Question, leg_paths: Sequence[str | Path]) -> Verdic
         else:
             findings.inconclusive(f"unquantified confounders between the arms: {keys}")
     summary = (f"BI=1 {score1:.4g}% vs BI=0 {score0:.4g}% on N={n}, |diff| {diff:.4g} points "
-               f"(threshold {criteria.threshold_points:g})")
+               f"(threshold {criteria.threshold_points:g}"
+               + (f"; inside the noise floor {floor:g}" if inside_noise else "") + ")")
     return cell(item, question, findings, summary, numbers, tables, hashes)

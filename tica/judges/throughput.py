@@ -1,11 +1,14 @@
 """Throughput pairing over `vllm bench serve --save-result` JSON, one file per leg.
 
-Order of work, as the practice prescribes: workload receipts first (a mismatched leg is
-`inconclusive` and never enters a loss); the crossed order of every round; per-round raw
-throughput and loss 1 - T_BI1/T_BI0; then per concurrency the question's frozen formula,
-labelled. A target c over budget fails whatever the average says; single-round and aggregate
-overruns are reported apart; invalid rounds are kept with their reasons; fast/slow tiers in an
-arm make the attribution `inconclusive`; a profiled leg never counts.
+Order of work, as the practice prescribes: exit and workload receipts first (a leg whose client
+or server did not exit cleanly, or whose exits a leg directory does not record, or whose
+workload mismatches, is invalid: its round never enters a loss); the crossed order of every
+round, read from round/slot (the legs' work times corroborate it only where they are credible);
+per-round raw throughput and loss 1 - T_BI1/T_BI0; then per concurrency the question's frozen
+formula, labelled. A target c over budget fails whatever the average says; single-round and
+aggregate overruns are reported apart; a loss inside the noise floor is reported as such;
+invalid rounds are kept with their reasons; fast/slow tiers in an arm make the attribution
+`inconclusive`; a profiled leg never counts.
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ from typing import Any
 
 from tica.evidence import EvidenceItem
 from tica.judges._common import Findings, cell, md_table, wrong_question
-from tica.judges.confounders import confounder_markdown, confounder_table, unquantified
+from tica.judges.clean_exit import exit_problems
+from tica.judges.confounders import confounder_markdown, confounder_table, require_recorded, unquantified
 from tica.question import Question, ThroughputCriteria, ThroughputFormula
 from tica.receipts import LEG_FILE, BenchLeg, load_bench_leg
 from tica.verdict import Verdict, VerdictCell
@@ -63,6 +67,9 @@ def check_workload(leg: BenchLeg, criteria: ThroughputCriteria) -> LegCheck:
     b = leg.bench
     chk = LegCheck(leg=leg, throughput=_metric(leg, criteria))
     p = chk.problems
+    if leg.meta is not None:
+        # Client and server exits, each verified on its own, before anything is computed.
+        p += [f"exit: {why}" for why in exit_problems(leg.meta)]
     if leg.meta is not None and leg.meta.item != "throughput":
         p.append(f"a {leg.meta.item} leg, not a throughput leg")
     if leg.meta is not None and leg.meta.not_run_reason:
@@ -101,13 +108,23 @@ def check_workload(leg: BenchLeg, criteria: ThroughputCriteria) -> LegCheck:
     return chk
 
 
-def _started(leg: BenchLeg) -> _dt.datetime | None:
-    if leg.meta is None or not leg.meta.started_at:
+# Older producers stamped started_at and ended_at when leg.json was written (microseconds apart),
+# not when the work ran. A bench leg takes seconds at least, so times closer than this are
+# taken as write stamps and never used to order legs.
+MIN_WORK_SECONDS = 1.0
+
+
+def work_times(leg: BenchLeg) -> tuple[_dt.datetime, _dt.datetime] | None:
+    """(started, ended) when the leg records credible work times, else None."""
+    if leg.meta is None or not leg.meta.started_at or not leg.meta.ended_at:
         return None
     try:
-        return _dt.datetime.fromisoformat(leg.meta.started_at)
-    except ValueError:
+        start = _dt.datetime.fromisoformat(leg.meta.started_at)
+        end = _dt.datetime.fromisoformat(leg.meta.ended_at)
+        span = (end - start).total_seconds()
+    except (TypeError, ValueError):  # unparsable, or naive against aware
         return None
+    return (start, end) if span >= MIN_WORK_SECONDS else None
 
 
 @dataclass
@@ -152,9 +169,13 @@ def check_round(rnd: Round, criteria: ThroughputCriteria) -> None:
         if slots[1].leg.arm != first:
             p.append(f"order {slots[1].leg.arm} then {slots[2].leg.arm}; the frozen order {rnd.expected} "
                      f"(A = {criteria.arm_a}) puts {first} first")
-        s1, s2 = _started(slots[1].leg), _started(slots[2].leg)
-        if s1 is not None and s2 is not None and not s1 < s2:
-            p.append(f"slot 1 started at {s1.isoformat()}, not before slot 2 at {s2.isoformat()}")
+        w1, w2 = work_times(slots[1].leg), work_times(slots[2].leg)
+        if w1 is not None and w2 is not None:
+            if not w1[0] < w2[0]:
+                p.append(f"slot 1 started at {w1[0].isoformat()}, not before slot 2 at {w2[0].isoformat()}")
+            elif w1[1] > w2[0]:
+                p.append(f"slot 1 ended at {w1[1].isoformat()}, after slot 2 started at {w2[0].isoformat()}: "
+                         "the legs overlapped")
     legs = {lc.leg.arm: lc for lc in rnd.legs}
     if legs["bi1"].leg.bench.completed != legs["bi0"].leg.bench.completed:
         p.append("the arms completed different request volumes; no loss is computed from them")
@@ -197,6 +218,11 @@ def judge_throughput(question: Question, leg_paths: Sequence[str | Path]) -> Ver
         return cell(item, question, findings, summary, receipt_hashes={str(p): "" for p in not_run})
     legs = [load_bench_leg(p) for p in ran]
     hashes = {str(l.path): l.digest for l in legs}
+    require_recorded(findings, question, [(l.path.name, l.meta) for l in legs if l.meta is not None])
+    stamped = [l.path.name for l in legs if l.meta is not None and work_times(l) is None]
+    if stamped:
+        findings.note(f"{len(stamped)} leg(s) record no credible work times (ended_at - started_at under "
+                      f"{MIN_WORK_SECONDS:g} s: stamped when leg.json was written): their order is read from round/slot only")
     checks = [check_workload(l, criteria) for l in legs]
     tables: dict[str, str] = {}
     numbers: dict[str, Any] = {"metric": criteria.throughput_metric,
@@ -251,7 +277,8 @@ def judge_throughput(question: Question, leg_paths: Sequence[str | Path]) -> Ver
         t0 = [r.t_bi0 for r in valid]
         entry: dict[str, Any] = {"valid_rounds": [r.number for r in valid], "t_bi1": t1, "t_bi0": t0,
                                  "losses": [r.loss for r in valid], "statistic": None, "budget": budget.get(c),
-                                 "over_budget": None, "single_round_overruns": [], "tiers": {}}
+                                 "over_budget": None, "single_round_overruns": [], "tiers": {},
+                                 "inside_noise_floor": None}
         per_c[c] = entry
         target = c in budget
         if len(valid) < question.repeats:
@@ -265,6 +292,10 @@ def judge_throughput(question: Question, leg_paths: Sequence[str | Path]) -> Ver
             continue
         stat = formal_statistic(criteria.formula, t1, t0)  # type: ignore[arg-type]
         entry["statistic"] = stat
+        entry["inside_noise_floor"] = abs(stat) <= question.noise_floor
+        if question.noise_floor > 0 and entry["inside_noise_floor"]:
+            findings.note(f"c={c}: loss {stat:.4g} is inside the noise floor {question.noise_floor:g}: not "
+                          "distinguishable from noise" + (f" (budget {budget[c]:g})" if target else ""))
         if target:
             entry["single_round_overruns"] = [r.number for r in valid if r.loss > budget[c]]
             single_overruns += [(c, r.number, r.loss) for r in valid if r.loss > budget[c]]
@@ -273,6 +304,7 @@ def judge_throughput(question: Question, leg_paths: Sequence[str | Path]) -> Ver
                 if stat > budget[c]:
                     aggregate_overruns.append((c, stat))
     numbers["per_concurrency"] = {str(c): e for c, e in per_c.items()}
+    numbers["noise_floor"] = question.noise_floor
     stats = [e["statistic"] for e in per_c.values() if e["statistic"] is not None]
     # Shown because people ask for it; never judged, so it cannot hide one c over budget.
     numbers["average_across_concurrencies_not_judged"] = statistics.fmean(stats) if stats else None
@@ -281,10 +313,10 @@ def judge_throughput(question: Question, leg_paths: Sequence[str | Path]) -> Ver
     label = question.formula_label or "no frozen formula"
     tables["per concurrency"] = md_table(
         ["c", "valid rounds", "median T_BI1", "median T_BI0", f"statistic ({label})", "budget", "over budget",
-         "single-round overruns", "fast/slow tiers"],
+         f"inside noise floor ({question.noise_floor:g})", "single-round overruns", "fast/slow tiers"],
         [[c, len(e["t_bi1"]), statistics.median(e["t_bi1"]) if e["t_bi1"] else None,
           statistics.median(e["t_bi0"]) if e["t_bi0"] else None, e["statistic"], e["budget"], e["over_budget"],
-          ", ".join(f"r{r}" for r in e["single_round_overruns"]),
+          e["inside_noise_floor"], ", ".join(f"r{r}" for r in e["single_round_overruns"]),
           ", ".join(f"{a} x{x:.3g}" for a, x in e["tiers"].items())] for c, e in per_c.items()])
 
     for c, s in aggregate_overruns:
@@ -302,7 +334,8 @@ def judge_throughput(question: Question, leg_paths: Sequence[str | Path]) -> Ver
     conf_rows = []
     bare = [chk.leg.path.name for chk in checks if chk.leg.meta is None]
     if bare:
-        findings.inconclusive(f"{len(bare)} bare bench file(s) carry no resolved config: confounders cannot be listed")
+        findings.inconclusive(f"{len(bare)} bare bench file(s) carry no resolved config or exit receipts: "
+                              "confounders cannot be listed, exits cannot be verified")
     for c in criteria.concurrencies:
         ok = [lc.leg.meta for r in rounds if r.c == c and r.valid for lc in r.legs if lc.leg.meta is not None]
         m1 = [m for m in ok if m.arm == "bi1"]

@@ -1,5 +1,7 @@
 """Real update: one optimizer step, weight sync to the rollout engine, forward re-checked on
-the updated weights.
+the updated weights. The claim is BI=1's: a BI=1 leg must have run, and its post-update forward
+must be bitwise equal at every one of the question's `post_update_steps` steps (fewer is not a
+pass). A BI=0 leg's post-update forward is reported, never a bitwise claim.
 """
 
 from __future__ import annotations
@@ -11,9 +13,10 @@ from typing import Any
 from tica.evidence import EvidenceItem
 from tica.judges._common import Findings, cell, md_table, wrong_question
 from tica.judges.backward import GRAD_HEADERS, is_quantized, read_grads
+from tica.judges.confounders import require_recorded
 from tica.judges.forward import STEP_HEADERS, read_forward
 from tica.question import Question, UpdateCriteria
-from tica.receipts import METRICS_FILE, POST_FORWARD_DIR, UpdateStep, load_leg, load_step_metrics
+from tica.receipts import METRICS_FILE, POST_FORWARD_DIR, Leg, UpdateStep, load_leg, load_step_metrics
 from tica.verdict import VerdictCell
 
 UPDATE_HEADERS = ["step", "optimizer", "tensors changed", "tensors total", "updated weights", "reloaded by rollout"]
@@ -27,8 +30,9 @@ def judge_update(question: Question, leg_paths: Sequence[str | Path]) -> Verdict
         return cell(item, question, findings, bad)
     criteria: UpdateCriteria = question.criteria  # type: ignore[assignment]
     legs = [load_leg(p) for p in leg_paths]
-    numbers: dict[str, Any] = {"legs": []}
+    numbers: dict[str, Any] = {"legs": [], "post_update_steps": criteria.post_update_steps}
     tables: dict[str, str] = {}
+    ran: list[Leg] = []
     for leg in legs:
         label = f"{leg.arm} {leg.path.name}: "
         if leg.meta.item != "update":
@@ -37,9 +41,10 @@ def judge_update(question: Question, leg_paths: Sequence[str | Path]) -> Verdict
         if leg.meta.not_run_reason:
             findings.not_run(f"{label}did not run: {leg.meta.not_run_reason}")
             continue
+        ran.append(leg)
         f = Findings()
         steps: list[UpdateStep] = load_step_metrics(leg.path / METRICS_FILE, UpdateStep)
-        grads = read_grads(steps, 1.0, False, is_quantized(leg), label)
+        grads = read_grads(steps, 1.0, False, is_quantized(leg), label, leg.path)
         f.extend(grads.findings)
         rows = []
         for s in steps:
@@ -65,7 +70,8 @@ def judge_update(question: Question, leg_paths: Sequence[str | Path]) -> Verdict
         else:
             # BI=1 must stay bitwise after the update; BI=0's post-update magnitude is reported only.
             check_bi1 = leg.arm == "bi1" and criteria.recheck_forward_bitwise
-            reading = read_forward(post_dir, leg.arm if check_bi1 else "bi0", 1, None, f"{label}post-update ")
+            reading = read_forward(post_dir, leg.arm if check_bi1 else "bi0",
+                                   criteria.post_update_steps if check_bi1 else 1, None, f"{label}post-update ")
             f.extend(reading.findings)
             tables[f"post-update forward: {leg.arm} {leg.path.name}"] = md_table(STEP_HEADERS, reading.rows)
             post = {"steps": reading.steps, "verdict": reading.findings.verdict.value}
@@ -78,7 +84,10 @@ def judge_update(question: Question, leg_paths: Sequence[str | Path]) -> Verdict
         tables[f"update: {leg.arm} {leg.path.name}"] = md_table(UPDATE_HEADERS, rows)
         numbers["legs"].append({"path": str(leg.path), "arm": leg.arm, "steps": grads.steps, "update": [
             dict(zip(UPDATE_HEADERS, r)) for r in rows], "post_forward": post, "verdict": f.verdict.value})
+    require_recorded(findings, question, [(f"{l.arm} {l.path.name}", l.meta) for l in ran])
     if not legs:
         findings.not_run("no update leg")
+    elif not any(l.arm == "bi1" for l in ran):
+        findings.not_run("no BI=1 update leg ran: the update's bitwise re-check has no evidence")
     summary = f"{len(numbers['legs'])} update leg(s) judged"
     return cell(item, question, findings, summary, numbers, tables, {str(l.path): l.digest for l in legs})
