@@ -277,7 +277,9 @@ def _blocking(rows: list[dict]) -> tuple[tuple[str, ...], dict[str, str]]:
 
 
 def report(ledger: Ledger, track: str, current: CandidateIdentity | None) -> Report:
-    """The acceptance report of a track from the ledger (verdicts and their checks)."""
+    """The acceptance report of a track from the ledger (verdicts and their checks). A ledger
+    whose chain or views do not verify is not reported from: LedgerIntegrityError."""
+    ledger.verify_or_raise()
     rows = {r["item"]: r for r in ledger.rows("SELECT * FROM track_verdicts WHERE track = ?", [track])}
     by_verdict = _check_rows(ledger, [r["verdict_id"] for r in rows.values()])
     cells = []

@@ -8,8 +8,10 @@ import sys
 from collections.abc import Sequence
 
 from tica.candidate import diff, identify, identify_file, voided_items
-from tica.errors import TicaError
-from tica.ledger import Ledger, default_ledger_path
+from pathlib import Path
+
+from tica.errors import EXIT_BAD_INPUT, FrozenQuestionError, InputError, TicaError, UsageParser
+from tica.ledger import Ledger, LedgerMissing, default_ledger_path
 from tica.manifest import load_manifest
 from tica.records import freeze_question, record_candidate
 
@@ -66,24 +68,63 @@ def cmd_question_freeze(args: argparse.Namespace) -> int:
     return 0
 
 
+def _printable(value: object) -> str:
+    """One line, control bytes escaped: what SQL returns is data, never terminal control."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(value))
+
+
 def cmd_ledger_query(args: argparse.Namespace) -> int:
-    columns, rows = _ledger(args).query(args.sql)
-    print(format_table(columns, rows))
+    import duckdb
+
+    ledger = _ledger(args).require_exists()
+    try:
+        columns, rows = ledger.query(args.sql, sandboxed=True)
+    except duckdb.Error as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        print(f"tica: query refused: {_printable(first)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print(format_table([_printable(c) for c in columns], [[None if v is None else _printable(v) for v in r] for r in rows]))
     return 0
 
 
 def cmd_ledger_verify(args: argparse.Namespace) -> int:
-    report = _ledger(args).verify()
+    from tica.ledger import Head
+
+    expect = None
+    if args.expect_head:
+        try:
+            text = Path(args.expect_head).read_text()
+        except OSError as err:
+            raise InputError(args.expect_head, "<file>", f"cannot read: {err.strerror}") from None
+        expect = Head.from_json(text, args.expect_head)
+    report = _ledger(args).require_exists().verify(expect)
     if report.ok:
-        print(f"ok: {report.rows} rows, head {report.head_hash}")
+        print(f"ok: {report.rows} rows, head {report.head_hash}" + (f" (holds the published head seq={expect.seq})"
+                                                                     if expect else ""))
         return 0
     for problem in report.problems:
         print(f"FAIL {problem}", file=sys.stderr)
     return 1
 
 
+def cmd_ledger_head(args: argparse.Namespace) -> int:
+    """Publish the head (seq, hash, time) of a chain that verifies, to anchor its tail."""
+    report = _ledger(args).require_exists().verify()
+    if not report.ok:
+        for problem in report.problems:
+            print(f"FAIL {problem}", file=sys.stderr)
+        return 1
+    text = report.head.to_json()
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+        print(f"head seq={report.head.seq} {report.head.row_hash} written to {args.out}")
+    else:
+        print(text)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tica", description=__doc__)
+    parser = UsageParser(prog="tica", description=__doc__)
     parser.add_argument("--ledger", help="DuckDB ledger file (default: $TICA_LEDGER or data/ledger.duckdb)")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("judge", help="judge sealed receipts under a frozen question: tica judge ITEM -q Q.yaml LEG...")
@@ -110,8 +151,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = led.add_parser("query", help="run read-only SQL and print a table")
     p.add_argument("sql")
     p.set_defaults(func=cmd_ledger_query)
-    p = led.add_parser("verify", help="recompute the hash chain; name any edited row")
+    p = led.add_parser("verify", help="recompute the hash chain and the views; name any edited row")
+    p.add_argument("--expect-head", help="a head published by `tica ledger head`: fail if the chain no longer holds it")
     p.set_defaults(func=cmd_ledger_verify)
+    p = led.add_parser("head", help="print (or --out FILE) the verified chain's head: seq, hash, time")
+    p.add_argument("--out", help="write the head as JSON to this file")
+    p.set_defaults(func=cmd_ledger_head)
 
     return parser
 
@@ -126,9 +171,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except TicaError as err:
+    except FrozenQuestionError as err:
         print(f"tica: error: {err}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
+    except (InputError, LedgerMissing) as err:
+        print(f"tica: error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except TicaError as err:  # a lock held too long, an unreadable ledger: not a verdict, not bad input
+        print(f"tica: error: {err}", file=sys.stderr)
+        return 5
 
 
 if __name__ == "__main__":

@@ -2,7 +2,19 @@
 
 from __future__ import annotations
 
+import argparse
+import sys
 from pathlib import Path
+
+EXIT_BAD_INPUT = 4
+
+
+class UsageParser(argparse.ArgumentParser):
+    """Usage errors exit 4 (bad input), like every other bad input: exit 2 means inconclusive."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message}\n")
 
 
 class TicaError(Exception):

@@ -17,12 +17,14 @@ from tica.verdict import VerdictCell
 
 
 def record_candidate(ledger: Ledger, identity: CandidateIdentity, loaded: LoadedManifest) -> str:
-    """Record a candidate and its component fingerprints once; returns its id."""
+    """Record a candidate and its component fingerprints once (checked and appended under one
+    writer lock, so concurrent recorders write it exactly once); returns its id."""
     cid = identity.candidate_id
-    if ledger.query("SELECT 1 FROM candidates WHERE candidate_id = ?", [cid])[1]:
-        return cid
-    rows = [
-        (
+
+    def decide(rows) -> list:
+        if rows("SELECT 1 FROM candidates WHERE candidate_id = ?", [cid]):
+            return []
+        out = [(
             "candidates",
             {
                 "candidate_id": cid,
@@ -31,40 +33,44 @@ def record_candidate(ledger: Ledger, identity: CandidateIdentity, loaded: Loaded
                 "manifest_hash": loaded.text_hash,
                 "manifest_json": loaded.manifest.model_dump(mode="json"),
             },
-        )
-    ]
-    rows += [
-        ("components", {"candidate_id": cid, "component": c.value, "fingerprint": fp})
-        for c, fp in identity.components.items()
-    ]
-    ledger.append_many(rows)
+        )]
+        return out + [("components", {"candidate_id": cid, "component": c.value, "fingerprint": fp})
+                      for c, fp in identity.components.items()]
+
+    ledger.check_and_append(decide)
     return cid
 
 
 def freeze_question(ledger: Ledger, path: str | Path) -> Question:
     """Record a question with its hash. A name is frozen to one hash: an edited file must
-    become a new question under a new name, and results keep the hash they were judged under."""
+    become a new question under a new name, and results keep the hash they were judged under.
+    The check and the append happen under one writer lock: a name is frozen to exactly one
+    hash however many processes freeze it at once."""
     question = load_question(path)
-    frozen = ledger.rows("SELECT question_hash, source_path FROM questions WHERE name = ?", [question.name])
-    hashes = {r["question_hash"] for r in frozen}
-    if question.hash in hashes:
-        return question
-    if hashes:
-        raise FrozenQuestionError(
-            f"{path}: question {question.name!r} is frozen as {sorted(hashes)[0]} "
-            f"(from {frozen[0]['source_path']}); its criteria cannot change. "
-            f"Give the changed question a new name: it is a new question."
-        )
-    ledger.append(
-        "questions",
-        {
-            "question_hash": question.hash,
-            "name": question.name,
-            "item": question.item.value,
-            "source_path": str(path),
-            "body_json": question.canonical_json(),
-        },
-    )
+
+    def decide(rows) -> list:
+        frozen = rows("SELECT question_hash, source_path FROM questions WHERE name = ? ORDER BY seq", [question.name])
+        hashes = {r["question_hash"] for r in frozen}
+        if question.hash in hashes:
+            return []
+        if hashes:
+            raise FrozenQuestionError(
+                f"{path}: question {question.name!r} is frozen as {frozen[0]['question_hash']} "
+                f"(from {frozen[0]['source_path']}); its criteria cannot change. "
+                f"Give the changed question a new name: it is a new question."
+            )
+        return [(
+            "questions",
+            {
+                "question_hash": question.hash,
+                "name": question.name,
+                "item": question.item.value,
+                "source_path": str(path),
+                "body_json": question.canonical_json(),
+            },
+        )]
+
+    ledger.check_and_append(decide)
     return question
 
 

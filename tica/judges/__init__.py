@@ -9,14 +9,13 @@ import, so a parser change is a new version).
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from tica.binding import BindingProblem, Candidate, bind_legs
-from tica.errors import InputError, ReceiptError
+from tica.errors import InputError, ReceiptError, UsageParser
 from tica.evidence import EvidenceItem
 from tica.judges._common import JUDGE_VERSION, Findings, cell, worst
 from tica.judges.artifacts import judge_artifacts
@@ -162,7 +161,7 @@ def cli_judge(argv: Sequence[str] | None = None, out=None) -> int:
     VerdictCell's JSON (its pydantic schema is the stable, documented output) and nothing else.
     """
     out = out or sys.stdout
-    parser = argparse.ArgumentParser(prog="tica judge", description="Judge sealed receipts under a frozen question.")
+    parser = UsageParser(prog="tica judge", description="Judge sealed receipts under a frozen question.")
     parser.add_argument("item", help="forward|backward|update|quality|throughput|clean_exit (exit)|artifacts|recipe")
     parser.add_argument("legs", nargs="*", help="leg directories or bench JSON files (recipe: the dry-run receipt)")
     parser.add_argument("--question", "-q", help="frozen question YAML")

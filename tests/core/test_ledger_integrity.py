@@ -1,0 +1,162 @@
+"""The ledger under races, a stuck writer, tampering and typed SQL (issue 11, the ledger part):
+one invariant per test, each with the tamper or race that would break it."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import multiprocessing as mp
+from pathlib import Path
+
+import duckdb
+import pytest
+import yaml
+
+from tica.cli import main
+from tica.errors import FrozenQuestionError
+from tica.ledger import Head, Ledger, LedgerLockTimeout, row_hash
+from tica.records import freeze_question
+
+QUESTION = {"name": "race/1", "item": "clean_exit", "compared": "exits", "computation": "leg receipts",
+            "pass_line": "every process exited 0", "noise_floor": 0.0, "invalid_leg_rule": "rerun",
+            "criteria": {"item": "clean_exit"}}
+
+
+def _rerun(i: int) -> tuple[str, dict]:
+    return "reruns", {"rerun_id": f"r{i}", "original_kind": "leg", "original_id": "a", "new_id": "b", "reason": "t"}
+
+
+def _freeze(path: str, question_file: str, out: str) -> None:
+    try:
+        q = freeze_question(Ledger(path), question_file)
+        Path(out).write_text(q.hash)
+    except FrozenQuestionError as err:
+        Path(out).write_text(f"refused: {err}")
+
+
+def test_one_question_name_is_frozen_to_exactly_one_hash_under_four_racing_processes(tmp_path):
+    path = str(tmp_path / "l.duckdb")
+    Ledger(path).init()
+    files = []
+    for i in range(4):  # four different bodies under one name, frozen at once
+        body = {**QUESTION, "pass_line": f"every process exited 0 (variant {i})"}
+        f = tmp_path / f"q{i}.yaml"
+        f.write_text(yaml.safe_dump(body))
+        files.append(str(f))
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_freeze, args=(path, files[i], str(tmp_path / f"out{i}"))) for i in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    rows = Ledger(path).rows("SELECT question_hash FROM questions WHERE name = 'race/1'")
+    assert len(rows) == 1
+    outcomes = [(tmp_path / f"out{i}").read_text() for i in range(4)]
+    assert sum(not o.startswith("refused") for o in outcomes) == 1, outcomes
+    assert Ledger(path).verify().ok
+
+
+def test_a_stuck_writer_makes_others_fail_clearly_naming_it_and_writes_nothing(tmp_path):
+    ledger = Ledger(tmp_path / "l.duckdb", lock_timeout_s=0.5).init()
+    lock_path = tmp_path / "l.duckdb.lock"
+    with open(lock_path, "a+") as stuck:
+        fcntl.flock(stuck, fcntl.LOCK_EX)
+        stuck.write("pid 4242 since 2026-11-30T00:00:00+00:00")
+        stuck.flush()
+        with pytest.raises(LedgerLockTimeout, match="pid 4242"):
+            ledger.append(*_rerun(1))
+        # readers are not writers: they do not wait for the writer lock
+        assert ledger.rows("SELECT count(*) AS n FROM reruns")[0]["n"] == 0
+    ledger.append(*_rerun(2))
+    assert ledger.verify().ok and ledger.verify().rows == 1
+
+
+def _published(tmp_path: Path, ledger: Ledger) -> Path:
+    head = tmp_path / "head.json"
+    assert main(["--ledger", str(ledger.path), "ledger", "head", "--out", str(head)]) == 0
+    return head
+
+
+def test_a_truncated_tail_fails_against_the_published_head(tmp_path):
+    ledger = Ledger(tmp_path / "l.duckdb").init()
+    ledger.append_many([_rerun(i) for i in range(5)])
+    head = _published(tmp_path, ledger)
+    con = duckdb.connect(str(ledger.path))
+    con.execute("DELETE FROM reruns WHERE seq = 5")
+    con.close()
+    assert ledger.verify().ok  # without the anchor, a clean truncation verifies...
+    assert main(["--ledger", str(ledger.path), "ledger", "verify", "--expect-head", str(head)]) == 1  # ...not with it
+
+
+def test_a_rehashed_rewrite_fails_against_the_published_head(tmp_path):
+    ledger = Ledger(tmp_path / "l.duckdb").init()
+    ledger.append_many([_rerun(i) for i in range(3)])
+    head = Head.from_json(_published(tmp_path, ledger).read_text())
+    # Rewrite row 2's reason and re-hash the chain from there: every link is consistent again.
+    con = duckdb.connect(str(ledger.path))
+    rows = con.execute("SELECT seq, prev_hash, recorded_at, rerun_id, original_kind, original_id, new_id, reason "
+                       "FROM reruns ORDER BY seq").fetchall()
+    prev = rows[0][1]
+    for seq, _, at, rid, kind, oid, nid, reason in rows:
+        reason = "forged" if seq == 2 else reason
+        payload = {"rerun_id": rid, "original_kind": kind, "original_id": oid, "new_id": nid, "reason": reason}
+        digest = row_hash(prev, "reruns", seq, at, payload)
+        con.execute("UPDATE reruns SET prev_hash = ?, row_hash = ?, reason = ? WHERE seq = ?", [prev, digest, reason, seq])
+        prev = digest
+    con.close()
+    assert ledger.verify().ok
+    report = ledger.verify(expect=head)
+    assert not report.ok and "rewritten" in report.problems[0]
+
+
+def test_a_view_replaced_behind_the_ledger_fails_verify(tmp_path):
+    ledger = Ledger(tmp_path / "l.duckdb").init()
+    con = duckdb.connect(str(ledger.path))
+    con.execute("CREATE OR REPLACE VIEW track_verdicts AS SELECT 'x' AS track, 'forward' AS item, 'pass' AS verdict")
+    con.close()
+    report = ledger.verify()
+    assert not report.ok and any("track_verdicts" in p for p in report.problems)
+
+
+def test_typed_sql_cannot_reach_files_and_errors_are_one_line(tmp_path, capsys):
+    ledger = Ledger(tmp_path / "l.duckdb").init()
+    secret = tmp_path / "secret.txt"
+    secret.write_text("do not read")
+    for sql in (f"COPY reruns TO '{tmp_path / 'out.csv'}'", f"SELECT * FROM read_text('{secret}')",
+                f"EXPORT DATABASE '{tmp_path / 'exp'}'", "INSTALL httpfs", "DELETE FROM reruns"):
+        assert main(["--ledger", str(ledger.path), "ledger", "query", sql]) == 4, sql
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert not (tmp_path / "out.csv").exists() and not (tmp_path / "exp").exists()
+
+
+def test_control_bytes_in_the_ledger_are_printed_escaped(tmp_path, capsys):
+    ledger = Ledger(tmp_path / "l.duckdb").init()
+    ledger.append("reruns", {"rerun_id": "r", "original_kind": "leg", "original_id": "a", "new_id": "b",
+                             "reason": "clear screen \x1b[2J here"})
+    assert main(["--ledger", str(ledger.path), "ledger", "query", "SELECT reason FROM reruns"]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\\x1b" in out
+
+
+def test_a_mistyped_ledger_path_is_an_error_not_an_empty_ledger(tmp_path, capsys):
+    missing = tmp_path / "typo.duckdb"
+    for verb in (["ledger", "verify"], ["ledger", "query", "SELECT 1"], ["ledger", "head"]):
+        assert main(["--ledger", str(missing), *verb]) == 4
+        assert "no ledger here" in capsys.readouterr().err
+    assert not missing.exists()
+
+
+def test_usage_errors_exit_4_not_the_inconclusive_code(capsys):
+    for argv in (["ledger", "bogus"], ["judge"], ["judge", "forward", "leg"], ["candidate"]):
+        with pytest.raises(SystemExit) as stop:
+            main(argv)
+        assert stop.value.code == 4, argv
+
+
+def test_a_published_head_that_is_not_a_head_is_bad_input(tmp_path, capsys):
+    ledger = Ledger(tmp_path / "l.duckdb").init()
+    bad = tmp_path / "head.json"
+    bad.write_text(json.dumps({"seq": "3", "row_hash": "abc"}))
+    assert main(["--ledger", str(ledger.path), "ledger", "verify", "--expect-head", str(bad)]) == 4
+    assert "head.json: seq" in capsys.readouterr().err
