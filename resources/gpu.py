@@ -277,8 +277,9 @@ class LocalGpuLegRunner(LegRunner):
                 "weights_hash": built.get("weights_hash"), "manifest_digest": recorded,
                 "matches_manifest": None if recorded is None else built.get("weights_hash") == recorded}
         if recorded is not None and not note["matches_manifest"]:
+            # Not only a warning: tica.binding refuses every leg of these weights as evidence for this candidate.
             context.log.warning(f"{MODEL_STEP}: built weights {built.get('weights_hash')} differ from the manifest's "
-                                f"recorded checkpoint {recorded}")
+                                f"recorded checkpoint {recorded}: its legs are not evidence for this candidate")
         return model, note
 
     def _item_legs(self, context, run: ProducerRun, names: tuple[str, ...]) -> list[Path]:

@@ -11,6 +11,7 @@ import datetime as _dt
 import json
 import re
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from tica.binding import Candidate, Pin, pins
@@ -65,9 +66,9 @@ def _start(leg: Path) -> _dt.datetime | None:
         return None
 
 
-def stamp_leg(leg: Path, candidate: Candidate, shift: _dt.timedelta | None = None) -> Path:
-    """Make one sealed leg record the candidate's identity, move its work times by `shift`
-    (default: to start now), then reseal."""
+def stamp_leg(leg: Path, candidate: Candidate, when: Callable[[_dt.datetime], _dt.datetime] | None = None) -> Path:
+    """Make one sealed leg record the candidate's identity, move its work times with `when`
+    (default: to start now, keeping their length), then reseal (the seal's time is now)."""
     meta = json.loads((leg / LEG_FILE).read_text())
     contract_path = leg / CONTRACT_FILE
     contract = json.loads(contract_path.read_text()) if contract_path.is_file() else None
@@ -81,6 +82,8 @@ def stamp_leg(leg: Path, candidate: Candidate, shift: _dt.timedelta | None = Non
             if contract is not None:
                 _set(contract, pin.receipt_keys[0].removeprefix("contract."), recorded_value(pin, pin.receipt_keys[0]))
             continue
+        if pin.absent_ok:
+            continue
         if pin.field.startswith("package "):  # recorded under the distribution's import name
             _set(meta, pin.receipt_keys[-1], recorded_value(pin, pin.receipt_keys[-1]))
             continue
@@ -91,12 +94,14 @@ def stamp_leg(leg: Path, candidate: Candidate, shift: _dt.timedelta | None = Non
     meta["source"] = {"repository": candidate.manifest.source.repository, "commit": candidate.manifest.source.commit}
     meta["image_digest"] = candidate.manifest.image.digest
     now = _dt.datetime.now(_dt.timezone.utc)
+    start = _start(leg) or now
+    move = when or (lambda t: now + (t - start))
     for key in ("started_at", "ended_at"):
         try:
             t = _dt.datetime.fromisoformat(meta[key])
         except (KeyError, TypeError, ValueError):
-            t = now if key == "started_at" else now + _dt.timedelta(seconds=30)
-        meta[key] = (t + shift if shift is not None else now + (t - (_start(leg) or t))).isoformat()
+            t = start
+        meta[key] = move(t).isoformat()
     (leg / LEG_FILE).write_text(json.dumps(meta, indent=1))
     if contract is not None:
         contract_path.write_text(json.dumps(contract, indent=1))
@@ -105,11 +110,21 @@ def stamp_leg(leg: Path, candidate: Candidate, shift: _dt.timedelta | None = Non
 
 
 def build_bound(item: EvidenceItem, question: Question, candidate: Candidate, dest: Path,
-                started: _dt.datetime | None = None) -> list[Path]:
+                started: _dt.datetime | None = None, compress: bool = True) -> list[Path]:
     """A passing receipt set for the question, recording the candidate (artifacts: the forward
-    and update legs it covers)."""
+    and update legs it covers), its work times moved to start at `started` (default now).
+
+    `compress` (for legs judged through `tica.acceptance.materialize`, whose question is frozen
+    just before): the builders' minutes-apart times keep their order but shrink into the moments
+    after `started`, so every leg starts after the freeze and before its own seal. Without it
+    the legs keep their real lengths (work times credible enough to order rounds by)."""
     legs = BUILDERS[item](question, dest)
     first = min((t for leg in legs if (t := _start(leg)) is not None), default=None)
     start = started or _dt.datetime.now(_dt.timezone.utc)
-    shift = start - first if first is not None else None
-    return [stamp_leg(leg, candidate, shift) for leg in legs]
+    if first is None:
+        when = None
+    elif compress:
+        when = lambda t: start + (t - first) * 1e-6  # noqa: E731
+    else:
+        when = lambda t: start + (t - first)  # noqa: E731
+    return [stamp_leg(leg, candidate, when) for leg in legs]

@@ -264,7 +264,9 @@ def _blocking(rows: list[dict]) -> tuple[tuple[str, ...], dict[str, str]]:
     import json
 
     names = {r["name"] for r in rows}
-    why = [f"check {r['name']} failed: {r['description']}" for r in rows if r["blocking"] and not r["passed"]]
+    # A required check blocks whatever its row says: a row cannot make itself advisory.
+    why = [f"check {r['name']} failed: {r['description']}" for r in rows
+           if (r["blocking"] or r["name"] in checks.REQUIRED) and not r["passed"]]
     why += [f"check {name} was never run on this verdict" for name in checks.REQUIRED if name not in names]
     off: dict[str, str] = {}
     for r in rows:

@@ -56,6 +56,7 @@ class Pin:
     same: Callable[[Any, Any], bool]
     items: frozenset[str] | None = None  # leg items that record it (None: every item the component is read by)
     arms: frozenset[str] | None = None  # arms whose legs must record it (None: both)
+    absent_ok: bool = False  # the manifest pins absence (no overlay): recording nothing agrees
 
 
 @dataclass(frozen=True)
@@ -119,12 +120,30 @@ def _commit(pinned: Any, recorded: Any) -> bool:
     return isinstance(recorded, str) and same_commit(str(pinned), recorded)
 
 
+def _graph_mode(pinned: Any) -> str:
+    """`none (enforce_eager)` -> NONE, `full_and_piecewise` -> FULL_AND_PIECEWISE: vLLM's names."""
+    return re.split(r"[\s(]", str(pinned).strip(), maxsplit=1)[0].upper()
+
+
 def _graphs_off(pinned: Any, recorded: Any) -> bool:
-    """cuda_graph_mode `none ...` pins graphs off: enforce_eager true (or cudagraph_mode NONE)."""
-    off = str(pinned).strip().lower().startswith("none")
-    if isinstance(recorded, bool):
-        return recorded is off
-    return (str(recorded).strip().upper() == "NONE") is off
+    """enforce_eager true means no CUDA graphs: it binds `none` and contradicts any other mode."""
+    return isinstance(recorded, bool) and recorded is (_graph_mode(pinned) == "NONE")
+
+
+def _graph_mode_same(pinned: Any, recorded: Any) -> bool:
+    return _graph_mode(pinned) == str(recorded).strip().upper().removeprefix("CUDAGRAPHMODE.")
+
+
+def _kv_dtype(weights: str) -> Callable[[Any, Any], bool]:
+    """vLLM's kv_cache_dtype `auto` is the model's dtype."""
+    def same(pinned: Any, recorded: Any) -> bool:
+        rec = str(recorded).strip().lower()
+        return _dtype(pinned, weights if rec == "auto" else rec) or _text(pinned, recorded)
+    return same
+
+
+def _absent_or(pinned: Any, recorded: Any) -> bool:
+    return recorded is None if pinned is None else _text(pinned, recorded)
 
 
 # ------------------------------------------------------------------------ what a manifest pins
@@ -148,18 +167,26 @@ def pins(candidate: Candidate) -> list[Pin]:
         keys = (f"versions.{name}",) + ((f"versions.{name.removesuffix('-cpu')}",) if name.endswith("-cpu") else ())
         out.append(Pin(C.IMAGE, f"package {name}", version, keys, lambda a, b: _text(a, b.split("+")[0]) or _text(a, b)))
     out.append(Pin(C.SOURCE, "source.commit", m.source.commit, ("source.commit",), _commit))
-    if m.source.overlay_digest:
-        out.append(Pin(C.SOURCE, "source.overlay_digest", m.source.overlay_digest, ("source.overlay_digest",), _text))
+    # No overlay is a value too: a leg that ran with one is another candidate.
+    out.append(Pin(C.SOURCE, "source.overlay_digest", m.source.overlay_digest, ("source.overlay_digest",), _absent_or,
+                   absent_ok=m.source.overlay_digest is None))
     out.append(Pin(C.HARDWARE, "hardware.accelerator", m.hardware.accelerator,
                    ("device.name",) if m.hardware.accelerator.lower() != "cpu" else ("device.kind",), _lower))
     if m.hardware.driver:
         out.append(Pin(C.HARDWARE, "hardware.driver", m.hardware.driver, ("device.driver",), _text))
+    if m.hardware.accelerator.lower() != "cpu":  # a CPU's device.count is its cores, not a pinned count
+        out.append(Pin(C.HARDWARE, "hardware.count_per_node", m.hardware.count_per_node, ("device.count",), _int))
     out.append(Pin(C.RUNNER, "runner.trainer", m.runner.trainer, ("trainer",), _text,
                    items=TRAINER_ITEMS, arms=frozenset({"bi1"})))
-    out.append(Pin(C.RUNNER, "runner.parallelism.tp", m.runner.parallelism.tp,
-                   ("resolved_config.tensor_parallel_size", "resolved_config.tp", "kernels.rollout.tensor_parallel_size"),
-                   _int))
+    par = m.runner.parallelism
+    for field, value, name in (("tp", par.tp, "tensor"), ("pp", par.pp, "pipeline"), ("dp", par.dp, "data"),
+                               ("ep", par.ep, "expert"), ("cp", par.cp, "context")):
+        out.append(Pin(C.RUNNER, f"runner.parallelism.{field}", value,
+                       (f"resolved_config.{name}_parallel_size", f"kernels.rollout.{name}_parallel_size"), _int))
     out.append(Pin(C.PRECISION, "precision.weights", m.precision.weights, ("resolved_config.dtype",), _dtype))
+    out.append(Pin(C.PRECISION, "precision.kv_cache", m.precision.kv_cache,
+                   ("resolved_config.kv_cache_dtype", "kernels.rollout.kv_cache_dtype"), _kv_dtype(m.precision.weights),
+                   items=frozenset({"forward", "update", "quality", "throughput", "clean_exit"})))
     out.append(Pin(C.BACKENDS, "backends.attention", m.backends.attention,
                    ("kernels.rollout.attention", "kernels.attention", "resolved_config.attention_backend"), _first_word))
     g = m.graph_cache
@@ -172,8 +199,11 @@ def pins(candidate: Candidate) -> list[Pin]:
         Pin(C.GRAPH_CACHE, "graph_cache.async_scheduling", g.async_scheduling,
             ("kernels.rollout.async_scheduling", "resolved_config.async_scheduling"), _bool),
         Pin(C.GRAPH_CACHE, "graph_cache.cuda_graph_mode", g.cuda_graph_mode,
-            ("kernels.rollout.enforce_eager", "resolved_config.enforce_eager", "kernels.rollout.cudagraph_mode"), _graphs_off),
+            ("kernels.rollout.enforce_eager", "resolved_config.enforce_eager"), _graphs_off),
     ]
+    if _graph_mode(g.cuda_graph_mode) != "NONE":  # with graphs on, which mode is part of the candidate
+        out.append(Pin(C.GRAPH_CACHE, "graph_cache.cuda_graph_mode (mode)", g.cuda_graph_mode,
+                       ("kernels.rollout.cudagraph_mode", "resolved_config.cudagraph_mode"), _graph_mode_same))
     if g.max_num_batched_tokens is not None:
         out.append(Pin(C.GRAPH_CACHE, "graph_cache.max_num_batched_tokens", g.max_num_batched_tokens,
                        ("kernels.rollout.max_num_batched_tokens", "resolved_config.max_num_batched_tokens"), _int))
@@ -263,6 +293,8 @@ def bind_leg(leg_dir: str | Path, candidate: Candidate) -> list[BindingProblem |
 def _check(pin: Pin, meta: dict[str, Any], leg_dir: Path) -> BindingProblem | None:
     found = [(k, v) for k in pin.receipt_keys for ok, v in [_lookup(meta, k)] if ok]
     file = leg_dir / (CONTRACT_FILE if pin.receipt_keys[0].startswith("contract.") else LEG_FILE)
+    if not found and pin.absent_ok:
+        return None
     if not found:
         return BindingProblem(leg_dir.name, str(file), pin.component, pin.field, pin.value, None, "unrecorded")
     # Every place the receipt records the value must agree: one contradiction names another candidate.

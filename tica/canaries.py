@@ -410,11 +410,18 @@ def _bench(legs: Sequence[Path], arm: str, c: int, r: int, **kv: Any) -> None:
     edit_json(leg / "bench.json", lambda d: d.update(kv), leg)
 
 
+def scale_throughput(leg: Path, factor: float) -> None:
+    """A faster (factor > 1) or slower leg, honestly recorded: the same counts over a shorter or
+    longer duration, every rate vllm bench serve derives from them moving with it."""
+    edit_json(leg / "bench.json", lambda d: d.update(
+        duration=d["duration"] / factor,
+        **{k: d[k] * factor for k in ("output_throughput", "request_throughput", "total_token_throughput")
+           if d.get(k) is not None}), leg)
+
+
 def _scale_bi1(legs: Sequence[Path], c: int, factor: float, rounds: Sequence[int]) -> None:
     for r in rounds:
-        leg = tput_leg(legs, "bi1", c, r)
-        edit_json(leg / "bench.json", lambda d: d.update(output_throughput=d["output_throughput"] * factor,
-                                                         duration=d["duration"] / factor), leg)
+        scale_throughput(tput_leg(legs, "bi1", c, r), factor)
 
 
 def _targets(q: Question) -> list[int]:

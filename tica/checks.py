@@ -130,13 +130,21 @@ def _when(value: Any) -> _dt.datetime | None:
 
 def frozen_before_run(frozen_at: str | None, legs: Sequence[Path]) -> CheckOutcome:
     """The question was frozen (its first ledger row) before any judged leg started. A leg whose
-    start is unknown cannot show that, and a verdict judged after the fact is never accepted."""
+    start is unknown cannot show that, and a verdict judged after the fact is never accepted.
+
+    Both times a producer writes are read: the work start in leg.json and the seal's own time.
+    A leg sealed before the freeze, or "started" after it was sealed, was not run under this
+    question. (Both are the producer's clock: a producer that forges both is beyond any check
+    of its own receipts; the ledger's legs rows record when TICA first saw each leg.)"""
     frozen = _when(frozen_at)
     late, unknown = [], []
     for leg in legs:
         started = _when(_meta(leg).get("started_at"))
-        if started is None:
+        sealed = _when((_read_json(leg / SEAL_FILE) or {}).get("sealed_at"))
+        if started is None or sealed is None:
             unknown.append(leg.name)
+        elif sealed < started:
+            late.append(f"{leg.name} claims to start at {started.isoformat()}, after it was sealed at {sealed.isoformat()}")
         elif frozen is not None and started < frozen:
             late.append(f"{leg.name} started {started.isoformat()}")
     detail = {"frozen_at": frozen_at, "started_before_freeze": late, "start_unknown": unknown}
@@ -148,7 +156,7 @@ def frozen_before_run(frozen_at: str | None, legs: Sequence[Path]) -> CheckOutco
             parts.append(f"judged after the fact: the question was frozen at {frozen.isoformat()}, after "
                          f"{len(late)} leg(s) had started ({late[0]})")
         if unknown:
-            parts.append(f"{len(unknown)} leg(s) record no start time with a time zone ({unknown[0]}): "
+            parts.append(f"{len(unknown)} leg(s) record no start or seal time with a time zone ({unknown[0]}): "
                          "freezing before them cannot be shown")
         return CheckOutcome(FROZEN, False, True, "; ".join(parts), detail)
     return CheckOutcome(FROZEN, True, True, f"frozen at {frozen.isoformat()}, before all {len(legs)} leg(s) started",

@@ -87,11 +87,13 @@ VIEWS = {
                v.question_hash, v.judge_version, v.rerun_of, v.verdict_id
         FROM verdicts v LEFT JOIN candidate_tracks t USING (candidate_id)
         ORDER BY v.seq""",
-    # Checks of each verdict: the blocking ones that failed, and whether its question was frozen
+    # Checks of each verdict: the blocking ones that failed (the required ones whatever their row
+    # says: tica.checks.REQUIRED), and whether its question was frozen
     # after a leg had started (a verdict "judged after the fact" is kept, never accepted).
     "verdict_check_status": """
         SELECT verdict_id,
-               string_agg(CASE WHEN blocking = 1 AND passed = 0 THEN name END, ', ' ORDER BY seq) AS failed_checks,
+               string_agg(CASE WHEN (blocking = 1 OR name IN ('canaries_caught', 'receipts_sealed', 'frozen_before_run'))
+                                AND passed = 0 THEN name END, ', ' ORDER BY seq) AS failed_checks,
                bool_or(name = 'frozen_before_run' AND passed = 0) AS after_the_fact,
                string_agg(name, ', ' ORDER BY seq) AS checks
         FROM checks GROUP BY verdict_id""",

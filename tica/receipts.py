@@ -410,9 +410,10 @@ def load_bench(path: str | Path) -> BenchResult:
     path = Path(path)
     data = load_json(path)
     bench = _validate(BenchResult, data, path)
-    for key in ("duration", "output_throughput", "request_throughput"):
-        if not math.isfinite(getattr(bench, key)):
-            raise ReceiptError(path, key, "not a finite number")
+    # Every number that can enter a loss or a table must be a finite number (+inf is not > 0's friend).
+    for key, value in bench.model_dump().items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ReceiptError(path, key, f"{value} is not a finite number")
     return bench
 
 

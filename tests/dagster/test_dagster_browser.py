@@ -12,7 +12,7 @@ import shutil
 import pytest
 from dagster_browser import CHROMIUM, chromium, dagster_dev, graph_nodes, graphql, visible_text, wait_for
 from dagster_project import TRACK, fresh_defs
-from dagster_helpers import build_defs, kept_instance, materialize_track, tick
+from dagster_helpers import kept_instance, materialize_track, tick
 
 from tica.evidence import Component, EvidenceItem, invalidated_by
 from tica_assets.settings import PROJECT_ROOT

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tica.canaries import edit_json, edit_meta, swap_slots, swap_work_times, tput_leg
+from tica.canaries import scale_throughput, edit_json, edit_meta, swap_slots, swap_work_times, tput_leg
 from tica.judges import judge_criteria
 from tica.judges.throughput import expected_order, formal_statistic
 from tica.question import FORMULA_LABELS, ThroughputFormula
@@ -25,9 +25,7 @@ RATIO = ThroughputFormula.RATIO_OF_MEDIAN_THROUGHPUTS
 
 
 def _scale(legs, arm, c, r, f):
-    p = tput_leg(legs, arm, c, r)
-    edit_json(p / "bench.json", lambda d: d.update(output_throughput=d["output_throughput"] * f,
-                                                   duration=d["duration"] / f), p)
+    scale_throughput(tput_leg(legs, arm, c, r), f)
 
 
 def _round(cell, c, r):

@@ -74,6 +74,9 @@ def judge_artifacts(question: Question, leg_paths: Sequence[str | Path]) -> Verd
                       + "; ".join(f"{h}: {sorted(v)}" for h, v in sorted(weights.items())))
     if not leg_paths:
         findings.not_run("no receipts")
+    elif criteria.require_weights_hash and not weights:
+        # Sealed records of legs that did not run name no artifact: the weights were never named.
+        findings.not_run("no judged leg ran and named its weights by a content hash: no artifact to seal")
     numbers = {"legs": [dict(zip(["leg", "seal", "weights_hash", "status"], r)) for r in rows],
                "weights": sorted(weights)}
     tables = {"receipts": md_table(["leg", "seal", "weights", "status"], rows)}

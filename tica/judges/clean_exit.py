@@ -79,6 +79,8 @@ def judge_clean_exit(question: Question, leg_paths: Sequence[str | Path]) -> Ver
         findings.inconclusive(f"no exit receipt for roles {missing}: they cannot be verified")
     if not legs:
         findings.not_run("no legs to read exits from")
+    elif not rows:
+        findings.not_run("no process exit was verified: no leg that ran recorded one")
     numbers = {
         side: {"verdict": f.verdict.value if any(SIDES[r[2]] == side for r in rows) else "not run",
                "processes": sum(1 for r in rows if r[1] == side)}

@@ -220,6 +220,10 @@ def judge_forward(question: Question, leg_paths: Sequence[str | Path]) -> Verdic
             continue
         reading = read_forward(leg.path, leg.arm, criteria.min_steps, bi0_range, label,
                                grad_norm_required=criteria.bi0_smoke, noise_floor=question.noise_floor)
+        if leg.arm == "bi1" and leg.meta.trainer == "vllm_engine":
+            # The rollout engine scoring its own tokens compares vLLM with itself: no trainer took part.
+            reading.findings.inconclusive(f"{label}the trainer is the rollout engine itself (trainer: vllm_engine): "
+                                          "a train-inference comparison needs a trainer")
         if judged:
             findings.extend(reading.findings)
             require_recorded(findings, question, [(f"{leg.arm} {leg.path.name}", leg.meta)])

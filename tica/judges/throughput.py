@@ -14,6 +14,7 @@ invalid rounds are kept with their reasons; fast/slow tiers in an arm make the a
 from __future__ import annotations
 
 import json
+import math
 
 import datetime as _dt
 import statistics
@@ -62,6 +63,29 @@ def _metric(leg: BenchLeg, criteria: ThroughputCriteria) -> float:
     return float(v) if v is not None else float("nan")
 
 
+# vllm bench serve computes its throughputs from its own counts over its own duration.
+_RATES = (("output_throughput", ("total_output_tokens",)), ("request_throughput", ("completed",)),
+          ("total_token_throughput", ("total_input_tokens", "total_output_tokens")))
+
+
+def _self_contradictions(b: Any) -> list[str]:
+    """A throughput the receipt states that its own counts and duration do not give: the
+    statement is not evidence (the judge never takes a rate on faith)."""
+    out = []
+    for rate, counts in _RATES:
+        stated = getattr(b, rate, None)
+        if stated is None:
+            continue
+        if not b.duration > 0:
+            out.append(f"duration {b.duration}: {rate} {stated} cannot be checked")
+            continue
+        recomputed = sum(getattr(b, c) for c in counts) / b.duration
+        if not math.isclose(stated, recomputed, rel_tol=1e-6, abs_tol=1e-9):
+            out.append(f"{rate} {stated:.6g} but {' + '.join(counts)} / duration = {recomputed:.6g}: "
+                       "the receipt contradicts itself")
+    return out
+
+
 def check_workload(leg: BenchLeg, criteria: ThroughputCriteria) -> LegCheck:
     """The leg's workload receipt, item by item, against the frozen workload."""
     b = leg.bench
@@ -74,6 +98,7 @@ def check_workload(leg: BenchLeg, criteria: ThroughputCriteria) -> LegCheck:
         p.append(f"a {leg.meta.item} leg, not a throughput leg")
     if leg.meta is not None and leg.meta.not_run_reason:
         p.append(f"did not run: {leg.meta.not_run_reason}")
+    p += _self_contradictions(leg.bench)
     if leg.profiled:
         p.append("profiled: never a formal end-to-end measurement")
     if leg.round is None or leg.slot is None:
@@ -272,7 +297,14 @@ def judge_throughput(question: Question, leg_paths: Sequence[str | Path]) -> Ver
     per_c: dict[int, dict[str, Any]] = {}
     single_overruns, aggregate_overruns, tiers = [], [], []
     for c in criteria.concurrencies:
-        valid = [r for r in rounds if r.c == c and r.valid]
+        # The frozen number of rounds, the first valid ones in round order: a later round only
+        # stands in for an invalid one (its retest). Extra valid rounds are kept and shown, never
+        # added to dilute an overrun.
+        all_valid = [r for r in rounds if r.c == c and r.valid]
+        valid, extra = all_valid[:question.repeats], all_valid[question.repeats:]
+        if extra:
+            findings.note(f"c={c}: rounds {[r.number for r in extra]} are valid beyond the {question.repeats} frozen; "
+                          "kept, not judged (a retest replaces an invalid round, it does not add to the sample)")
         t1 = [r.t_bi1 for r in valid]
         t0 = [r.t_bi0 for r in valid]
         entry: dict[str, Any] = {"valid_rounds": [r.number for r in valid], "t_bi1": t1, "t_bi0": t0,

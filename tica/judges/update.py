@@ -60,6 +60,10 @@ def judge_update(question: Question, leg_paths: Sequence[str | Path]) -> Verdict
                 f.inconclusive(f"{label}step {s.step}: weight sync to the rollout engine not recorded")
             if not s.updated_weights_hash:
                 f.inconclusive(f"{label}step {s.step}: updated weights not named by a content hash")
+            elif s.updated_weights_hash in {leg.meta.resolved_config.get("weights_hash"),
+                                            getattr(s, "weights_hash_before", None)} - {None}:
+                f.fail(f"{label}step {s.step}: the updated weights {s.updated_weights_hash} are the weights the step "
+                       "started from: nothing was updated")
             rows.append([s.step, s.optimizer, s.weights_changed_tensors, s.weights_total_tensors,
                          s.updated_weights_hash, s.reloaded_by_rollout])
         post_dir = leg.path / POST_FORWARD_DIR
