@@ -271,7 +271,9 @@ class LocalGpuLegRunner(LegRunner):
         if run.rc != 0 or not info_path.is_file():
             raise Failure(description=f"{MODEL_STEP} exited {run.rc} without a model in {model}; "
                                       f"log {step / 'producer.log'}")
-        built = json.loads(info_path.read_text())
+        from tica.models.hashing import weights_hash
+
+        built = {**json.loads(info_path.read_text()), "weights_hash": weights_hash(model)}  # the core's fingerprint
         recorded = request.manifest.manifest.checkpoint.digest
         note = {"model": str(model), "source": f"built: producers make-model --shape {self.build_model} --seed 1",
                 "weights_hash": built.get("weights_hash"), "manifest_digest": recorded,

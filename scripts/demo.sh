@@ -3,7 +3,7 @@
 # data/, CPU legs with vLLM's CPU build, the demo candidates plus the replayed H200 track), then
 # open the Dagster UI on http://127.0.0.1:3000 over the same kept instance.
 #   bash scripts/demo.sh            # everything, then the UI (Ctrl-C stops it)
-#   bash scripts/demo.sh --no-ui    # everything, then exit
+#   bash scripts/demo.sh --no-ui    # everything, then exit (non-zero when a Dagster run failed)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -15,6 +15,9 @@ export TICA_CACHE_DIR=${TICA_CACHE_DIR:-$PWD/data/cache}
 rc=0
 .venv/bin/python -m tica_assets.demo --models "${TICA_DEMO_MODELS:-tiny}" || rc=$?
 echo
+if [ "$rc" -ne 0 ]; then
+  echo "demo: a step or a Dagster run failed (exit $rc); see the output above and the UI's run page" >&2
+fi
 echo "Query the ledger:  .venv/bin/tica --ledger $TICA_LEDGER ledger query \"SELECT * FROM track_verdicts\""
 if [ "${1:-}" = "--no-ui" ]; then
   exit $rc

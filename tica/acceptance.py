@@ -19,6 +19,7 @@ from pathlib import Path
 from tica import checks
 from tica.binding import Candidate
 from tica.candidate import CandidateIdentity, ComponentChange, diff, voided_items
+from tica.errors import FrozenQuestionError, InputError
 from tica.evidence import Component, EvidenceItem
 from tica.judges import JUDGE_VERSION, judge
 from tica.ledger import Ledger
@@ -129,10 +130,20 @@ def materialize(
     run_legs: Callable[[Question, str], Sequence[LegBatch]],
     upstream_legs: Sequence[Path] = (),
     log: Callable[[str], None] = lambda _: None,
+    track_questions: Sequence[str | Path] = (),
 ) -> Materialized:
-    """One evidence item for one candidate, start to end (see the module's docstring)."""
+    """One evidence item for one candidate, start to end (see the module's docstring).
+
+    `track_questions`: the track's other questions, frozen here too before any leg runs, so an
+    item that judges other items' legs (clean exit, artifacts) has its criteria frozen before
+    those legs ran. One that cannot be frozen now is left to its own materialization."""
     candidate_id = record_candidate(ledger, identity, loaded)
     question = freeze_question(ledger, question_path)  # frozen before the first leg runs
+    for other in track_questions:
+        try:
+            freeze_question(ledger, other)
+        except (InputError, FrozenQuestionError) as err:
+            log(f"{other}: not frozen with this item ({err}); its own materialization will say why")
     frozen_at = question_frozen_at(ledger, question.hash)
     log(f"{item.value}: question {question.name} {question.hash}, frozen at {frozen_at}")
     batches = run_legs(question, candidate_id)

@@ -8,6 +8,11 @@ File timestamps are coarse (a few ms on ext4), so a file rewritten right after i
 can keep its (size, mtime). As git does with its "racily clean" entries, a cached digest is
 trusted only if the file's mtime was at least RACY_WINDOW_NS older than the moment it was
 hashed; otherwise the file is hashed again.
+
+Leg producers record the same fingerprint of the folder their model was loaded from
+(`fingerprint_checkpoint(model_dir, persist=False)`): in memory only, never reading or writing
+the shared cache file (a GPU node's ~/.cache is not theirs, and a producer certifies the bytes it
+loaded, not a cache entry). Standard library + blake3 only (vLLM depends on blake3).
 """
 
 from __future__ import annotations
@@ -53,16 +58,19 @@ class _StatKey:
 
 
 class FingerprintCache:
-    """Per-file digests keyed by (path, size, mtime_ns, inode); saved atomically as JSON."""
+    """Per-file digests keyed by (path, size, mtime_ns, inode); saved atomically as JSON.
 
-    def __init__(self, path: Path | None = None) -> None:
-        self.path = path or default_cache_path()
+    persistent=False: a cache in memory only (path None), that never reads or writes a file."""
+
+    def __init__(self, path: Path | None = None, *, persistent: bool = True) -> None:
+        self.path: Path | None = (path or default_cache_path()) if persistent else None
         self._lock = threading.Lock()
         self._entries: dict[str, dict] = {}
-        try:
-            self._entries = json.loads(self.path.read_text())
-        except (OSError, ValueError):
-            self._entries = {}
+        if self.path is not None:
+            try:
+                self._entries = json.loads(self.path.read_text())
+            except (OSError, ValueError):
+                self._entries = {}
         self.hits = 0
         self.misses = 0
 
@@ -87,6 +95,8 @@ class FingerprintCache:
         return digest
 
     def save(self) -> None:
+        if self.path is None:
+            return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self._lock:
             payload = json.dumps(self._entries, sort_keys=True)
@@ -102,11 +112,15 @@ def checkpoint_files(root: Path) -> list[Path]:
     return sorted(p for p in root.rglob("*") if p.is_file())
 
 
-def fingerprint_checkpoint(root: str | Path, cache: FingerprintCache | None = None, workers: int = 4) -> str:
-    """One digest over every file's relative path, size and BLAKE3 content hash."""
+def fingerprint_checkpoint(root: str | Path, cache: FingerprintCache | None = None, workers: int = 4, *,
+                           persist: bool = True) -> str:
+    """One digest over every file's relative path, size and BLAKE3 content hash.
+
+    Without a cache: the shared cache file, or with persist=False none at all (every file hashed,
+    nothing read from or written to disk but the checkpoint's own bytes)."""
     root = Path(root)
     own_cache = cache is None
-    cache = cache or FingerprintCache()
+    cache = cache or FingerprintCache(persistent=persist)
     files = checkpoint_files(root)
     base = root.parent if root.is_file() else root
     with ThreadPoolExecutor(max_workers=workers) as pool:

@@ -30,7 +30,8 @@ BENCH_FILE = "bench.json"
 GRADCHECK_FILE = "gradcheck.json"
 
 Arm = Literal["bi1", "bi0"]
-EndState = Literal["exited", "killed", "force_killed", "signalled", "running"]
+# "gone": the process ended and its exit code could not be seen (not a clean exit: unknown).
+EndState = Literal["exited", "killed", "force_killed", "signalled", "running", "gone"]
 
 
 class _Receipt(BaseModel):

@@ -42,6 +42,17 @@ def find_question(questions_dir: Path, track: str, item: EvidenceItem) -> Path:
     raise QuestionError(questions_dir, "item", f"no question for {item.value} (track {track}){detail}")
 
 
+def track_questions(questions_dir: Path, track: str) -> list[Path]:
+    """Every item's question file for a track (those that can be found now)."""
+    found = []
+    for item in EvidenceItem:
+        try:
+            found.append(find_question(questions_dir, track, item))
+        except QuestionError:
+            continue
+    return found
+
+
 # ---------------------------------------------------------------------------- receipts
 
 

@@ -47,6 +47,60 @@ def prepare_models(data_dir: Path, models: list[str]) -> None:
         print(f"[demo] model {name}: {path} ({time.time() - t0:.0f} s)", flush=True)
 
 
+def observe_manifests(defs, instance) -> None:
+    """One tick of the manifest sensor, applied as the daemon would: the components' data versions."""
+    from dagster import build_sensor_context
+
+    from sensors.manifests import SENSOR_NAME
+
+    sensor = defs.resolve_sensor_def(SENSOR_NAME)
+    tick = sensor.evaluate_tick(
+        build_sensor_context(instance=instance, resources={"ledger": defs.resources["ledger"]}, sensor_name=SENSOR_NAME)
+    )
+    for event in tick.asset_events:
+        instance.report_runless_asset_event(event)
+    print(f"[demo] manifest sensor: {len(tick.asset_events)} component observation(s)", flush=True)
+
+
+def materialize_tracks(defs, instance, tracks, wanted: set[str] | None) -> list[str]:
+    """Run each wanted track's evidence job; the names of the tracks whose run did not succeed."""
+    from tica_assets.keys import safe_name
+
+    failed = []
+    for track in tracks:
+        if wanted is not None and track.name not in wanted:
+            continue
+        t0 = time.time()
+        print(f"[demo] {track.name}: materializing every evidence item, its checks and the report", flush=True)
+        result = defs.resolve_job_def(f"{safe_name(track.name)}_evidence").execute_in_process(
+            instance=instance, raise_on_error=False
+        )
+        print(f"[demo] {track.name}: run {result.run_id} {'succeeded' if result.success else 'FAILED'} "
+              f"in {time.time() - t0:.0f} s", flush=True)
+        if not result.success:
+            failed.append(track.name)
+    return failed
+
+
+def print_report(settings, home: Path) -> None:
+    from tica.cli import format_table
+    from tica.ledger import Ledger
+
+    columns, rows = Ledger(settings.ledger_path).query(
+        "SELECT track, item, verdict, stale, summary FROM track_verdicts ORDER BY track, item"
+    )
+    print("\n" + format_table(columns, [(*r[:4], (r[4] or "")[:110]) for r in rows]), flush=True)
+    print(f"\n[demo] ledger: {settings.ledger_path}   Dagster home: {home}", flush=True)
+
+
+def exit_code(failed: list[str]) -> int:
+    """0 only when every run succeeded: a failed Dagster run fails the demo (scripts/demo.sh)."""
+    if failed:
+        print(f"[demo] runs that did not succeed (see the UI's run page): {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tracks", default="*", help="comma-separated tracks to materialize (default: all)")
@@ -61,52 +115,20 @@ def main(argv: list[str] | None = None) -> int:
     prepare_models(Path(env["TICA_DATA_DIR"]), [m for m in args.models.split(",") if m])
 
     # Imported after the environment is set: the definitions read it once.
-    from dagster import DagsterInstance, build_sensor_context
+    from dagster import DagsterInstance
 
-    from sensors.manifests import SENSOR_NAME
-    from tica.ledger import Ledger
-    from tica.cli import format_table
     from tica_assets.definitions import build_defs
-    from tica_assets.keys import safe_name
     from tica_assets.settings import Settings
     from tica_assets.tracks import discover_tracks
 
     settings = Settings.from_env()
     defs = build_defs(settings)
     instance = DagsterInstance.get()
-
-    # One tick of the manifest sensor, applied as the daemon would: the components' data versions.
-    sensor = defs.resolve_sensor_def(SENSOR_NAME)
-    tick = sensor.evaluate_tick(
-        build_sensor_context(instance=instance, resources={"ledger": defs.resources["ledger"]}, sensor_name=SENSOR_NAME)
-    )
-    for event in tick.asset_events:
-        instance.report_runless_asset_event(event)
-    print(f"[demo] manifest sensor: {len(tick.asset_events)} component observation(s)", flush=True)
-
+    observe_manifests(defs, instance)
     wanted = None if args.tracks == "*" else set(args.tracks.split(","))
-    failed = []
-    for track in discover_tracks(settings.candidates_dir):
-        if wanted is not None and track.name not in wanted:
-            continue
-        t0 = time.time()
-        print(f"[demo] {track.name}: materializing every evidence item, its checks and the report", flush=True)
-        result = defs.resolve_job_def(f"{safe_name(track.name)}_evidence").execute_in_process(
-            instance=instance, raise_on_error=False
-        )
-        print(f"[demo] {track.name}: run {result.run_id} {'succeeded' if result.success else 'FAILED'} "
-              f"in {time.time() - t0:.0f} s", flush=True)
-        if not result.success:
-            failed.append(track.name)
-
-    columns, rows = Ledger(settings.ledger_path).query(
-        "SELECT track, item, verdict, stale, summary FROM track_verdicts ORDER BY track, item"
-    )
-    print("\n" + format_table(columns, [(*r[:4], (r[4] or "")[:110]) for r in rows]), flush=True)
-    print(f"\n[demo] ledger: {settings.ledger_path}   Dagster home: {home}", flush=True)
-    if failed:
-        print(f"[demo] runs that did not succeed (see the UI's run page): {', '.join(failed)}", file=sys.stderr)
-    return 0
+    failed = materialize_tracks(defs, instance, discover_tracks(settings.candidates_dir), wanted)
+    print_report(settings, home)
+    return exit_code(failed)
 
 
 if __name__ == "__main__":

@@ -182,7 +182,8 @@ def materialize_evidence(context: AssetExecutionContext, track: Track, item: Evi
     try:
         question_path = core.find_question(settings.questions_dir, track.name, item)
         done = materialize(ledger, loaded, identity, item, question_path, run_legs, upstream,
-                           log=lambda m: context.log.info(f"{track.name}/{m}"))
+                           log=lambda m: context.log.info(f"{track.name}/{m}"),
+                           track_questions=core.track_questions(settings.questions_dir, track.name))
     except (QuestionError, FrozenQuestionError) as err:
         raise Failure(description=str(err)) from None
     current = done.current

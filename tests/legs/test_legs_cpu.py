@@ -3,6 +3,7 @@ for every evidence item, and the planted faults that must show in them."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import shutil
 
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 
 from tests.legs.conftest import by_arm, leg_json, metrics
+from tica.fingerprint import FingerprintCache, fingerprint_checkpoint
 from tica.metrics import PROBS_DIFF_MAX, PROBS_DIFF_MEAN, forward_metrics
 from tica.models.hashing import weights_hash
 from tica.seal import check_seal
@@ -21,6 +23,10 @@ SERVER_ITEMS = ("throughput", "clean_exit")
 
 def all_legs(demo_legs):
     return [d for dirs in demo_legs["legs"].values() for d in dirs]
+
+
+def work_span(meta: dict) -> tuple[dt.datetime, dt.datetime]:
+    return dt.datetime.fromisoformat(meta["started_at"]), dt.datetime.fromisoformat(meta["ended_at"])
 
 
 def test_demo_set_covers_every_item_and_both_arms(demo_legs):
@@ -40,6 +46,9 @@ def test_every_leg_is_sealed_and_names_its_switches(demo_legs):
         assert meta["env"]["VLLM_BATCH_INVARIANT"] == {"bi1": "1", "bi0": "0"}[meta["arm"]]
         assert meta["versions"]["vllm"] and meta["versions"]["torch"]
         assert meta["device"]["kind"] == "cpu"
+        assert meta["source"]["repository"] == "tica" and meta["source"]["commit"]
+        start, end = work_span(meta)
+        assert start <= end
 
 
 def test_bi1_on_cpu_is_not_run_with_vllms_own_reason(demo_legs):
@@ -107,6 +116,9 @@ def test_update_written_reloaded_and_rechecked(demo_legs):
     (row,) = metrics(leg)
     assert row["optimizer"] == "adamw" and row["weights_changed_tensors"] > 0
     assert row["updated_weights_hash"] == weights_hash(leg / "weights") != row["weights_hash_before"]
+    # the folder the rollout reloaded, by the core's fingerprint
+    assert row["updated_weights_hash"] == fingerprint_checkpoint(leg / "weights", FingerprintCache(leg.parent / "fp.json"))
+    assert leg_json(leg)["resolved_config"]["updated_weights_hash"] == row["updated_weights_hash"]
     assert row["reloaded_by_rollout"] is True
     post = metrics(leg / "post_forward")
     assert len(post) >= 5 and all(r["checkpoint_version"] == row["updated_weights_hash"] for r in post)
@@ -136,10 +148,14 @@ def test_throughput_bench_for_every_concurrency_and_round_in_crossed_order(demo_
         assert bench["total_input_tokens"] == cfg["num_prompts"] * cfg["input_len"]
         assert bench["total_output_tokens"] == cfg["num_prompts"] * cfg["output_len"]
         assert bench["arm"] == "bi0" and bench["round"] == str(meta["round"])
+        start, end = work_span(meta)  # the leg's work is its bench's own run
+        assert (end - start).total_seconds() >= bench["duration"]
         assert meta["slot"] == (2 if meta["round"] % 2 else 1)  # AB then BA, A = bi1
         print(f"[legs] bi0 r{meta['round']} c={meta['concurrency']}: {bench['output_throughput']:.1f} out tok/s, "
               f"TTFT {bench['mean_ttft_ms']:.0f} ms, TPOT {bench['mean_tpot_ms']:.1f} ms, {bench['duration']:.1f} s")
     assert set(seen) == {(1, 1), (1, 2), (2, 1), (2, 2)}
+    spans = sorted(work_span(leg_json(d)) for d in legs)
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))  # one bench at a time, none overlapping
 
 
 def test_clean_exit_reflects_what_vllm_did(demo_legs):
@@ -159,6 +175,7 @@ def test_clean_exit_reflects_what_vllm_did(demo_legs):
         procs = leg_json(d)["processes"]
         log = (d / "producer.log").read_text()
         (core,) = [p for p in procs if p["role"] == "engine_core"]
+        assert "EngineCore" in core["name"] and core["pid"]  # vLLM's own child process, not the producer
         assert (core["end_state"] == "force_killed") == (f"force killing remaining process EngineCore pid {core['pid']}" in log)
 
 
@@ -186,6 +203,15 @@ def faulted_throughput(tiny_model, tmp_path_factory):
     run_leg("throughput", "bi0", out, model=str(tiny_model), concurrencies=[1, 2], input_len=32, output_len=8,
             num_prompts=4, num_warmups=0, fault="truncate-workload,kill-engine-core")
     return throughput_leg_dirs(out)
+
+
+def test_each_throughput_leg_ran_when_its_bench_ran(faulted_throughput):
+    c1, c2 = (leg_json(d) for d in faulted_throughput)
+    (client1,) = [p for p in c1["processes"] if p["role"] == "client"]
+    assert client1["pid"] and client1["exit_code"] == 0
+    assert work_span(c1)[0] < work_span(c1)[1] <= work_span(c2)[0] < work_span(c2)[1]
+    assert work_span(c1)[1] - work_span(c1)[0] < work_span(c2)[1] - work_span(c1)[0]
+    assert c1["resolved_config"]["weights_hash"] == c2["resolved_config"]["weights_hash"]
 
 
 def test_truncated_workload_shows_in_the_receipt(faulted_throughput):

@@ -149,13 +149,27 @@ def test_no_error_leaves_the_leg_to_its_producer(tmp_path):
     assert not (tmp_path / "leg" / "leg.json").exists()  # finishing is the producer's, not the guard's
 
 
-@pytest.mark.parametrize("name,roles", [("bi1", ["trainer", "engine_core"]), ("bi0", ["trainer", "engine_core"]),
-                                        ("make-model", ["trainer"]), ("bi0_megatron", ["trainer"])])
-def test_launcher_records_name_an_engine_only_where_one_ran(name, roles):
+@pytest.mark.parametrize("name,in_process", [("bi1", True), ("bi0", True), ("make-model", False), ("bi0_megatron", False)])
+def test_launcher_records_only_the_process_it_waited_on(name, in_process):
+    """An engine core that ran inside the producer (VLLM_ENABLE_V1_MULTIPROCESSING=0) had no process
+    of its own: it is not recorded as one (it used to be, as a copy of the trainer's exit)."""
     from tica.legs.vllm_kernels.legio import launcher_records
 
-    procs = launcher_records(name, 123, 0, "", {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
-    assert [p["role"] for p in procs] == roles and all(p["exit_code"] == 0 for p in procs)
+    (rec,) = launcher_records(name, 123, 0, "", {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
+    assert rec["role"] == "trainer" and rec["pid"] == 123 and rec["exit_code"] == 0 and rec["end_state"] == "exited"
+    assert ("engine core ran inside this process" in rec["evidence"]) is in_process
+
+
+def test_a_force_kill_in_the_trainers_log_is_evidence_not_the_trainers_end_state():
+    """vLLM's "force killing remaining processes" names a child it killed, not the process whose
+    log it is; it stays in the evidence, where the clean-exit judge still refuses it."""
+    from tica.judges.clean_exit import exit_problem
+    from tica.legs.vllm_kernels.legio import launcher_records
+    from tica.receipts import ProcessExit
+
+    (rec,) = launcher_records("bi1-tp", 7, 0, "INFO ... force killing remaining processes count=1\n", {})
+    assert rec["end_state"] == "exited" and "force killing remaining processes" in rec["evidence"]
+    assert exit_problem(ProcessExit(**rec)) is not None
 
 
 @pytest.mark.parametrize("arm", ["bi1", "bi0"])

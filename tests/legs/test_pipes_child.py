@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -66,7 +67,12 @@ def run_in_process(tmp_path: Path, monkeypatch, seen_uuid: str, leased: str) -> 
     cut = argv.index("--")
     ns = argparse.Namespace(name="bi1", legs=str(tmp_path / "legs"), report=str(tmp_path / "report.json"), log="",
                             timeout=60.0, check_device=True, producer_module="sleepy_producer")
-    return pipes_child.run(ns, argv[cut + 1:])
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        return pipes_child.run(ns, argv[cut + 1:])
+    finally:  # run() installs its own; the test process keeps its own
+        for s, h in handlers.items():
+            signal.signal(s, h)
 
 
 def test_a_child_seeing_another_device_than_its_lease_does_not_run_the_producer(sleepy, tmp_path, monkeypatch):
@@ -80,13 +86,63 @@ def test_a_child_seeing_another_device_than_its_lease_does_not_run_the_producer(
 
 def test_a_child_seeing_its_leased_device_runs_the_producer(sleepy, tmp_path, monkeypatch):
     """Control of the test above: the same UUID, written torch's way and nvidia-smi's way."""
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     code = run_in_process(tmp_path, monkeypatch, seen_uuid="8f1f0000-0000-0000-0000-00000000aaaa",
                           leased="GPU-8F1F0000-0000-0000-0000-00000000AAAA")
     report = json.loads((tmp_path / "report.json").read_text())
     assert code == 0 and report["device_check"]["ok"] is True and report["rc"] == 0
     (leg,) = [Path(p) for p in report["legs"]]
     assert check_seal(leg) == []
-    assert json.loads((leg / "leg.json").read_text())["env"]["CUDA_VISIBLE_DEVICES"] == "1"
+    meta = json.loads((leg / "leg.json").read_text())
+    assert meta["env"]["CUDA_VISIBLE_DEVICES"] == "1"
+    # one record, of the one process the child waited on: the producer's own pid, not the child's;
+    # no EngineCore copied from it (an in-process engine core has no process of its own)
+    producer = int((tmp_path / "producer.pid").read_text())
+    (trainer,) = meta["processes"]
+    assert trainer["role"] == "trainer" and trainer["pid"] == producer == report["pid"] != os.getpid()
+    assert trainer["exit_code"] == 0 and trainer["end_state"] == "exited"
+
+
+def test_the_real_producers_dry_run_records_what_ran(tmp_path, monkeypatch):
+    """`producers bi0 --dry-run` (tiny model, HF trainer, the fake rollout) through the child: the
+    leg names its weights by the core fingerprint of the model folder, records the checkout and the
+    image, its work's own times inside the producer's lifetime, and only real processes."""
+    from tica.fingerprint import FingerprintCache, fingerprint_checkpoint
+    from tica.legs.vllm_kernels.producers import make_model
+    from tica.receipts import LegMeta
+
+    model = tmp_path / "m"
+    make_model(model, "tiny", seed=1, device="cpu")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("VLLM_BATCH_INVARIANT", "0")
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    monkeypatch.setenv("TICA_N_STEPS", "2")
+    monkeypatch.setenv("TICA_IMAGE_DIGEST", "sha256:" + "cd" * 32)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("TICA_CACHE_DIR", raising=False)
+    legs = tmp_path / "legs"
+    t0 = time.time()
+    proc = subprocess.run([sys.executable, "-m", "tica.legs.vllm_kernels.pipes_child", "--name", "bi0", "--legs",
+                           str(legs), "--report", str(tmp_path / "report.json"), "--", "bi0", "--model", str(model),
+                           "--legs", str(legs), "--dry-run"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    t1 = time.time()
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["rc"] == 0, (tmp_path / "bi0.log").read_text()[-3000:] if (tmp_path / "bi0.log").exists() else report
+    leg = legs / "forward_bi0_hf"
+    assert check_seal(leg) == []
+    meta = json.loads((leg / "leg.json").read_text())
+    LegMeta.model_validate(meta)
+    fp = fingerprint_checkpoint(model, FingerprintCache(tmp_path / "cache.json"))
+    assert meta["resolved_config"]["weights_hash"] == fp
+    assert {json.loads(x)["checkpoint_version"] for x in (leg / "metrics.jsonl").read_text().splitlines()} == {fp}
+    assert not (tmp_path / "home" / ".cache").exists()
+    assert meta["source"]["repository"] == "tica" and meta["source"]["commit"]
+    assert meta["image_digest"] == "sha256:" + "cd" * 32
+    start, end = (datetime.fromisoformat(meta[k]).timestamp() for k in ("started_at", "ended_at"))
+    assert t0 < start < end < t1
+    (trainer,) = meta["processes"]
+    assert trainer["role"] == "trainer" and trainer["pid"] == report["pid"] and trainer["exit_code"] == 0
 
 
 def test_a_producer_past_its_time_is_stopped_and_its_leg_sealed_with_that_exit(sleepy, tmp_path, monkeypatch):

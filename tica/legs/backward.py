@@ -154,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
             from tica.models.hashing import weights_hash
 
             torch.manual_seed(args.seed)
+            version = weights_hash(args.model)
+            leg.begin()  # the leg's work: loading the trainer and its backward steps
             trainer = load_trainer(args.trainer, args.model, dtype=args.trainer_dtype)
             prompts, responses = synthetic_groups(args.seed, model_vocab(args.model))
             rewards = [[toy_reward(r) for r in g] for g in responses]
@@ -170,8 +172,9 @@ def main(argv: list[str] | None = None) -> int:
                              "deployed_bytes_equal": dbe})
                 pipes.log.info(f"backward step {s}: grad_norm {g['actor/grad_norm']:.4g}, finite {g['grad_finite']}, "
                                f"{g['params_with_grad']}/{g['params_total']} params with grad")
+            leg.end()
             common.write_jsonl(leg.dir / "metrics.jsonl", rows)
-            leg.meta["resolved_config"] = {"model": str(Path(args.model).resolve()), "weights_hash": weights_hash(args.model),
+            leg.meta["resolved_config"] = {"model": str(Path(args.model).resolve()), "weights_hash": version,
                                            "loss": "policy gradient, GRPO group advantages, toy reward (first token even)",
                                            "group_size": GROUP_SIZE, "master_weights": "float32", "seed": args.seed,
                                            "trainer": trainer.describe()}

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import signal
 import sys
 import time
@@ -31,14 +30,21 @@ def main(argv: list[str] | None = None) -> int:
     common.set_arm_env(args.arm)
     with common.pipes_context() as pipes:
         leg = common.Leg(args.out, item="clean_exit", arm=args.arm, producer="tica.legs.clean_exit", tee_log=False)
+        from tica.models.hashing import weights_hash
+
+        weights = weights_hash(args.model)
         if args.arm == "bi1" and not args.bi1_attempt_engine:
             from tica.legs import engine
 
+            checked_at = common.now()
             reason = engine.bi1_unsupported_reason()
             if reason is not None:
+                leg.begin(checked_at)  # the only work: asking vLLM whether it can run BI=1 here
+                leg.end()
                 leg.finish(not_run_reason=reason)
                 return 0
         model = str(Path(args.model).resolve())
+        leg.begin()  # the leg's work: the server's start, one client, the server's stop
         server = Server(model, leg.dir / "server.log", port=args.port or free_port(), max_model_len=args.max_model_len,
                         gpu_memory_utilization=args.gpu_memory_utilization, seed=args.seed)
         client = None
@@ -54,12 +60,16 @@ def main(argv: list[str] | None = None) -> int:
                                 seed=args.seed, metadata={"arm": args.arm, "purpose": "clean_exit"})
         finally:
             server.stop()
-        leg.processes.append(client or common.process_record("client", None, None, evidence="client never started"))
+            leg.end()
+        leg.processes.append(client.record if client else common.process_record("client", None, None, evidence="client never started"))
         leg.processes.extend(server.records())
+        planted = leg.meta.get("resolved_config", {}).get("planted_faults")
+        leg.meta["resolved_config"] = resolved_workload(args, 1, args.num_prompts, server, weights)
+        if planted:
+            leg.meta["resolved_config"]["planted_faults"] = planted
         cleanup = server.reap_leftovers()
         if cleanup:
-            leg.meta.setdefault("resolved_config", {})["producer_cleanup"] = cleanup
-        leg.meta["resolved_config"] = resolved_workload(args, 1, args.num_prompts, server)
+            leg.meta["resolved_config"]["producer_cleanup"] = cleanup
         leg.finish()
         states = {p["role"] + (f":{p['pid']}" if p["pid"] else ""): p["end_state"] for p in leg.processes}
         pipes.log.info(f"clean_exit {args.arm}: {states}")

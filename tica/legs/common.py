@@ -1,12 +1,18 @@
 """What every leg producer shares: the arm's switches, leg.json, process end states, the log
 tee that catches what vLLM's child processes print, and the Dagster Pipes hook.
 
+Every leg.json records what ran, never an invented value (unknown is None): the source checkout
+(`source`: repository, commit, overlay digest), the image (`image_digest`, from TICA_IMAGE_DIGEST),
+and when the leg's work ran (`started_at` / `ended_at`: engine start or first request to the end
+of the work, not when leg.json was written).
+
 Standard library only at import time: producers call `set_arm_env` before anything imports vLLM.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import json
 import os
 import platform
@@ -25,6 +31,9 @@ from tica.seal import seal_leg
 LEG_SCHEMA = "tica.leg/1"
 PRODUCER_VERSION = "1"
 LOG_FILE = "producer.log"
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+REPOSITORY = "tica"
+IMAGE_DIGEST_ENV = "TICA_IMAGE_DIGEST"
 
 # The arm switch. Everything else a producer sets in its own environment is recorded beside it.
 ARM_ENV: dict[str, dict[str, str]] = {
@@ -66,6 +75,24 @@ def set_arm_env(arm: str, extra: dict[str, str] | None = None) -> dict[str, str]
             raise SystemExit(f"{key}={prior} in the environment contradicts --arm {arm} ({key}={value})")
         os.environ[key] = value
     return wanted
+
+
+@functools.lru_cache(maxsize=1)
+def _checkout_commit() -> str | None:
+    from tica.source import checkout_commit
+
+    return checkout_commit(PROJECT_ROOT)
+
+
+def source_record() -> dict[str, str | None]:
+    """The code a leg ran: this checkout's commit (`<sha>[+dirty]`, None outside a git checkout,
+    e.g. a copied tree on a GPU node), read once per process. No overlay is known here: None."""
+    return {"repository": REPOSITORY, "commit": _checkout_commit(), "overlay_digest": None}
+
+
+def image_digest() -> str | None:
+    """The image the leg ran in, as its launcher names it (TICA_IMAGE_DIGEST); None when unset."""
+    return os.environ.get(IMAGE_DIGEST_ENV) or None
 
 
 def recorded_env() -> dict[str, str]:
@@ -172,8 +199,8 @@ def end_state(exit_code: int | None, *, force_killed: bool = False, alive: bool 
         return "running", None
     if force_killed:
         return "force_killed", _signal.SIGKILL.value if exit_code in (None, -9) else (-exit_code if exit_code and exit_code < 0 else None)
-    if exit_code is None:
-        return "running", None
+    if exit_code is None:  # not alive, exit code unseen: ended, how is unknown
+        return "gone", None
     if exit_code < 0:
         sig = -exit_code
         return ("killed" if sig == _signal.SIGKILL else "signalled"), sig
@@ -304,7 +331,9 @@ class Leg:
             "kernels": {},
             "resolved_config": {},
             "profiled": False,
-            "started_at": now(),
+            "source": source_record(),
+            "image_digest": image_digest(),
+            "started_at": None,  # begin(): when the leg's work starts, not when this file is opened
             "ended_at": None,
             "processes": [],
             "not_run_reason": None,
@@ -315,6 +344,19 @@ class Leg:
     @property
     def processes(self) -> list[dict]:
         return self.meta["processes"]
+
+    def begin(self, at: str | None = None) -> None:
+        """The leg's work starts (engine start, first request, first trainer step): now, or `at`.
+        The first call counts."""
+        if self.meta["started_at"] is None:
+            self.meta["started_at"] = at or now()
+
+    def end(self, at: str | None = None) -> None:
+        """The leg's work ended: now, or `at`."""
+        self.meta["ended_at"] = at or now()
+
+    def _working(self) -> bool:
+        return self.meta["started_at"] is not None and self.meta["ended_at"] is None
 
     def log_text(self) -> str:
         return self.tee.text() if self.tee else ""
@@ -327,12 +369,17 @@ class Leg:
             yield self
         except BaseException as err:
             self.meta.setdefault("errors", []).append(f"{type(err).__name__}: {err}")
+            if self._working():
+                self.end()  # the work stopped at the error
             if self.tee is not None:
                 self.finish()
             raise
 
     def finish(self, *, not_run_reason: str | None = None) -> Path:
-        self.meta["ended_at"] = now()
+        """Write leg.json and seal. A leg finished while its work still runs (finished early: not
+        run after an engine failure) ends its work now; one that never began keeps both times None."""
+        if self._working():
+            self.end()
         self.meta["env"] = self._env_at_start
         later = recorded_env()
         changed = {k: v for k, v in later.items() if self._env_at_start.get(k) != v}

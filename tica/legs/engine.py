@@ -9,6 +9,7 @@ import os
 import re
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -98,11 +99,25 @@ def engine_kernels(llm, log_text: str = "") -> dict:
     return kernels
 
 
+IN_PROCESS_NOTE = ("vLLM's engine core ran inside the producer process (InprocClient, "
+                   "VLLM_ENABLE_V1_MULTIPROCESSING=0): no EngineCore process of its own, no exit of its own to record")
+
+
 def engine_processes(llm) -> list:
+    """This LLM's EngineCore processes: real children of this process (multiprocessing on). Empty
+    where the engine core runs in this process (InprocClient has no engine manager): nothing of
+    this process is ever recorded as an EngineCore."""
     try:
-        return list(llm.llm_engine.engine_core.resources.engine_manager.processes)
+        procs = list(llm.llm_engine.engine_core.resources.engine_manager.processes)
     except AttributeError:
         return []
+    return [p for p in procs if p.pid is not None and p.pid != os.getpid()]
+
+
+def engine_in_process(llm) -> bool:
+    """Whether this LLM's engine core runs inside this process (vLLM's InprocClient)."""
+    core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+    return type(core).__name__ == "InprocClient"
 
 
 def score(llm, seqs: list[list[int]]) -> list[np.ndarray]:
@@ -137,35 +152,62 @@ def generate(llm, prompts: list[list[int]], *, max_tokens: int, temperature: flo
     return res
 
 
-def shutdown_and_record(llm, leg: Leg, *, timeout: float | None = None) -> None:
-    """Shut the engine down the way vLLM does by default and record every process's end:
-    EngineCore (our child: real exit code) and its workers (grandchildren: from vLLM's log)."""
+@dataclass
+class EngineStop:
+    """What shutting an engine down left to record: its EngineCore child processes (joined), their
+    children (the workers, by pid and name) and the shutdown's own error, if any."""
+
+    procs: list
+    workers: dict[int, str]
+    error: str | None = None
+
+
+def stop_engine(llm, *, timeout: float | None = None) -> EngineStop:
+    """Shut the engine down the way vLLM does by default, then wait for its processes to go."""
     procs = engine_processes(llm)
     # this engine's workers: the EngineCore's children now (the log may also name another engine's)
-    workers = {w: common_name for p in procs if p.pid for w in children_of(p.pid)
-               for common_name in [process_name(w) or "worker"]}
+    workers = {w: process_name(w) or "worker" for p in procs for w in children_of(p.pid)}
+    error = None
     try:
         llm.llm_engine.engine_core.shutdown(timeout=timeout)
     except Exception as err:
-        leg.meta.setdefault("errors", []).append(f"engine shutdown: {type(err).__name__}: {err}")
+        error = f"engine shutdown: {type(err).__name__}: {err}"
     for p in procs:
         p.join(timeout=10)
     wait_gone(list(workers), 5.0)
-    text = leg.log_text()
+    return EngineStop(procs, workers, error)
+
+
+def exit_records(stop: EngineStop, text: str) -> list[dict]:
+    """One record per EngineCore (our child: its real exit code) and per worker (a grandchild: from
+    vLLM's "force killing" lines in `text`, else whether it is gone)."""
     killed = {int(m.group(1)) for m in re.finditer(r"force killing[^\n]*? pid (\d+)", text)}
     force_lines = {int(m.group(1)): m.group(0) for m in re.finditer(r"[^\n]*force killing[^\n]*? pid (\d+)", text)}
-    engine_pids = set()
-    for p in procs:
-        engine_pids.add(p.pid)
-        fk = p.pid in killed
+    recs = []
+    for p in stop.procs:
         ev = force_lines.get(p.pid) or f"multiprocessing exitcode={p.exitcode} after vLLM shutdown"
-        leg.processes.append(process_record("engine_core", p.pid, p.exitcode, evidence=ev.strip(), force_killed=fk, name=p.name))
-    for pid, role_name in sorted(workers.items()):
-        fk = pid in killed
+        recs.append(process_record("engine_core", p.pid, p.exitcode, evidence=ev.strip(), force_killed=p.pid in killed,
+                                   name=p.name))
+    for pid, role_name in sorted(stop.workers.items()):
         alive = pid_alive(pid)
         ev = force_lines.get(pid) or ("still running after shutdown" if alive else
                                       "worker gone after shutdown; not our child, exit code not observable")
-        leg.processes.append(process_record("worker", pid, None, evidence=ev.strip(), force_killed=fk, alive=alive, name=role_name))
+        recs.append(process_record("worker", pid, None, evidence=ev.strip(), force_killed=pid in killed, alive=alive,
+                                   name=role_name))
+    return recs
+
+
+def shutdown_and_record(llm, leg: Leg, *, timeout: float | None = None) -> None:
+    """Shut the engine down and record every process's end in the leg: EngineCore (our child:
+    real exit code) and its workers (grandchildren: from vLLM's log). An engine core that ran in
+    this process gets no record (it had no process of its own): the leg says so instead."""
+    if engine_in_process(llm):
+        leg.meta.setdefault("resolved_config", {}).setdefault("engine_core_process", IN_PROCESS_NOTE)
+    stop = stop_engine(llm, timeout=timeout)
+    if stop.error:
+        leg.meta.setdefault("errors", []).append(stop.error)
+    text = leg.log_text()
+    leg.processes.extend(exit_records(stop, text))
     if FORCE_KILL_RE.search(text):
         lines = leg.meta.setdefault("resolved_config", {}).setdefault("shutdown_log", [])
         lines.extend(x for x in (m.group(0) for m in re.finditer(r"[^\n]*force killing[^\n]*", text)) if x not in lines)

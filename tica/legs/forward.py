@@ -118,10 +118,13 @@ def bi1_not_run(leg: common.Leg, args, log) -> bool:
 
     if args.arm != "bi1" or getattr(args, "bi1_attempt_engine", False):
         return False
+    checked_at = common.now()
     reason = engine.bi1_unsupported_reason()
     if reason is None:
         return False
     log.info(f"not run: {reason}")
+    leg.begin(checked_at)  # the leg's only work: asking vLLM whether it can run BI=1 here
+    leg.end()
     leg.finish(not_run_reason=reason)
     return True
 
@@ -131,6 +134,7 @@ def start_engine_or_not_run(leg: common.Leg, args, model):
     finishes the leg as not run, with vLLM's own reason, and gives None; under BI=0 it raises."""
     from tica.legs import engine
 
+    leg.begin()  # the leg's work starts with the engine
     try:
         return engine.start_llm(model, max_model_len=args.max_model_len,
                                 gpu_memory_utilization=args.gpu_memory_utilization, seed=args.seed)
@@ -187,12 +191,14 @@ def main(argv: list[str] | None = None) -> int:
                     raise
                 leg.meta["kernels"] = {"rollout": engine.engine_kernels(llm, leg.log_text())}
                 engine.shutdown_and_record(llm, leg)
+                leg.end()
                 leg.finish(not_run_reason="vLLM failed under VLLM_BATCH_INVARIANT=1: " + engine_failure_reason(leg.log_text(), err))
                 return 0
             leg.meta["kernels"] = {"rollout": engine.engine_kernels(llm, leg.log_text()), "trainer": trainer.describe()}
             engine.shutdown_and_record(llm, leg)
             if hasattr(trainer, "close_and_record"):
                 trainer.close_and_record(leg)
+            leg.end()
             leg.finish()
         pipes.report_custom_message({"leg_dir": str(leg.dir), "item": "forward", "arm": args.arm,
                                      "metrics": [json.loads(x) for x in (leg.dir / "metrics.jsonl").read_text().splitlines()]})

@@ -77,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
             from tica.models.hashing import weights_hash
             from tica.problems import load_problems
 
+            weights = weights_hash(args.model)
             version, problems = load_problems(args.problems)
             if args.limit:
                 problems = problems[: args.limit]
@@ -101,10 +102,11 @@ def main(argv: list[str] | None = None) -> int:
                 summary[name] = {"correct": n_ok, "n": len(rows), "score": n_ok / len(rows),
                                  "truncated": sum(r["truncated"] for r in rows)}
                 pipes.log.info(f"quality {name}: {n_ok}/{len(rows)} correct, {summary[name]['truncated']} truncated")
-            leg.meta["resolved_config"] = {"model": str(Path(args.model).resolve()), "weights_hash": weights_hash(args.model),
+            leg.meta["resolved_config"] = {"model": str(Path(args.model).resolve()), "weights_hash": weights,
                                            **eargs, "problems": version, "passes": summary, "primary_pass": args.passes.split(",")[0]}
             leg.meta["kernels"] = {"rollout": engine.engine_kernels(llm, leg.log_text())}
             engine.shutdown_and_record(llm, leg)
+            leg.end()
             leg.finish()
             pipes.report_custom_message({"leg_dir": str(leg.dir), "item": "quality", "summary": summary})
     return 0

@@ -23,6 +23,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 from tica.legs import common
@@ -73,9 +74,8 @@ class Server:
         raise RuntimeError(f"API server not healthy after {timeout:.0f} s; see {self.log_path}")
 
     def _find_engine_processes(self) -> None:
+        # only what the OS names an engine (vLLM titles it VLLM::EngineCore): never another child in its place
         self.engine_pids = [p for p in common.children_of(self.proc.pid) if "Engine" in (common.process_name(p) or "")]
-        if not self.engine_pids:
-            self.engine_pids = common.children_of(self.proc.pid)[:1]
         self.worker_pids = [w for e in self.engine_pids for w in common.children_of(e)
                             if "Worker" in (common.process_name(w) or "") or "VLLM" in (common.process_name(w) or "")]
 
@@ -144,8 +144,17 @@ class Server:
         return done
 
 
+@dataclass(frozen=True)
+class ClientRun:
+    """One `vllm bench serve` process: its exit record and when it ran (the throughput leg's work)."""
+
+    record: dict
+    started_at: str
+    ended_at: str
+
+
 def run_client(leg_dir: Path, server: Server, model: str, *, concurrency: int, num_prompts: int, num_warmups: int,
-               input_len: int, output_len: int, seed: int, metadata: dict[str, str]) -> dict:
+               input_len: int, output_len: int, seed: int, metadata: dict[str, str]) -> ClientRun:
     args = ["--backend", "vllm", "--base-url", server.url, "--model", model, "--tokenizer", model,
             "--dataset-name", "random", "--random-input-len", str(input_len), "--random-output-len", str(output_len),
             "--random-range-ratio", "0", "--ignore-eos", "--max-concurrency", str(concurrency),
@@ -153,13 +162,16 @@ def run_client(leg_dir: Path, server: Server, model: str, *, concurrency: int, n
             "--save-result", "--result-dir", str(leg_dir), "--result-filename", "bench.json",
             "--metadata", *[f"{k}={v}" for k, v in metadata.items()]]
     cmd = [sys.executable, "-m", "tica.legs.bench_client", *args]
-    t0 = time.time()
     with open(leg_dir / "client.log", "wb") as log:
-        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT)
-    rec = common.process_record("client", None, proc.returncode,
-                                evidence=f"vllm bench serve exited {proc.returncode} after {time.time() - t0:.1f} s")
+        started_at, t0 = common.now(), time.monotonic()
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        code = proc.wait()
+        ended_at = common.now()
+    rec = common.process_record("client", proc.pid, code,
+                                evidence=f"vllm bench serve exited {code} after {time.monotonic() - t0:.1f} s "
+                                         "(the producer's child: wait())")
     rec["command"] = cmd
-    return rec
+    return ClientRun(rec, started_at, ended_at)
 
 
 def parse_concurrencies(text: str) -> list[int]:
@@ -188,10 +200,9 @@ def add_server_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--bi1-attempt-engine", action="store_true")
 
 
-def resolved_workload(args, c: int, num_prompts: int, server: Server | None) -> dict:
-    from tica.models.hashing import weights_hash
-
-    return {"model": str(Path(args.model).resolve()), "weights_hash": weights_hash(args.model),
+def resolved_workload(args, c: int, num_prompts: int, server: Server | None, weights: str) -> dict:
+    """weights: tica.models.hashing.weights_hash of the folder the server loaded."""
+    return {"model": str(Path(args.model).resolve()), "weights_hash": weights,
             "backend": "vllm", "dataset_name": "random", "input_len": args.input_len, "output_len": args.output_len,
             "random_range_ratio": 0, "ignore_eos": True, "concurrency": c, "num_prompts": num_prompts,
             "num_warmups": args.num_warmups, "seed": args.seed, "max_model_len": args.max_model_len,
@@ -222,55 +233,44 @@ def main(argv: list[str] | None = None) -> int:
     with common.pipes_context() as pipes:
         legs = {c: common.Leg(out / f"c{c}", item="throughput", arm=args.arm, producer="tica.legs.throughput",
                               round=args.round, slot=args.slot, concurrency=c, tee_log=False) for c in concurrencies}
+        from tica.models.hashing import weights_hash
+
+        weights = weights_hash(args.model)
         if args.arm == "bi1" and not args.bi1_attempt_engine:
             from tica.legs import engine
 
+            checked_at = common.now()
             reason = engine.bi1_unsupported_reason()
             if reason is not None:
                 for c, leg in legs.items():
-                    leg.meta["resolved_config"] = resolved_workload(args, c, num_prompts[c], None)
+                    leg.meta["resolved_config"] = resolved_workload(args, c, num_prompts[c], None, weights)
+                    leg.begin(checked_at)  # the only work: asking vLLM whether it can run BI=1 here
+                    leg.end()
                     leg.finish(not_run_reason=reason)
                 pipes.log.info(f"throughput {args.arm} round {args.round}: not run: {reason}")
                 return 0
         server_log = out / "server.log"
         server = Server(str(Path(args.model).resolve()), server_log, port=args.port or free_port(),
                         max_model_len=args.max_model_len, gpu_memory_utilization=args.gpu_memory_utilization, seed=args.seed)
-        clients: dict[int, dict] = {}
+        clients: dict[int, ClientRun] = {}
         try:
             pipes.log.info(f"throughput {args.arm} round {args.round}: starting API server on {server.url}")
             server.wait_healthy(args.server_timeout)
             for i, c in enumerate(concurrencies):
-                leg = legs[c]
-                leg.meta["started_at"] = common.now()
-                n = num_prompts[c]
-                run_n = n
-                if "truncate-workload" in faults:
-                    run_n = max(1, n // 2)
-                    leg.meta.setdefault("resolved_config", {}).setdefault("planted_faults", []).append(f"truncate-workload: client sent {run_n} of {n} prompts")
-                if "kill-engine-core" in faults and i == len(concurrencies) - 1:
-                    for pid in server.engine_pids:
-                        os.kill(pid, signal.SIGKILL)
-                    leg.meta.setdefault("resolved_config", {}).setdefault("planted_faults", []).append(
-                        f"kill-engine-core: SIGKILL to EngineCore {server.engine_pids} before this leg's client")
-                    time.sleep(2)
-                clients[c] = run_client(leg.dir, server, str(Path(args.model).resolve()), concurrency=c, num_prompts=run_n,
-                                        num_warmups=args.num_warmups, input_len=args.input_len, output_len=args.output_len,
-                                        seed=args.seed, metadata={"arm": args.arm, "round": str(args.round),
-                                                                   "slot": str(args.slot), "concurrency": str(c)})
-                bench = leg.dir / "bench.json"
-                if bench.is_file():
-                    b = json.loads(bench.read_text())
-                    pipes.log.info(f"throughput {args.arm} r{args.round} c={c}: completed {b.get('completed')}/{n}, "
-                                   f"{b.get('output_throughput', 0):.1f} out tok/s, TTFT {b.get('mean_ttft_ms', 0):.0f} ms")
+                clients[c] = run_concurrency(args, legs[c], server, c, num_prompts[c], faults,
+                                             last=i == len(concurrencies) - 1, log=pipes.log)
         finally:
             server.stop()
         server_recs = server.records()
         cleanup = server.reap_leftovers()
         for c, leg in legs.items():
-            leg.meta["resolved_config"] = resolved_workload(args, c, num_prompts[c], server)
+            leg.meta["resolved_config"] = resolved_workload(args, c, num_prompts[c], server, weights)
             leg.meta["kernels"] = {"rollout": {"attention": "vLLM CPU default (see server.log)", "server": "vllm.entrypoints.openai.api_server"}}
-            if c in clients:
-                leg.processes.append(clients[c])
+            run = clients.get(c)
+            if run is not None:  # the leg's work is its bench's own run; a leg whose client never ran has no times
+                leg.begin(run.started_at)
+                leg.end(run.ended_at)
+                leg.processes.append(run.record)
             else:
                 leg.processes.append(common.process_record("client", None, None, evidence="client never started: server failed"))
             leg.processes.extend(server_recs)
@@ -281,6 +281,31 @@ def main(argv: list[str] | None = None) -> int:
         pipes.report_custom_message({"legs": [str(l.dir) for l in legs.values()], "item": "throughput", "arm": args.arm,
                                      "round": args.round})
     return 0
+
+
+def run_concurrency(args, leg: common.Leg, server: Server, c: int, n: int, faults: set[str], *, last: bool,
+                    log) -> ClientRun:
+    """One concurrency's bench run (with the planted faults it asks for), logged from its bench.json."""
+    run_n = n
+    if "truncate-workload" in faults:
+        run_n = max(1, n // 2)
+        leg.meta.setdefault("resolved_config", {}).setdefault("planted_faults", []).append(f"truncate-workload: client sent {run_n} of {n} prompts")
+    if "kill-engine-core" in faults and last:
+        for pid in server.engine_pids:
+            os.kill(pid, signal.SIGKILL)
+        leg.meta.setdefault("resolved_config", {}).setdefault("planted_faults", []).append(
+            f"kill-engine-core: SIGKILL to EngineCore {server.engine_pids} before this leg's client")
+        time.sleep(2)
+    run = run_client(leg.dir, server, str(Path(args.model).resolve()), concurrency=c, num_prompts=run_n,
+                     num_warmups=args.num_warmups, input_len=args.input_len, output_len=args.output_len,
+                     seed=args.seed, metadata={"arm": args.arm, "round": str(args.round),
+                                               "slot": str(args.slot), "concurrency": str(c)})
+    bench = leg.dir / "bench.json"
+    if bench.is_file():
+        b = json.loads(bench.read_text())
+        log.info(f"throughput {args.arm} r{args.round} c={c}: completed {b.get('completed')}/{n}, "
+                 f"{b.get('output_throughput', 0):.1f} out tok/s, TTFT {b.get('mean_ttft_ms', 0):.0f} ms")
+    return run
 
 
 if __name__ == "__main__":

@@ -125,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
                                            "trainer": trainer.describe()}
             leg.meta["kernels"] = {"rollout": engine.engine_kernels(llm, leg.log_text()), "trainer": trainer.describe()}
             engine.shutdown_and_record(llm, leg)
+            leg.end()
             leg.finish()
             pipes.report_custom_message({"leg_dir": str(leg.dir), "item": "update", "metrics": [row]})
     return 0

@@ -1,36 +1,23 @@
-"""Content hash of a checkpoint's weight files (what `checkpoint_version` and
-`resolved_config.weights_hash` name). Standard library plus blake3 (a vLLM dependency)."""
+"""The weights digest every producer records (`resolved_config.weights_hash`, `checkpoint_version`,
+`updated_weights_hash`): the core fingerprint of the folder the model was loaded from, exactly
+what a manifest's `checkpoint.path` hashes to (`tica.fingerprint.fingerprint_checkpoint`), computed
+without the shared cache file. Standard library plus blake3 (a vLLM dependency)."""
 
 from __future__ import annotations
 
 import hashlib
 from pathlib import Path
 
-WEIGHT_SUFFIXES = (".safetensors",)
-
-
-def _hasher():
-    try:
-        import blake3  # vLLM depends on it; present on every node that runs legs
-
-        return "blake3", blake3.blake3()
-    except ImportError:  # pragma: no cover - fallback keeps the name honest
-        return "sha256", hashlib.sha256()
+from tica.fingerprint import fingerprint_checkpoint
 
 
 def weights_hash(model_dir: str | Path) -> str:
-    """blake3 over (relative path, bytes) of every *.safetensors file, sorted by path."""
+    """`blake3:...` over every file of model_dir (relative path, size, BLAKE3 of its bytes);
+    nothing read from or written to ~/.cache."""
     model_dir = Path(model_dir)
-    files = sorted(p for p in model_dir.rglob("*") if p.is_file() and p.name.endswith(WEIGHT_SUFFIXES))
-    if not files:
-        raise FileNotFoundError(f"{model_dir}: no *.safetensors weight files")
-    name, h = _hasher()
-    for p in files:
-        h.update(p.relative_to(model_dir).as_posix().encode() + b"\0")
-        with open(p, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                h.update(chunk)
-    return f"{name}:{h.hexdigest()}"
+    if not model_dir.is_dir():
+        raise FileNotFoundError(f"{model_dir}: not a model directory")
+    return fingerprint_checkpoint(model_dir, persist=False)
 
 
 def sha256_of(path: str | Path) -> str:

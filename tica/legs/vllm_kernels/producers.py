@@ -15,6 +15,8 @@
 
 Legs are written unsealed by the measuring process; the launcher adds the process ends it
 observed (exit codes, "force killing" lines in the child's log) and seals them (legio.py).
+Every leg names its weights by the core fingerprint of the folder they were loaded from
+(tica.models.hashing.weights_hash), and records when its own work started and ended.
 A CPU dry run (``all --dry-run``) drives the same code with a tiny model, the torch reference
 kernels and a fake rollout engine, so the receipts' shape is tested without a GPU.
 """
@@ -22,7 +24,6 @@ kernels and a fake rollout engine, so the receipts' shape is tested without a GP
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import random
@@ -33,6 +34,9 @@ import sys
 import tarfile
 import time
 from pathlib import Path
+
+# the core fingerprint of a model folder, as the manifest's checkpoint.path hashes (no cache file)
+from tica.models.hashing import weights_hash
 
 SHAPES = {
     # the kit's "mid" widened to 4 layers; lm_head scaled so sampled tokens carry real probability
@@ -71,24 +75,6 @@ FAULTS = (
 
 def log(msg: str) -> None:
     print(f"[tica {time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def sha256_file(p: Path) -> str:
-    h = hashlib.sha256()
-    with open(p, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 24), b""):
-            h.update(chunk)
-    return "sha256:" + h.hexdigest()
-
-
-def weights_hash(model_dir: Path) -> str:
-    files = sorted(Path(model_dir).glob("*.safetensors"))
-    if len(files) == 1:
-        return sha256_file(files[0])
-    h = hashlib.sha256()
-    for f in files:
-        h.update(sha256_file(f).encode())
-    return "sha256:" + h.hexdigest()
 
 
 # ---------------------------------------------------------------- model
@@ -143,10 +129,11 @@ def make_model(out: Path, shape: str, seed: int, device: str, tokenizer: bool = 
     (out / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 2}))
     if tokenizer:
         write_word_tokenizer(out, V, cfg["max_position_embeddings"])
-    info = {"dir": str(out), "shape": shape, "seed": seed, "built_on": device,
-            "params": int(sum(v.numel() for v in sd.values())), "weights_hash": weights_hash(out)}
+    # the stamp is part of the folder, so it holds no digest of the folder (nor its path): the
+    # returned info does, taken after the stamp is written
+    info = {"shape": shape, "seed": seed, "built_on": device, "params": int(sum(v.numel() for v in sd.values()))}
     (out / "tica_model.json").write_text(json.dumps(info, indent=1))
-    return info
+    return dict(info, dir=str(out), weights_hash=weights_hash(out))
 
 
 def write_word_tokenizer(out: Path, vocab: int, max_len: int) -> None:
@@ -199,7 +186,9 @@ def schedule(vocab: int, first_step: int, n_steps: int, *, pool: int = 48, min_l
 
 
 class VllmRollout:
-    """vLLM's offline engine in this process (V1 multiprocessing off: engine core in-process)."""
+    """vLLM's offline engine, driven from this process. With VLLM_ENABLE_V1_MULTIPROCESSING=0 (the
+    device runs) its engine core runs in this process: no process of its own to record. With it
+    on, the EngineCore is this process's child and `shutdown_records` records its real exit."""
 
     def __init__(self, model_dir: Path, **cfg) -> None:
         from vllm import LLM
@@ -247,6 +236,21 @@ class VllmRollout:
             return len(loaded) if loaded is not None else len(sd)
 
         return int(self.llm.apply_model(_load)[0])
+
+    def shutdown_records(self) -> list[dict]:
+        """Where the engine core is a process of its own: shut it down, its real exit (and its
+        workers') as records. In-process: nothing (no separate process, and vLLM's own exit path
+        is left as it was)."""
+        from tica.legs import engine
+
+        if engine.engine_in_process(self.llm):
+            return []
+        stop = engine.stop_engine(self.llm)
+        recs = engine.exit_records(stop, "")
+        if stop.error:
+            for r in recs:
+                r["evidence"] = f"{r['evidence']}; {stop.error}"
+        return recs
 
     def param_bytes(self) -> dict:
         def _get(model):
@@ -300,6 +304,9 @@ class FakeRollout:
 
     def reload(self, path) -> int:
         return 0
+
+    def shutdown_records(self) -> list[dict]:
+        return []  # no engine
 
     def param_bytes(self) -> dict:
         return {}
@@ -409,9 +416,12 @@ def decode_kernels(kern: dict) -> dict:
                 "generated-token rows in calls of <= 255 rows")
 
 
-def write_decode_leg(legio, d: Path, kept: list, model, dev, checkpoint: str, kern: dict, base_cfg: dict) -> list[dict]:
+def write_decode_leg(legio, d: Path, kept: list, model, dev, checkpoint: str, kern: dict, base_cfg: dict, *,
+                     started_at: str | None) -> list[dict]:
+    """started_at: when the rollouts these rows score began (their engine's start or first step)."""
     rows = write_decode_rows(legio, d, kept, model, dev, checkpoint)
-    meta = legio.new_meta("forward", "bi1", trainer="vllm_kernels")
+    meta = legio.new_meta("forward", "bi1", trainer="vllm_kernels", started_at=started_at)
+    meta["ended_at"] = legio.now()
     meta["kernels"] = decode_kernels(kern)
     meta["resolved_config"] = dict(base_cfg, tokens="response (generated) tokens only",
                                    rollout_logprobs="vLLM sampled-token logprobs (SamplingParams.logprobs=0)")
@@ -492,11 +502,16 @@ def cmd_bi1(a) -> int:
     t0 = time.time()
     dev = "cpu" if a.dry_run else "cuda"
     pin = {"vllm_pinned": "0.26.0", "dry_run": True} if a.dry_run else check_vllm()
+    ck0 = weights_hash(m0)  # before anything loads the folder
+    # when each leg's work started: the engine (forward legs over steps 1-5), the GPU backward check
+    # (backward_bi1), the backward of the update (update_bi1), the steps on the new weights
+    t_engine = legio.now()
     if a.dry_run:
         kernels = TorchReference
         model = from_dir(m0, kernels, device=dev)
         rollout = FakeRollout(model)
         gc_tol = 2e-2
+        t_gradcheck = legio.now()
         gc = check_with_controls(kernels, device="cpu", dtype=torch.bfloat16, tol=gc_tol)
     else:
         rollout = VllmRollout(m0)
@@ -506,10 +521,10 @@ def cmd_bi1(a) -> int:
         kernels = VllmKernels()
         model = from_dir(m0, kernels, device=dev)
         gc_tol = 2e-2
+        t_gradcheck = legio.now()
         gc = check_with_controls(kernels, device="cuda", dtype=torch.bfloat16, tol=gc_tol)
     log(f"GPU backward check pass={gc['pass']} (controls caught {gc['controls_caught']})")
     cfg = json.loads((m0 / "config.json").read_text())
-    ck0 = weights_hash(m0)
     kern = {"trainer": {k: v["entry"] for k, v in KERNELS.items()}, "trainer_detail": pin,
             "rollout": {"attention": "FLASH_ATTN", **rollout.selected(), "logprob": KERNELS["logprob"]["entry"]},
             "attention_backward": "torch fp32 reference recompute (FA3 has no backward in vLLM's wheel)"}
@@ -555,11 +570,13 @@ def cmd_bi1(a) -> int:
             dp = {"error": repr(err)[:1000]}
         (fwd / "decode_probe.json").write_text(json.dumps(dp, indent=1))
         log(f"decode probe: {json.dumps({k: v for k, v in dp.items() if not isinstance(v, list)})[:1500]}")
-    meta = legio.new_meta("forward", "bi1", trainer="vllm_kernels")
+    meta = legio.new_meta("forward", "bi1", trainer="vllm_kernels", started_at=t_engine)
+    meta["ended_at"] = legio.now()
     meta["kernels"] = kern
     meta["resolved_config"] = dict(base_cfg)
     legio.write_meta(fwd, meta)
-    write_decode_leg(legio, legs / "forward_bi1_decode", [(st, ro) for st, ro, _ in kept], model, dev, ck0, kern, base_cfg)
+    write_decode_leg(legio, legs / "forward_bi1_decode", [(st, ro) for st, ro, _ in kept], model, dev, ck0, kern, base_cfg,
+                     started_at=t_engine)
 
     # planted faults (canaries): one op switched away from vLLM's kernel; same rollouts, same weights
     for leg_name, fault, what in FAULTS:
@@ -576,7 +593,8 @@ def cmd_bi1(a) -> int:
                 f"max={rows[-1]['training/rollout_probs_diff_max']:.3g}")
         model.fault = None
         legio.write_jsonl(flt / "metrics.jsonl", rows)
-        meta = legio.new_meta("forward", "bi1", trainer="vllm_kernels")
+        meta = legio.new_meta("forward", "bi1", trainer="vllm_kernels", started_at=t_engine)  # the same rollouts
+        meta["ended_at"] = legio.now()
         meta["kernels"] = dict(kern, planted_fault={fault: what})
         meta["resolved_config"] = dict(base_cfg, planted_fault={"target": fault, "replacement": what,
                                                                 "expect": "nonzero diff: the criterion must fail"},
@@ -614,6 +632,7 @@ def cmd_bi1(a) -> int:
                                                                      "not_equal": [n for n, x in res.items() if x is not True],
                                                                      "vllm_params_not_compared": extra_v}
 
+    t_update = legio.now()  # the update's work: deployed bytes, backward, optimizer step, reload, steps 6..10
     eq0, eq0_detail = bytes_equal()
     log(f"deployed bytes equal before update: {eq0}")
 
@@ -656,11 +675,14 @@ def cmd_bi1(a) -> int:
                "tica/rollout_step": st["step"], "tica/n_response_tokens": n_resp,
                "tica/grad_forward_vs_nograd_n_bitwise_diff": same_fwd, "tica/backward_seconds": t_bwd,
                "tica/gradcheck_pass": gc["pass"], "tica/gradcheck_controls_caught": gc["controls_caught"]}
+    t_backward_end = legio.now()
     bwd = legs / "backward_bi1"
     legio.write_jsonl(bwd / "metrics.jsonl", [bwd_row])
     (bwd / "gradcheck.json").write_text(json.dumps(gc, indent=1, default=str))
     (bwd / "deployed_bytes.json").write_text(json.dumps({"equal": eq0, **eq0_detail}, indent=1))
-    meta = legio.new_meta("backward", "bi1", trainer="vllm_kernels")
+    # the backward leg's work: the GPU backward check, then this backward (the forward legs ran between)
+    meta = legio.new_meta("backward", "bi1", trainer="vllm_kernels", started_at=t_gradcheck)
+    meta["ended_at"] = t_backward_end
     meta["kernels"] = kern
     meta["resolved_config"] = dict(base_cfg, gradcheck_tol=gc_tol, master_dtype="float32", deployed_dtype="bfloat16")
     legio.write_meta(bwd, meta)
@@ -687,6 +709,7 @@ def cmd_bi1(a) -> int:
     # the decode-faithful one: the trainer against vLLM's sampled-token logprobs, which is what
     # an RL step consumes. The prefill-scoring re-check is kept as its own leg.
     upd = legs / "update_bi1"
+    t_post = legio.now()
     prompts2, steps2 = schedule(cfg["vocab_size"], N_STEPS + 1, N_STEPS)
     pre_leg = legs / "forward_bi1_post_update_prefill"
     rows = []
@@ -698,13 +721,15 @@ def cmd_bi1(a) -> int:
         log(f"post step {st['step']} (prefill scoring): bitwise_diff={rows[-1]['tica/n_bitwise_diff']} "
             f"max={rows[-1]['training/rollout_probs_diff_max']:.3g}")
     legio.write_jsonl(pre_leg / "metrics.jsonl", rows)
-    meta = legio.new_meta("forward", "bi1", trainer="vllm_kernels")
+    meta = legio.new_meta("forward", "bi1", trainer="vllm_kernels", started_at=t_post)
+    meta["ended_at"] = legio.now()
     meta["kernels"] = kern
     meta["resolved_config"] = dict(base_cfg, updated_weights_hash=ck1)
     legio.write_meta(pre_leg, meta)
     write_decode_rows(legio, upd / "post_forward", kept2, model, dev, ck1)
+    t_update_end = legio.now()
     write_decode_leg(legio, legs / "forward_bi1_decode_post_update", kept2, model, dev, ck1, kern,
-                     dict(base_cfg, updated_weights_hash=ck1))
+                     dict(base_cfg, updated_weights_hash=ck1), started_at=t_post)
     upd_row = dict(bwd_row, optimizer="adamw", weights_changed_tensors=changed, weights_total_tensors=len(after),
                    updated_weights_hash=ck1, reloaded_by_rollout=bool(n_loaded) if not a.dry_run else False,
                    deployed_bytes_equal=eq1)
@@ -713,12 +738,14 @@ def cmd_bi1(a) -> int:
                     "tica/reload": "vLLM model.load_weights over the written safetensors (LLM.apply_model, in place)",
                     "tica/reloaded_params": n_loaded, "tica/deployed_bytes_detail": eq1_detail})
     legio.write_jsonl(upd / "metrics.jsonl", [upd_row])
-    meta = legio.new_meta("update", "bi1", trainer="vllm_kernels")
+    meta = legio.new_meta("update", "bi1", trainer="vllm_kernels", started_at=t_update)
+    meta["ended_at"] = t_update_end
     meta["kernels"] = decode_kernels(kern)
     meta["resolved_config"] = dict(base_cfg, updated_weights_hash=ck1, lr=LR,
                                    post_forward="steps 6-10, response tokens: the trainer (prompt rows as a prefill "
                                                 "step, generated rows as decode steps) vs vLLM's sampled-token logprobs")
     legio.write_meta(upd, meta)
+    legio.add_processes(legio.legs_written(), rollout.shutdown_records())
     log(f"bi1 done in {time.time() - t0:.1f}s")
     return 0
 
@@ -738,6 +765,7 @@ def cmd_bi0(a) -> int:
     cfg = json.loads((m0 / "config.json").read_text())
     ck0 = weights_hash(m0)
     dev = "cpu" if a.dry_run else "cuda"
+    started = legio.now()  # the leg's work starts with the engine
     if a.dry_run:
         from .kernels import TorchReference
         from .model import from_dir
@@ -766,7 +794,8 @@ def cmd_bi0(a) -> int:
         log(f"bi0 step {st['step']}: bitwise_diff={rows[-1]['tica/n_bitwise_diff']}/{rows[-1]['tica/n_tokens']} "
             f"max={rows[-1]['training/rollout_probs_diff_max']:.3g} mean={rows[-1]['training/rollout_probs_diff_mean']:.3g}")
     legio.write_jsonl(fwd / "metrics.jsonl", rows)
-    meta = legio.new_meta("forward", "bi0", trainer="transformers")
+    meta = legio.new_meta("forward", "bi0", trainer="transformers", started_at=started)
+    meta["ended_at"] = legio.now()
     meta["kernels"] = {"trainer": {"model": "transformers LlamaForCausalLM", "attention": "sdpa", "dtype": "bfloat16",
                                    "logprob": "torch.log_softmax on fp32 logits"},
                        "rollout": {"attention": "FLASH_ATTN", **rollout.selected(),
@@ -776,6 +805,7 @@ def cmd_bi0(a) -> int:
                                "megatron": "megatron-core runs in its own process over these rollouts "
                                            "(bi0-megatron: forward_bi0_megatron); this leg is HF's second baseline"}
     legio.write_meta(fwd, meta)
+    legio.add_processes(legio.legs_written(), rollout.shutdown_records())
     log(f"bi0 done in {time.time() - t0:.1f}s")
     return 0
 
@@ -795,13 +825,15 @@ def cmd_bi0_megatron(a) -> int:
     ck0 = weights_hash(m0)
     fwd = legs / "forward_bi0_megatron"
     rows, info = [], {}
+    started = legio.now()  # the leg's own work: megatron-core's forward over bi0's rollouts
     for st, ro in ros:
         lp, info = megatron_token_logprobs(m0, ro["fulls"], device="cpu" if a.dry_run else "cuda")
         rows.append(write_forward_step(legio, fwd, st, ro, np.asarray(lp, np.float32), ck0))
         log(f"megatron step {st['step']}: bitwise_diff={rows[-1]['tica/n_bitwise_diff']}/{rows[-1]['tica/n_tokens']} "
             f"max={rows[-1]['training/rollout_probs_diff_max']:.3g} mean={rows[-1]['training/rollout_probs_diff_mean']:.3g}")
     legio.write_jsonl(fwd / "metrics.jsonl", rows)
-    meta = legio.new_meta("forward", "bi0", trainer="megatron")
+    meta = legio.new_meta("forward", "bi0", trainer="megatron", started_at=started)
+    meta["ended_at"] = legio.now()
     meta["kernels"] = {"trainer": info, "rollout": "vLLM BI=0, as forward_bi0_hf (same rollouts, same process)"}
     cfg = json.loads((m0 / "config.json").read_text())
     meta["resolved_config"] = {"model": str(m0), "weights_hash": ck0, "architecture": cfg["architectures"][0],
@@ -952,13 +984,15 @@ def cmd_throughput(a) -> int:
                                       "one client process ran every leg's `vllm bench serve` in order "
                                       "(vllm.benchmarks.serve.main, the code behind the CLI)")
     results = work / "bench"
-    info_p = model / "tica_model.json"
-    w_hash = json.loads(info_p.read_text())["weights_hash"] if info_p.exists() else weights_hash(model)
+    w_hash = weights_hash(model)  # the folder both servers loaded
     for leg in plan:
         name = f"throughput_{leg['arm']}_r{leg['round']}_c{leg['c']}"
         d = legs / name
+        # the leg's work: its own `vllm bench serve` run (none: the leg was not run, no times)
+        ran = bench_times(results, name)
         meta = legio.new_meta("throughput", leg["arm"], trainer=None, round=leg["round"], slot=leg["slot"],
-                              concurrency=leg["c"])
+                              concurrency=leg["c"], started_at=ran.get("started_at"))
+        meta["ended_at"] = ran.get("ended_at")
         s = servers.get(leg["arm"])
         meta["env"] = dict((s or {}).get("env") or {}, VLLM_BATCH_INVARIANT="1" if leg["arm"] == "bi1" else "0")
         meta["kernels"] = {"attention": "FLASH_ATTN", "matmul": "vLLM BI Triton persistent matmul" if leg["arm"] == "bi1"
@@ -992,6 +1026,12 @@ def cmd_throughput(a) -> int:
     return 0
 
 
+def bench_times(results: Path, name: str) -> dict:
+    """When one leg's `vllm bench serve` ran ({} where it never started), as cmd_bench_client wrote."""
+    p = results / f"{name}.times.json"
+    return json.loads(p.read_text()) if p.is_file() else {}
+
+
 def cmd_bench_client(a) -> int:
     """Run the plan's legs in order in one process; each leg is one `vllm bench serve`."""
     spec = json.loads(Path(a.spec).read_text())
@@ -999,6 +1039,8 @@ def cmd_bench_client(a) -> int:
     out.mkdir(parents=True, exist_ok=True)
     from vllm.benchmarks.serve import add_cli_args, main
     from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    from . import legio
 
     est: dict[tuple[str, int], float] = {}
     default = {1: 25.0, 8: 15.0, 32: 25.0, 64: 40.0}
@@ -1030,12 +1072,14 @@ def cmd_bench_client(a) -> int:
         parser = FlexibleArgumentParser()
         add_cli_args(parser)
         t = time.time()
+        started_at = legio.now()
         try:
             main(parser.parse_args(argv))
             log(f"{name}: {time.time() - t:.1f}s")
         except Exception as err:  # noqa: BLE001
             (out / f"{name}.notrun").write_text(f"bench failed: {err!r}"[:2000])
             log(f"{name}: FAILED {err!r}")
+        (out / f"{name}.times.json").write_text(json.dumps({"started_at": started_at, "ended_at": legio.now()}))
         est[(leg["arm"], leg["c"])] = time.time() - t
     return 0
 

@@ -49,6 +49,8 @@ def cmd_bi1_tp(a) -> int:
     legs, m0, tp = Path(a.legs), Path(a.model), a.tp
     t0 = time.time()
     dev = "cpu" if a.dry_run else "cuda"
+    ck0 = weights_hash(m0)  # before anything loads the folder
+    t_engine = legio.now()  # every leg here scores the rollouts of this engine's steps 1..N
     if a.dry_run:  # CPU: torch reference kernels, a fake rollout scored by the TP=1 layout
         pin = {"vllm_pinned": "0.26.0", "dry_run": True}
         rollout = FakeRollout(from_dir(m0, TorchReference, device=dev))
@@ -68,7 +70,6 @@ def cmd_bi1_tp(a) -> int:
         model = from_dir(m0, VllmKernels(), device=dev)
     model.tp = tp
     cfg = json.loads((m0 / "config.json").read_text())
-    ck0 = weights_hash(m0)
     kern = {"trainer": {k: v["entry"] for k, v in KERNELS.items()}, "trainer_detail": pin,
             "trainer_tensor_parallel": f"{tp} ranks emulated on one GPU: each rank's shard through the same kernels, "
                                        "partials of o_proj / down_proj summed in fp32 and rounded to bf16 once "
@@ -89,17 +90,20 @@ def cmd_bi1_tp(a) -> int:
         kept.append((st, ro))
         log(f"tp{tp} step {st['step']}: n={rows[-1]['tica/n_tokens']} bitwise_diff={rows[-1]['tica/n_bitwise_diff']}")
     legio.write_jsonl(fwd / "metrics.jsonl", rows)
-    meta = legio.new_meta("forward", "bi1", trainer="vllm_kernels")
+    meta = legio.new_meta("forward", "bi1", trainer="vllm_kernels", started_at=t_engine)
+    meta["ended_at"] = legio.now()
     meta["kernels"] = kern
     meta["resolved_config"] = dict(base_cfg, scoring="prompt_logprobs=0 over prompt+generated, with neighbours")
     legio.write_meta(fwd, meta)
-    write_decode_leg(legio, legs / f"forward_bi1_tp{tp}_decode", kept, model, dev, ck0, kern, base_cfg)
+    write_decode_leg(legio, legs / f"forward_bi1_tp{tp}_decode", kept, model, dev, ck0, kern, base_cfg,
+                     started_at=t_engine)
     model.tp = 1
     ctl = legs / f"forward_bi1_tp{tp}_trainer_tp1"
     write_decode_leg(legio, ctl, kept, model, dev, ck0, dict(kern, trainer_tensor_parallel="1 (not the rollout's)"),
                      dict(base_cfg, control=f"trainer at TP=1 against a TP={tp} rollout: the layouts differ, "
                                            "so the bits may; evidence that the trainer must match the rollout's layout",
-                          canary=True))
+                          canary=True), started_at=t_engine)
+    legio.add_processes(legio.legs_written(), rollout.shutdown_records())
     nd = [json.loads(x)["tica/n_bitwise_diff"] for x in (ctl / "metrics.jsonl").read_text().splitlines()]
     log(f"trainer TP=1 vs rollout TP={tp}: bitwise diffs per step {nd}")
     log(f"bi1-tp done in {time.time() - t0:.1f}s; {np.sum(nd)} control diffs")
