@@ -17,7 +17,7 @@ from pathlib import Path
 from tica.binding import BindingProblem, Candidate, bind_legs
 from tica.errors import InputError, ReceiptError, UsageParser
 from tica.evidence import EvidenceItem
-from tica.judges._common import JUDGE_VERSION, Findings, cell, worst
+from tica.judges._common import JUDGE_VERSION, Findings, cell
 from tica.judges.artifacts import judge_artifacts
 from tica.judges.backward import judge_backward
 from tica.judges.clean_exit import judge_clean_exit
@@ -61,7 +61,8 @@ def judge(item: EvidenceItem | str, question: Question, leg_paths: Sequence[str 
     The criteria's verdict stands only where every leg is bound to the candidate: a leg that
     records another candidate's identity, or nothing where the manifest pins a value, is not
     evidence for it, and neither is a judgement bound to no candidate at all (`candidate=None`).
-    Such a cell is never `pass`; a `fail` stays a fail, with the binding reasons beside it."""
+    Such a cell is never `pass`; a `fail` or `not run` stays what it was, with the binding reasons
+    beside it."""
     cell = judge_criteria(item, question, leg_paths)
     if candidate is None:
         problems: list[BindingProblem | str] = ["bound to no candidate: name the candidate's manifest to judge for it"]
@@ -80,7 +81,8 @@ def bound_cell(cell: VerdictCell, candidate: Candidate | None, problems: Sequenc
         f = Findings()
         for p in problems:
             f.inconclusive(f"not evidence for this candidate: {p}")
-        verdict = worst([cell.verdict, Verdict.INCONCLUSIVE])
+        # Unbound evidence never passes; a fail or a not-run stays what the criteria found.
+        verdict = Verdict.INCONCLUSIVE if cell.verdict is Verdict.PASS else cell.verdict
         update.update(verdict=verdict, reasons=(*f.reasons(), *cell.reasons) if verdict is not cell.verdict
                       else (*cell.reasons, *f.reasons()),
                       summary=(f"{verdict.value}: {len(problems)} binding problem(s), e.g. {problems[0]}; "

@@ -85,8 +85,62 @@ def _worker_kernels(worker) -> dict:
     return out
 
 
+def _mode_name(mode) -> str | None:
+    return None if mode is None else str(getattr(mode, "name", mode))
+
+
+def engine_config(llm) -> dict:
+    """The engine's configuration as vLLM resolved it (not as it was asked for): what a candidate
+    manifest pins for the runner, precision and graph/cache components."""
+    try:
+        cfg = llm.llm_engine.vllm_config
+        p, c, s = cfg.parallel_config, cfg.cache_config, cfg.scheduler_config
+    except AttributeError as err:
+        return {"config_error": f"{type(err).__name__}: {err}"}
+    expert = p.tensor_parallel_size * p.data_parallel_size if p.enable_expert_parallel else 1
+    context = max(int(getattr(p, "prefill_context_parallel_size", 1) or 1),
+                  int(getattr(p, "decode_context_parallel_size", 1) or 1))
+    return {"tensor_parallel_size": p.tensor_parallel_size, "pipeline_parallel_size": p.pipeline_parallel_size,
+            "data_parallel_size": p.data_parallel_size, "expert_parallel_size": expert,
+            "context_parallel_size": context, "kv_cache_dtype": str(c.cache_dtype),
+            "prefix_caching": bool(c.enable_prefix_caching), "chunked_prefill": bool(s.enable_chunked_prefill),
+            "async_scheduling": bool(s.async_scheduling), "max_num_batched_tokens": s.max_num_batched_tokens,
+            "enforce_eager": bool(cfg.model_config.enforce_eager),
+            "cudagraph_mode": _mode_name(getattr(cfg.compilation_config, "cudagraph_mode", None))}
+
+
+# The line vLLM's engine core logs at start ("... with config: k=v, ..."): what an API server
+# leg can record of the engine it served from, in vLLM's own words.
+_LOGGED = {"tensor_parallel_size": ("tensor_parallel_size", int), "pipeline_parallel_size": ("pipeline_parallel_size", int),
+           "data_parallel_size": ("data_parallel_size", int), "decode_context_parallel_size": ("context_parallel_size", int),
+           "kv_cache_dtype": ("kv_cache_dtype", str), "enable_prefix_caching": ("prefix_caching", "bool"),
+           "enable_chunked_prefill": ("chunked_prefill", "bool"), "enforce_eager": ("enforce_eager", "bool")}
+
+
+def logged_engine_config(log_text: str) -> dict:
+    """The values of `_LOGGED` from the engine's "with config:" log line (absent: not recorded)."""
+    line = next((l for l in reversed(log_text.splitlines()) if "with config:" in l), None)
+    if line is None:
+        return {}
+    out: dict = {}
+    for key, (name, kind) in _LOGGED.items():
+        m = re.search(rf"\b{key}=([^,\s]+)", line)
+        if not m:
+            continue
+        raw = m.group(1)
+        if kind == "bool":
+            if raw in ("True", "False"):
+                out[name] = raw == "True"
+        elif kind is int:
+            if raw.isdigit():
+                out[name] = int(raw)
+        else:
+            out[name] = raw
+    return out
+
+
 def engine_kernels(llm, log_text: str = "") -> dict:
-    kernels: dict = {}
+    kernels: dict = dict(engine_config(llm))
     try:
         kernels.update(llm.collective_rpc(_worker_kernels)[0])
     except Exception as err:  # recorded, not hidden

@@ -265,7 +265,11 @@ def main(argv: list[str] | None = None) -> int:
         cleanup = server.reap_leftovers()
         for c, leg in legs.items():
             leg.meta["resolved_config"] = resolved_workload(args, c, num_prompts[c], server, weights)
-            leg.meta["kernels"] = {"rollout": {"attention": "vLLM CPU default (see server.log)", "server": "vllm.entrypoints.openai.api_server"}}
+            from tica.legs.engine import logged_engine_config
+
+            logged = logged_engine_config(server_log.read_text(errors="replace")) if server_log.is_file() else {}
+            leg.meta["kernels"] = {"rollout": {"attention": "vLLM CPU default (see server.log)",
+                                               "server": "vllm.entrypoints.openai.api_server", **logged}}
             run = clients.get(c)
             if run is not None:  # the leg's work is its bench's own run; a leg whose client never ran has no times
                 leg.begin(run.started_at)
