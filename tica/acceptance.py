@@ -244,6 +244,7 @@ class Report:
     track: str
     candidate_id: str | None
     cells: tuple[ReportCell, ...]
+    conditions: str = ""  # what the candidate is and what its evidence was shown under (the manifest's description)
 
     @property
     def accepted(self) -> bool:
@@ -289,7 +290,7 @@ def _blocking(rows: list[dict]) -> tuple[tuple[str, ...], dict[str, str]]:
     return tuple(why), off
 
 
-def report(ledger: Ledger, track: str, current: CandidateIdentity | None) -> Report:
+def report(ledger: Ledger, track: str, current: CandidateIdentity | None, conditions: str = "") -> Report:
     """The acceptance report of a track from the ledger (verdicts and their checks). A ledger
     whose chain or views do not verify is not reported from: LedgerIntegrityError."""
     ledger.verify_or_raise()
@@ -309,7 +310,8 @@ def report(ledger: Ledger, track: str, current: CandidateIdentity | None) -> Rep
         blocking, off = _blocking(by_verdict.get(r["verdict_id"], []))
         cells.append(ReportCell(item, r["verdict"], r["summary"], r["question_hash"], r["candidate_id"], r["verdict_id"],
                                 r["judge_version"], cause, blocking, bool(r["after_the_fact"]), off))
-    return Report(track=track, candidate_id=current.candidate_id if current else None, cells=tuple(cells))
+    return Report(track=track, candidate_id=current.candidate_id if current else None, cells=tuple(cells),
+                  conditions=conditions)
 
 
 def unrecorded_change(ledger: Ledger, candidate_id: str, item: EvidenceItem, current: CandidateIdentity) -> str | None:
@@ -340,6 +342,7 @@ def scope_line(cells: Sequence[ReportCell]) -> str:
 def report_markdown(rep: Report) -> str:
     lines = [f"### Acceptance report: {rep.track}", "",
              f"**{'accepted' if rep.accepted else 'not accepted'}** for candidate `{rep.candidate_id}`", "",
+             *([f"Shown under: {rep.conditions}", ""] if rep.conditions else []),
              "| evidence | verdict | summary | why not accepted | question | judge |",
              "| --- | --- | --- | --- | --- | --- |"]
     for c in rep.cells:

@@ -57,7 +57,7 @@ class Image(_Strict):
 
 class Source(_Strict):
     repository: str
-    commit: str = Field(..., pattern=rf"^([0-9a-fA-F]{{7,40}}(\+dirty)?|{WORKING_TREE})$",
+    commit: str = Field(..., pattern=rf"^([0-9a-fA-F]{{7,40}}(\+dirty(\.[0-9a-f]{{12}})?)?|{WORKING_TREE})$",
                         description=f"a git commit (7 to 40 hex digits, `+dirty` for a changed checkout), or "
                         f"{WORKING_TREE!r}: the checkout holding the manifest, resolved to its HEAD when loaded")
     overlay_digest: str | None = None

@@ -7,6 +7,7 @@ bound to the code that produced it. A value git cannot give is `None` (unknown),
 
 from __future__ import annotations
 
+import hashlib
 import subprocess
 from pathlib import Path
 
@@ -23,10 +24,10 @@ def _git(root: Path, *args: str) -> str | None:
 
 
 def checkout_commit(root: str | Path) -> str | None:
-    """`<sha>` of HEAD, `<sha>+dirty` when tracked files differ from it; None outside a checkout.
-
-    Only tracked files count: ignored outputs (data/, .venv) and untracked files do not change
-    what the commit names."""
+    """`<sha>` of HEAD; `<sha>+dirty.<digest>` when tracked files differ from it, the digest
+    naming those differences (two different edits are two different sources); None outside a
+    checkout. Only tracked files count: ignored outputs (data/, .venv) and untracked files do
+    not change what the commit names."""
     root = Path(root)
     head = _git(root, "rev-parse", "HEAD")
     if not head:
@@ -34,12 +35,17 @@ def checkout_commit(root: str | Path) -> str | None:
     status = _git(root, "status", "--porcelain", "--untracked-files=no")
     if status is None:
         return None
-    return head.strip() + (DIRTY_SUFFIX if status.strip() else "")
+    if not status.strip():
+        return head.strip()
+    changes = _git(root, "diff", "HEAD", "--binary")
+    if changes is None:
+        return None
+    return f"{head.strip()}{DIRTY_SUFFIX}.{hashlib.sha256(changes.encode()).hexdigest()[:12]}"
 
 
 def same_commit(pinned: str, recorded: str) -> bool:
-    """A pinned commit (at least 7 hex digits, a prefix) names the recorded one; dirty never
-    matches clean."""
-    p_dirty, r_dirty = pinned.endswith(DIRTY_SUFFIX), recorded.endswith(DIRTY_SUFFIX)
-    p, r = pinned.removesuffix(DIRTY_SUFFIX).lower(), recorded.removesuffix(DIRTY_SUFFIX).lower()
-    return p_dirty == r_dirty and len(p) >= 7 and r.startswith(p)
+    """A pinned commit (at least 7 hex digits, a prefix of the recorded one) names it; a dirty
+    checkout matches only the same changes, never a clean one."""
+    p, p_sep, p_dirty = pinned.lower().partition(DIRTY_SUFFIX)
+    r, r_sep, r_dirty = recorded.lower().partition(DIRTY_SUFFIX)
+    return (p_sep, p_dirty) == (r_sep, r_dirty) and len(p) >= 7 and r.startswith(p)

@@ -1,0 +1,40 @@
+"""Which source a leg ran from: git's commit, and a dirty checkout named by its changes."""
+
+from __future__ import annotations
+
+import subprocess
+
+from tica.source import checkout_commit, same_commit
+
+
+def _git(root, *args):
+    subprocess.run(["git", "-C", str(root), *args], check=True, capture_output=True)
+
+
+def test_a_dirty_checkout_is_named_by_its_changes_not_only_as_dirty(tmp_path):
+    _git(tmp_path, "init", "-q")
+    (tmp_path / "a.py").write_text("x = 1\n")
+    _git(tmp_path, "add", "a.py")
+    _git(tmp_path, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
+    clean = checkout_commit(tmp_path)
+    assert clean and "+dirty" not in clean
+    (tmp_path / "a.py").write_text("x = 2\n")
+    first = checkout_commit(tmp_path)
+    (tmp_path / "a.py").write_text("x = 3\n")
+    second = checkout_commit(tmp_path)
+    assert first.startswith(clean + "+dirty.") and second.startswith(clean + "+dirty.")
+    assert first != second  # two different edits are two different sources
+    assert same_commit(first, first) and not same_commit(first, second)
+    assert not same_commit(clean, first) and not same_commit(first, clean)
+    (tmp_path / "untracked.txt").write_text("outputs do not count")
+    assert checkout_commit(tmp_path) == second
+
+
+def test_outside_a_checkout_the_commit_is_unknown(tmp_path):
+    assert checkout_commit(tmp_path) is None
+
+
+def test_a_pinned_prefix_names_the_full_commit_and_nothing_shorter_than_seven():
+    full = "0123456789abcdef0123456789abcdef01234567"
+    assert same_commit("0123456", full) and same_commit(full.upper(), full)
+    assert not same_commit("012345", full) and not same_commit("0123457", full)
