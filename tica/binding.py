@@ -25,6 +25,7 @@ from tica.receipts import CONTRACT_FILE, LEG_FILE
 from tica.source import WORKING_TREE, same_commit
 
 TRAINER_ITEMS = frozenset({"forward", "backward", "update"})
+ENGINE_ITEMS = frozenset({"forward", "update", "quality", "throughput", "clean_exit"})
 _DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16", "half": "float16",
            "fp32": "float32", "float32": "float32", "float": "float32"}
 _PACKAGE = re.compile(r"^\s*([A-Za-z0-9_.\-]+)\s*==\s*([^\s;]+)\s*$")
@@ -183,12 +184,15 @@ def pins(candidate: Candidate) -> list[Pin]:
                                ("ep", par.ep, "expert"), ("cp", par.cp, "context")):
         out.append(Pin(C.RUNNER, f"runner.parallelism.{field}", value,
                        (f"resolved_config.{name}_parallel_size", f"kernels.rollout.{name}_parallel_size"), _int))
-    out.append(Pin(C.PRECISION, "precision.weights", m.precision.weights, ("resolved_config.dtype",), _dtype))
+    out.append(Pin(C.PRECISION, "precision.weights", m.precision.weights, ("resolved_config.dtype", "kernels.rollout.dtype"),
+                   _dtype))
     out.append(Pin(C.PRECISION, "precision.kv_cache", m.precision.kv_cache,
                    ("resolved_config.kv_cache_dtype", "kernels.rollout.kv_cache_dtype"), _kv_dtype(m.precision.weights),
-                   items=frozenset({"forward", "update", "quality", "throughput", "clean_exit"})))
+                   items=ENGINE_ITEMS))
+    # The rollout engine's backend: a trainer-only leg (backward) runs no engine to select one.
     out.append(Pin(C.BACKENDS, "backends.attention", m.backends.attention,
-                   ("kernels.rollout.attention", "kernels.attention", "resolved_config.attention_backend"), _first_word))
+                   ("kernels.rollout.attention", "kernels.attention", "resolved_config.attention_backend"), _first_word,
+                   items=ENGINE_ITEMS))
     g = m.graph_cache
     out += [
         Pin(C.GRAPH_CACHE, "graph_cache.prefix_caching", g.prefix_caching,

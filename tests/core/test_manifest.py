@@ -57,7 +57,7 @@ def test_record_is_idempotent_and_bad_input_writes_nothing(tmp_path, candidate_d
     before = ledger.query("SELECT count(*) FROM ledger_chain")[1]
     manifest_data["backends"]["flash"] = "yes"
     bad = write_manifest(candidate_dir, manifest_data, "bad.yaml")
-    assert main(["--ledger", ledger_path, "candidate", "record", str(bad)]) == 2
+    assert main(["--ledger", ledger_path, "candidate", "record", str(bad)]) == 4  # bad input
     assert "bad.yaml: backends.flash" in capsys.readouterr().err
     assert ledger.query("SELECT count(*) FROM ledger_chain")[1] == before == [(12,)]
     assert ledger.verify().ok

@@ -92,7 +92,7 @@ def test_cli_freeze_of_a_bad_question_writes_nothing(tmp_path, question_data, ca
     assert main(["--ledger", str(ledger_path), "question", "freeze", str(good)]) == 0
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: [unclosed\n")
-    assert main(["--ledger", str(ledger_path), "question", "freeze", str(bad)]) == 2
+    assert main(["--ledger", str(ledger_path), "question", "freeze", str(bad)]) == 4  # bad input
     assert "bad.yaml: <yaml>: malformed YAML" in capsys.readouterr().err
     ledger = Ledger(ledger_path)
     assert ledger.query("SELECT count(*) FROM questions")[1] == [(1,)] and ledger.verify().ok

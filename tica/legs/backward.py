@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
             leg.meta["resolved_config"] = {"model": str(Path(args.model).resolve()), "weights_hash": version,
                                            "loss": "policy gradient, GRPO group advantages, toy reward (first token even)",
                                            "group_size": GROUP_SIZE, "master_weights": "float32", "seed": args.seed,
-                                           "trainer": trainer.describe(), **UNSHARDED}
+                                           "trainer": trainer.describe(), "dtype": args.trainer_dtype, **UNSHARDED}
             leg.meta["kernels"] = {"trainer": trainer.describe()}
             leg.finish()
             pipes.report_custom_message({"leg_dir": str(leg.dir), "item": "backward", "metrics": rows})

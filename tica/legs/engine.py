@@ -114,7 +114,8 @@ def engine_config(llm) -> dict:
 _LOGGED = {"tensor_parallel_size": ("tensor_parallel_size", int), "pipeline_parallel_size": ("pipeline_parallel_size", int),
            "data_parallel_size": ("data_parallel_size", int), "decode_context_parallel_size": ("context_parallel_size", int),
            "kv_cache_dtype": ("kv_cache_dtype", str), "enable_prefix_caching": ("prefix_caching", "bool"),
-           "enable_chunked_prefill": ("chunked_prefill", "bool"), "enforce_eager": ("enforce_eager", "bool")}
+           "enable_chunked_prefill": ("chunked_prefill", "bool"), "enforce_eager": ("enforce_eager", "bool"),
+           "dtype": ("dtype", str)}
 
 
 def logged_engine_config(log_text: str) -> dict:

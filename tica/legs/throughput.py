@@ -268,8 +268,8 @@ def main(argv: list[str] | None = None) -> int:
             from tica.legs.engine import logged_engine_config
 
             logged = logged_engine_config(server_log.read_text(errors="replace")) if server_log.is_file() else {}
-            leg.meta["kernels"] = {"rollout": {"attention": "vLLM CPU default (see server.log)",
-                                               "server": "vllm.entrypoints.openai.api_server", **logged}}
+            # The API server names no attention backend in its log: left unrecorded, never guessed.
+            leg.meta["kernels"] = {"rollout": {"server": "vllm.entrypoints.openai.api_server", **logged}}
             run = clients.get(c)
             if run is not None:  # the leg's work is its bench's own run; a leg whose client never ran has no times
                 leg.begin(run.started_at)
