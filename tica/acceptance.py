@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tica import strict_io
 from tica import checks
 from tica.binding import Candidate
 from tica.candidate import CandidateIdentity, ComponentChange, diff, voided_items
@@ -83,10 +84,8 @@ def leg_status(leg: Path, meta: dict) -> str:
 
 
 def _leg_meta(leg: Path) -> dict:
-    import json
-
     try:
-        meta = json.loads((leg / LEG_FILE).read_text())
+        meta = strict_io.read_json(leg / LEG_FILE)
     except (OSError, ValueError):
         return {}
     return meta if isinstance(meta, dict) else {}

@@ -9,12 +9,12 @@ Dagster layer shows these outcomes as asset checks.
 from __future__ import annotations
 
 import datetime as _dt
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tica import strict_io
 from tica.evidence import EvidenceItem
 from tica.question import Question, QualityCriteria, ThroughputCriteria
 from tica.receipts import LEG_FILE, RESULTS_FILE
@@ -47,7 +47,7 @@ class CheckOutcome:
 
 def _read_json(path: Path) -> Any:
     try:
-        return json.loads(path.read_text())
+        return strict_io.read_json(path)
     except (OSError, ValueError):
         return None
 
@@ -177,17 +177,19 @@ def recount_quality(legs: Sequence[Path]) -> tuple[dict[str, int], list[str]]:
         arm = str(meta.get("arm"))
         seen: dict[str, bool] = {}
         try:
-            lines = (leg / RESULTS_FILE).read_text().splitlines()
-        except OSError as err:
+            lines = strict_io.text_of(strict_io.regular_file_bytes(leg / RESULTS_FILE)).splitlines()
+        except (OSError, ValueError) as err:
             problems.append(f"{leg.name}: {RESULTS_FILE} unreadable ({err})")
             continue
         for n, line in enumerate(lines, 1):
             if not line.strip():
                 continue
             try:
-                r = json.loads(line)
+                r = strict_io.loads(line)
             except ValueError:
-                problems.append(f"{leg.name}: {RESULTS_FILE} line {n} is not JSON")
+                r = None
+            if not isinstance(r, dict):
+                problems.append(f"{leg.name}: {RESULTS_FILE} line {n} is not a JSON object")
                 continue
             pid = str(r.get("problem_id"))
             if pid in seen:

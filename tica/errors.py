@@ -51,18 +51,46 @@ class LedgerIntegrityError(TicaError):
     """The ledger's hash chain does not verify."""
 
 
+def _strict_yaml_loader():
+    """PyYAML's SafeLoader, refusing a key that appears twice in one mapping (never last-wins)."""
+    import yaml
+    from yaml.constructor import ConstructorError
+
+    class StrictLoader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            seen = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                if isinstance(key, (list, dict)):
+                    raise ConstructorError(None, None, "a mapping key must be a plain value", key_node.start_mark)
+                if key in seen:
+                    raise ConstructorError(None, None, f"duplicate key {key!r}: a key may appear once",
+                                           key_node.start_mark)
+                seen.add(key)
+            return super().construct_mapping(node, deep=deep)
+
+    return StrictLoader
+
+
 def read_yaml_mapping(path: str | Path, exc_cls: type[InputError]) -> tuple[bytes, dict]:
-    """A YAML file's bytes and its top-level mapping; failures name the file and what broke."""
+    """A YAML file's bytes and its top-level mapping; failures name the file and what broke.
+    Only a regular file is read; duplicate keys and nesting past strict_io.MAX_DEPTH are refused."""
     import yaml
 
+    from tica import strict_io
+
     try:
-        raw = Path(path).read_bytes()
+        raw = strict_io.regular_file_bytes(path)
+        data = yaml.load(strict_io.text_of(raw), Loader=_strict_yaml_loader())  # noqa: S506 - a SafeLoader
+        strict_io.depth(data)
     except OSError as err:
         raise exc_cls(path, "<file>", f"cannot read: {err.strerror}") from None
-    try:
-        data = yaml.safe_load(raw)
+    except strict_io.StrictInputError as err:
+        raise exc_cls(path, "<file>", str(err)) from None
     except yaml.YAMLError as err:
         raise exc_cls(path, "<yaml>", f"malformed YAML: {err}") from None
+    except RecursionError:
+        raise exc_cls(path, "<yaml>", "nested deeper than the parser can follow") from None
     if not isinstance(data, dict):
         raise exc_cls(path, "<root>", "must be a mapping of fields")
     return raw, data

@@ -22,7 +22,7 @@ DIGEST_PREFIXES = ("sha256:", "blake3:", "xxh3-128:")
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 def _digest(value: str) -> str:

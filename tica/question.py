@@ -29,7 +29,8 @@ from tica.receipts import LegMeta
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # A NaN budget can never fail and an infinite one never be exceeded: numbers are finite.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class ThroughputFormula(str, Enum):

@@ -7,8 +7,9 @@ accepted for throughput so teams can feed their own runs, and is identified by i
 
 from __future__ import annotations
 
-import json
+import io
 import math
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -16,6 +17,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from tica import strict_io
 from tica.errors import ReceiptError, pydantic_errors
 from tica.metrics import K3_KL, PEARSON, PROBS_DIFF_MAX, PROBS_DIFF_MEAN, PROBS_DIFF_STD
 from tica.seal import SEAL_FILE, check_seal, seal_digest, sha256_file
@@ -57,9 +59,9 @@ class LegMeta(_Receipt):
     schema_: Literal["tica.leg/1"] = Field(alias="schema")
     item: Literal["forward", "backward", "update", "quality", "throughput", "clean_exit"]
     arm: Arm
-    round: int | None = Field(None, ge=1)
+    round: int | None = Field(None, ge=1, le=1_000_000)
     slot: Literal[1, 2] | None = None
-    concurrency: int | None = Field(None, ge=1)
+    concurrency: int | None = Field(None, ge=1, le=1_000_000)
     producer: str
     producer_version: str
     trainer: Literal["vllm_kernels", "vllm_engine", "transformers", "megatron", "external"] | None = None
@@ -174,20 +176,25 @@ class UpdateStep(BackwardStep):
     reloaded_by_rollout: bool | None = None
 
 
-def load_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    path = Path(path)
+def _read_text(path: Path) -> str:
     try:
-        text = path.read_text()
+        return strict_io.text_of(strict_io.regular_file_bytes(path))
     except OSError as err:
         raise ReceiptError(path, "<file>", f"cannot read: {err.strerror}") from None
+    except strict_io.StrictInputError as err:
+        raise ReceiptError(path, "<file>", str(err)) from None
+
+
+def load_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    path = Path(path)
     rows = []
-    for n, line in enumerate(text.splitlines(), 1):
+    for n, line in enumerate(_read_text(path).splitlines(), 1):
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
-        except ValueError as err:
-            raise ReceiptError(path, f"line {n}", f"malformed JSON: {err}") from None
+            row = strict_io.loads(line)
+        except strict_io.StrictInputError as err:
+            raise ReceiptError(path, f"line {n}", str(err)) from None
         if not isinstance(row, dict):
             raise ReceiptError(path, f"line {n}", "each line must be a JSON object")
         rows.append(row)
@@ -197,11 +204,9 @@ def load_jsonl(path: str | Path) -> list[dict[str, Any]]:
 def load_json(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     try:
-        data = json.loads(path.read_text())
-    except OSError as err:
-        raise ReceiptError(path, "<file>", f"cannot read: {err.strerror}") from None
-    except ValueError as err:
-        raise ReceiptError(path, "<json>", f"malformed JSON: {err}") from None
+        data = strict_io.loads(_read_text(path))
+    except strict_io.StrictInputError as err:
+        raise ReceiptError(path, "<json>", str(err)) from None
     if not isinstance(data, dict):
         raise ReceiptError(path, "<root>", "must be a JSON object")
     return data
@@ -261,10 +266,11 @@ _ARRAY_DTYPES = {
 def load_step_arrays(path: str | Path) -> StepArrays:
     path = Path(path)
     try:
-        with np.load(path, allow_pickle=False) as z:
+        raw = strict_io.regular_file_bytes(path)
+        with np.load(io.BytesIO(raw), allow_pickle=False) as z:
             data = {k: z[k] for k in z.files}
-    except (OSError, ValueError) as err:
-        raise ReceiptError(path, "<npz>", f"cannot read arrays: {err}") from None
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as err:  # a truncated or foreign file
+        raise ReceiptError(path, "<npz>", f"cannot read arrays: {type(err).__name__}: {err}") from None
     for key in ("token_ids", "seq_lens", "trainer_logprobs", "rollout_logprobs"):
         if key not in data:
             raise ReceiptError(path, key, "missing array")
@@ -280,6 +286,14 @@ def load_step_arrays(path: str | Path) -> StepArrays:
     for key in ("trainer_logprobs", "rollout_logprobs", "decode_logprobs", "decode_mask"):
         if key in data and data[key].size != n:
             raise ReceiptError(path, key, f"{data[key].size} entries for {n} tokens")
+    for key in ("trainer_logprobs", "rollout_logprobs", "decode_logprobs"):
+        if key in data and data[key].ndim != 1:
+            raise ReceiptError(path, key, f"shape {data[key].shape}: one logprob per token, a flat array")
+        # A scored token has a finite logprob: -inf on both sides is "bitwise equal" and no measurement.
+        if key in data and not np.isfinite(data[key]).all():
+            raise ReceiptError(path, key, f"{int((~np.isfinite(data[key])).sum())} non-finite logprob(s)")
+    if "decode_mask" in data and data["decode_mask"].ndim != 1:
+        raise ReceiptError(path, "decode_mask", f"shape {data['decode_mask'].shape}: one flag per token")
     if ("decode_logprobs" in data) != ("decode_mask" in data):
         raise ReceiptError(path, "decode_mask", "decode_logprobs and decode_mask come together")
     return StepArrays(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
+import os
 from pathlib import Path
 
 SEAL_FILE = "seal.json"
@@ -24,7 +25,25 @@ def sha256_file(path: Path) -> str:
 
 
 def _leg_files(leg_dir: Path) -> list[Path]:
-    return sorted(p for p in leg_dir.rglob("*") if p.is_file() and p.name != SEAL_FILE)
+    return sorted(p for p in leg_dir.rglob("*") if p.is_file() and not p.is_symlink() and p.name != SEAL_FILE)
+
+
+def _links(leg_dir: Path) -> list[Path]:
+    """Symlinks inside a leg: what they point at is not the leg's content and is never sealed."""
+    out = []
+    for root, dirs, files in os.walk(leg_dir):
+        out += [Path(root) / n for n in (*dirs, *files) if (Path(root) / n).is_symlink()]
+    return sorted(out)
+
+
+def _read_seal(seal_path: Path) -> dict:
+    from tica import strict_io  # standard library only, like this module
+
+    seal = strict_io.read_json(seal_path)
+    if not isinstance(seal, dict) or not isinstance(seal.get("files"), dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in seal["files"].items()):
+        raise ValueError("a seal is {files: {relative path: sha256}}")
+    return seal
 
 
 def seal_leg(leg_dir: str | Path) -> dict:
@@ -43,7 +62,7 @@ def seal_leg(leg_dir: str | Path) -> dict:
 
 def seal_digest(leg_dir: str | Path) -> str:
     """One hash naming the whole sealed leg (sha256 of its seal's file table)."""
-    seal = json.loads((Path(leg_dir) / SEAL_FILE).read_text())
+    seal = _read_seal(Path(leg_dir) / SEAL_FILE)
     table = json.dumps(seal["files"], sort_keys=True, separators=(",", ":"))
     return "sha256:" + hashlib.sha256(table.encode()).hexdigest()
 
@@ -55,11 +74,10 @@ def check_seal(leg_dir: str | Path) -> list[str]:
     if not seal_path.is_file():
         return [f"{seal_path}: missing seal"]
     try:
-        seal = json.loads(seal_path.read_text())
-        files: dict[str, str] = seal["files"]
-    except (ValueError, KeyError, TypeError) as err:
+        files: dict[str, str] = _read_seal(seal_path)["files"]
+    except (OSError, ValueError) as err:
         return [f"{seal_path}: unreadable seal ({err})"]
-    problems = []
+    problems = [f"{link}: a symlink inside the leg: what it points at is not sealed by content" for link in _links(leg_dir)]
     present = {p.relative_to(leg_dir).as_posix() for p in _leg_files(leg_dir)}
     for rel, digest in sorted(files.items()):
         if rel not in present:

@@ -56,4 +56,16 @@ def test_tica_judge_exit_code_is_not_zero_for_a_tampered_leg(tmp_path, capsys):
     metrics = next(legs.rglob("metrics.jsonl"))
     metrics.write_text(metrics.read_text().replace('"step": 1', '"step": 1 ', 1))
     rc = main(["judge", "forward", "-q", str(FIX / "questions" / "forward.yaml"), "-r", str(legs), "--json"])
-    assert rc != 0 and json.loads(capsys.readouterr().out)["verdict"] != "pass"
+    error = json.loads(capsys.readouterr().out)["error"]  # a receipt that fails its seal is bad input: exit 4
+    assert rc == 4 and "seal.json" in error["file"] and "changed after sealing" in error["message"]
+
+
+def test_tica_judge_refuses_a_leg_folder_without_leg_json_instead_of_skipping_it(tmp_path, capsys):
+    import shutil
+
+    legs = shutil.copytree(FIX / "forward", tmp_path / "forward")
+    failing = next(p for p in legs.iterdir() if p.is_dir())
+    (failing / "leg.json").unlink()
+    rc = main(["judge", "forward", "-q", str(FIX / "questions" / "forward.yaml"), "-r", str(legs), "--json"])
+    error = json.loads(capsys.readouterr().out)["error"]
+    assert rc == 4 and error["file"] == str(failing) and "without leg.json" in error["message"]

@@ -14,6 +14,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from tica import strict_io
 from tica.binding import BindingProblem, Candidate, bind_legs
 from tica.errors import InputError, ReceiptError, UsageParser
 from tica.evidence import EvidenceItem
@@ -111,10 +112,13 @@ def _incomplete_legs_are_no_pass(result: VerdictCell, paths: Sequence[Path]) -> 
     errors = []
     for p in paths:
         try:
-            meta = json.loads((p / LEG_FILE).read_text()) if (p / LEG_FILE).is_file() else {}
+            meta = strict_io.read_json(p / LEG_FILE) if (p / LEG_FILE).is_file() else {}
         except (OSError, ValueError):
             continue
-        errors += [f"{p.name}: producer error: {e}" for e in meta.get("errors") or []]
+        if not isinstance(meta, dict):
+            continue
+        listed = meta.get("errors") or []
+        errors += [f"{p.name}: producer error: {e}" for e in (listed if isinstance(listed, list) else [listed])]
     if not errors or result.verdict is not Verdict.PASS:
         return result
     return result.model_copy(update={"verdict": Verdict.INCONCLUSIVE, "reasons": (*result.reasons, *(
@@ -128,8 +132,12 @@ def expand_receipts(paths: Sequence[str | Path]) -> list[Path]:
     for raw in paths:
         p = Path(raw)
         if p.is_dir() and not (p / LEG_FILE).is_file():
-            out += sorted(c for c in p.iterdir() if (c.is_dir() and (c / LEG_FILE).is_file())
-                          or (c.is_file() and c.suffix == ".json"))
+            for c in sorted(p.iterdir()):
+                if c.is_dir() and not (c / LEG_FILE).is_file() and any(c.iterdir()):
+                    # a failing leg must never drop out of the set by losing its leg.json
+                    raise ReceiptError(c, LEG_FILE, "a leg folder without leg.json: not a leg, and not skipped")
+                if (c.is_dir() and (c / LEG_FILE).is_file()) or (c.is_file() and c.suffix == ".json"):
+                    out.append(c)
         else:
             out.append(p)
     return out
@@ -192,6 +200,9 @@ def cli_judge(argv: Sequence[str] | None = None, out=None) -> int:
         question = load_question(args.question)
         candidate = load_candidate(args.manifest) if args.manifest else None
         verdict_cell = judge(item, question, expand_receipts([*args.receipts, *args.legs]), candidate)
+        if "receipt_error" in verdict_cell.numbers:  # a malformed receipt is bad input here, not a verdict
+            e = verdict_cell.numbers["receipt_error"]
+            raise ReceiptError(e["file"], e["field"], e["message"])
     except InputError as err:
         print(json.dumps({"error": {"file": err.file, "field": err.field, "message": err.message}})
               if args.json else f"error: {err}", file=out)

@@ -13,7 +13,6 @@ invalid rounds are kept with their reasons; fast/slow tiers in an arm make the a
 
 from __future__ import annotations
 
-import json
 import math
 
 import datetime as _dt
@@ -24,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tica import strict_io
 from tica.evidence import EvidenceItem
 from tica.judges._common import Findings, cell, md_table, wrong_question
 from tica.judges.clean_exit import exit_problems
@@ -211,7 +211,7 @@ def check_round(rnd: Round, criteria: ThroughputCriteria) -> None:
 def _not_run_meta(path: Path) -> dict | None:
     """leg.json of a leg directory that did not run (read loosely: the judge validates it later)."""
     try:
-        meta = json.loads((path / LEG_FILE).read_text()) if path.is_dir() else None
+        meta = strict_io.read_json(path / LEG_FILE) if path.is_dir() else None
     except (OSError, ValueError):
         return None
     return meta if isinstance(meta, dict) and meta.get("not_run_reason") else None
@@ -219,7 +219,7 @@ def _not_run_meta(path: Path) -> dict | None:
 
 def _leg_arm(path: Path) -> str | None:
     try:
-        return json.loads((path / LEG_FILE).read_text()).get("arm") if path.is_dir() else json.loads(path.read_text()).get("arm")
+        return strict_io.read_json(path / LEG_FILE).get("arm") if path.is_dir() else strict_io.read_json(path).get("arm")
     except (OSError, ValueError, AttributeError):
         return None
 

@@ -1,0 +1,84 @@
+"""Reading input files strictly: only regular files, UTF-8, no duplicate keys, bounded nesting.
+
+A duplicate key is refused, never last-wins (a leg.json listing a force-killed process and then
+a clean one must not read as clean); a FIFO or device is refused before it is opened (it would
+hang the reader); nesting deeper than MAX_DEPTH is refused rather than crashing the parser.
+Standard library only: producers and judges both read through here. Errors are ValueError
+with a message naming what is wrong; callers wrap them in their InputError with the file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+MAX_DEPTH = 64
+MAX_BYTES = 256 * 1024 * 1024
+
+
+class StrictInputError(ValueError):
+    """What is wrong with an input file's bytes (the caller names the file)."""
+
+
+def regular_file_bytes(path: str | Path) -> bytes:
+    """The bytes of a regular file; anything else (FIFO, device, directory, missing) is refused
+    without opening it. OSError for a file that cannot be read."""
+    st = os.stat(path)  # follows a symlink: what counts is what it points at
+    if not stat.S_ISREG(st.st_mode):
+        raise StrictInputError("not a regular file (a FIFO, device or directory is never read)")
+    if st.st_size > MAX_BYTES:
+        raise StrictInputError(f"{st.st_size} bytes: larger than the {MAX_BYTES} a receipt file may hold")
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def text_of(data: bytes) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise StrictInputError(f"not UTF-8 text (byte {err.start})") from None
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise StrictInputError(f"duplicate key {key!r}: a key may appear once")
+        out[key] = value
+    return out
+
+
+def depth(value: Any, limit: int = MAX_DEPTH) -> int:
+    """Nesting depth of parsed JSON/YAML, stopping (and raising) past `limit`."""
+    stack = [(value, 1)]
+    deepest = 0
+    while stack:
+        node, d = stack.pop()
+        deepest = max(deepest, d)
+        if deepest > limit:
+            raise StrictInputError(f"nested deeper than {limit} levels")
+        if isinstance(node, dict):
+            stack += [(v, d + 1) for v in node.values()]
+        elif isinstance(node, list):
+            stack += [(v, d + 1) for v in node]
+    return deepest
+
+
+def loads(text: str) -> Any:
+    """JSON with duplicate keys refused and nesting bounded (NaN/Infinity are left to the
+    models, which say where a number must be finite)."""
+    try:
+        value = json.loads(text, object_pairs_hook=_no_duplicates)
+    except RecursionError:
+        raise StrictInputError(f"nested deeper than the parser can follow (limit {MAX_DEPTH})") from None
+    except json.JSONDecodeError as err:
+        raise StrictInputError(f"malformed JSON: {err}") from None
+    depth(value)
+    return value
+
+
+def read_json(path: str | Path) -> Any:
+    return loads(text_of(regular_file_bytes(path)))
