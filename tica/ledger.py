@@ -229,6 +229,8 @@ class Ledger:
         self.path = Path(path)
         self.lock_timeout_s = lock_timeout_s
         self._lock_path = self.path.with_name(self.path.name + ".lock")
+        self._session: duckdb.DuckDBPyConnection | None = None
+        self._head: tuple[int, str] | None = None  # the chain's head, known while a session holds the lock
 
     # -- connections -------------------------------------------------------------------
     def _take_lock(self, lock) -> None:
@@ -283,7 +285,26 @@ class Ledger:
                     raise self._timeout(lock) from None
 
     @contextmanager
+    def session(self) -> Iterator["Ledger"]:
+        """Hold the writer lock and one connection for many appends (a batch of rows from one
+        run): no reconnect, schema check or head query per append, each append still its own
+        committed transaction. Other processes, readers included, wait while it is held: keep
+        it to a burst of appends, never around a leg."""
+        if self._session is not None:
+            yield self
+            return
+        with self._writer() as con:
+            self._session = con
+            try:
+                yield self
+            finally:
+                self._session, self._head = None, None
+
+    @contextmanager
     def _writer(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        if self._session is not None:
+            yield self._session
+            return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self._lock_path, "a+") as lock:
             self._take_lock(lock)
@@ -366,7 +387,7 @@ class Ledger:
         `rows(sql, params)`) and returns the rows to append, so "check, then append" cannot race
         another writer. What `decide` raises aborts the transaction; nothing is written."""
         with self._writer() as con:
-            if not self._has_schema(con):
+            if self._head is None and not self._has_schema(con):
                 self._ensure_schema(con)
             con.execute("BEGIN TRANSACTION")
             try:
@@ -377,7 +398,8 @@ class Ledger:
 
                 wanted = decide(rows)
                 prepared = [(table, self._payload(table, row)) for table, row in wanted]
-                head = con.execute("SELECT seq, row_hash FROM ledger_chain ORDER BY seq DESC LIMIT 1").fetchone()
+                head = self._head or con.execute(
+                    "SELECT seq, row_hash FROM ledger_chain ORDER BY seq DESC LIMIT 1").fetchone()
                 seq, prev = (head[0], head[1]) if head else (0, GENESIS)
                 seqs = []
                 for table, payload in prepared:
@@ -392,8 +414,11 @@ class Ledger:
                     prev = digest
                     seqs.append(seq)
                 con.execute("COMMIT")
+                if self._session is not None:  # the lock is held: nobody else moves the head
+                    self._head = (seq, prev)
             except BaseException:
                 con.execute("ROLLBACK")
+                self._head = None
                 raise
         return wanted, seqs
 

@@ -160,3 +160,17 @@ def test_a_published_head_that_is_not_a_head_is_bad_input(tmp_path, capsys):
     bad.write_text(json.dumps({"seq": "3", "row_hash": "abc"}))
     assert main(["--ledger", str(ledger.path), "ledger", "verify", "--expect-head", str(bad)]) == 4
     assert "head.json: seq" in capsys.readouterr().err
+
+
+def test_a_session_appends_many_rows_on_one_connection_and_the_chain_verifies(tmp_path):
+    ledger = Ledger(tmp_path / "l.duckdb").init()
+    ledger.append(*_rerun(0))
+    with ledger.session():
+        for i in range(1, 50):
+            ledger.append(*_rerun(i))
+        with pytest.raises(FrozenQuestionError):  # a refused check-and-append inside the session...
+            ledger.check_and_append(lambda rows: (_ for _ in ()).throw(FrozenQuestionError("refused")))
+        ledger.append(*_rerun(50))  # ...leaves the head where it was
+    ledger.append(*_rerun(51))
+    report = ledger.verify()
+    assert report.ok and report.rows == 52
