@@ -295,6 +295,14 @@ def bind_leg(leg_dir: str | Path, candidate: Candidate) -> list[BindingProblem |
     return _image_by_packages(problems, packages_bound)
 
 
+def _agrees(pin: Pin, recorded: Any) -> bool:
+    """A recorded value of a type the comparison cannot read agrees with nothing."""
+    try:
+        return bool(pin.same(pin.value, recorded))
+    except (TypeError, ValueError, AttributeError, OverflowError):
+        return False
+
+
 def _check(pin: Pin, meta: dict[str, Any], leg_dir: Path) -> BindingProblem | None:
     found = [(k, v) for k in pin.receipt_keys for ok, v in [_lookup(meta, k)] if ok]
     file = leg_dir / (CONTRACT_FILE if pin.receipt_keys[0].startswith("contract.") else LEG_FILE)
@@ -304,7 +312,7 @@ def _check(pin: Pin, meta: dict[str, Any], leg_dir: Path) -> BindingProblem | No
         return BindingProblem(leg_dir.name, str(file), pin.component, pin.field, pin.value, None, "unrecorded")
     # Every place the receipt records the value must agree: one contradiction names another candidate.
     for key, value in found:
-        if not pin.same(pin.value, value):
+        if not _agrees(pin, value):
             return BindingProblem(leg_dir.name, f"{file} ({key})", pin.component, pin.field, pin.value, value, "differs")
     return None
 

@@ -91,6 +91,8 @@ def read_yaml_mapping(path: str | Path, exc_cls: type[InputError]) -> tuple[byte
         raise exc_cls(path, "<yaml>", f"malformed YAML: {err}") from None
     except RecursionError:
         raise exc_cls(path, "<yaml>", "nested deeper than the parser can follow") from None
+    except ValueError as err:  # e.g. an integer past Python's digit limit
+        raise exc_cls(path, "<yaml>", f"unreadable value: {err}") from None
     if not isinstance(data, dict):
         raise exc_cls(path, "<root>", "must be a mapping of fields")
     return raw, data

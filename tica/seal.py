@@ -28,11 +28,17 @@ def _leg_files(leg_dir: Path) -> list[Path]:
     return sorted(p for p in leg_dir.rglob("*") if p.is_file() and not p.is_symlink() and p.name != SEAL_FILE)
 
 
-def _links(leg_dir: Path) -> list[Path]:
-    """Symlinks inside a leg: what they point at is not the leg's content and is never sealed."""
+def _foreign(leg_dir: Path) -> list[str]:
+    """Entries a leg may not hold: symlinks (what they point at is not the leg's content) and
+    anything that is not a plain file or folder (a FIFO, a socket, a device): never sealed."""
     out = []
     for root, dirs, files in os.walk(leg_dir):
-        out += [Path(root) / n for n in (*dirs, *files) if (Path(root) / n).is_symlink()]
+        for name in (*dirs, *files):
+            p = Path(root) / name
+            if p.is_symlink():
+                out.append(f"{p}: a symlink inside the leg: what it points at is not sealed by content")
+            elif not (p.is_dir() or p.is_file()):
+                out.append(f"{p}: not a regular file inside the leg (a FIFO, socket or device is never sealed)")
     return sorted(out)
 
 
@@ -77,7 +83,7 @@ def check_seal(leg_dir: str | Path) -> list[str]:
         files: dict[str, str] = _read_seal(seal_path)["files"]
     except (OSError, ValueError) as err:
         return [f"{seal_path}: unreadable seal ({err})"]
-    problems = [f"{link}: a symlink inside the leg: what it points at is not sealed by content" for link in _links(leg_dir)]
+    problems = _foreign(leg_dir)
     present = {p.relative_to(leg_dir).as_posix() for p in _leg_files(leg_dir)}
     for rel, digest in sorted(files.items()):
         if rel not in present:

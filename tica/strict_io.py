@@ -74,7 +74,7 @@ def loads(text: str) -> Any:
         value = json.loads(text, object_pairs_hook=_no_duplicates)
     except RecursionError:
         raise StrictInputError(f"nested deeper than the parser can follow (limit {MAX_DEPTH})") from None
-    except json.JSONDecodeError as err:
+    except ValueError as err:  # malformed JSON, or an integer past Python's digit limit
         raise StrictInputError(f"malformed JSON: {err}") from None
     depth(value)
     return value

@@ -126,7 +126,9 @@ def check_workload(leg: BenchLeg, criteria: ThroughputCriteria) -> LegCheck:
     warm = leg.workload("num_warmups")
     if warm is None:
         p.append("warm-up not recorded (resolved_config.num_warmups or --metadata num_warmups=W)")
-    elif int(warm) != criteria.warmups:
+    elif isinstance(warm, bool) or not isinstance(warm, int):
+        p.append(f"warm-up count {warm!r} is not a whole number of requests")
+    elif warm != criteria.warmups:
         p.append(f"{warm} warm-up requests, the workload fixes {criteria.warmups}")
     if not (chk.throughput > 0):
         p.append(f"{criteria.throughput_metric} is {chk.throughput}")
@@ -219,9 +221,10 @@ def _not_run_meta(path: Path) -> dict | None:
 
 def _leg_arm(path: Path) -> str | None:
     try:
-        return strict_io.read_json(path / LEG_FILE).get("arm") if path.is_dir() else strict_io.read_json(path).get("arm")
+        arm = strict_io.read_json(path / LEG_FILE).get("arm") if path.is_dir() else strict_io.read_json(path).get("arm")
     except (OSError, ValueError, AttributeError):
         return None
+    return arm if isinstance(arm, str) else None
 
 
 def judge_throughput(question: Question, leg_paths: Sequence[str | Path]) -> VerdictCell:
