@@ -7,6 +7,11 @@ matrix in `tica.evidence`) is looked up in the leg's `leg.json` (and, for qualit
 differently names another candidate; a value it does not record at all leaves the leg unbound
 ("records nothing where the manifest pins a value"). Either way the leg is not evidence for this
 candidate and the cell cannot pass; the reason names the field, both values and the file.
+
+Not bound yet: `backends.dense_gemm`, `backends.moe` and `backends.all_to_all`. Manifests name
+them in prose and producers record the GEMM under other names (a linear method, a matmul
+function), so there is nothing to compare them with; the recipe and image pins are what hold
+them today. `recipe` itself is bound through the recipe-identity receipt, not per leg.
 """
 
 from __future__ import annotations
