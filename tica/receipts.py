@@ -286,16 +286,19 @@ def load_step_arrays(path: str | Path) -> StepArrays:
     for key in ("trainer_logprobs", "rollout_logprobs", "decode_logprobs", "decode_mask"):
         if key in data and data[key].size != n:
             raise ReceiptError(path, key, f"{data[key].size} entries for {n} tokens")
-    for key in ("trainer_logprobs", "rollout_logprobs", "decode_logprobs"):
+    for key in ("trainer_logprobs", "rollout_logprobs", "decode_logprobs", "decode_mask"):
         if key in data and data[key].ndim != 1:
-            raise ReceiptError(path, key, f"shape {data[key].shape}: one logprob per token, a flat array")
-        # A scored token has a finite logprob: -inf on both sides is "bitwise equal" and no measurement.
-        if key in data and not np.isfinite(data[key]).all():
-            raise ReceiptError(path, key, f"{int((~np.isfinite(data[key])).sum())} non-finite logprob(s)")
-    if "decode_mask" in data and data["decode_mask"].ndim != 1:
-        raise ReceiptError(path, "decode_mask", f"shape {data['decode_mask'].shape}: one flag per token")
+            raise ReceiptError(path, key, f"shape {data[key].shape}: one value per token, a flat array")
     if ("decode_logprobs" in data) != ("decode_mask" in data):
         raise ReceiptError(path, "decode_mask", "decode_logprobs and decode_mask come together")
+    # A scored token has a finite logprob: -inf on both sides is "bitwise equal" and no measurement.
+    # (decode_logprobs holds a value only where decode_mask is set: the rest is filler.)
+    scored = {"trainer_logprobs": data["trainer_logprobs"], "rollout_logprobs": data["rollout_logprobs"]}
+    if "decode_logprobs" in data and data["decode_mask"].size == data["decode_logprobs"].size:
+        scored["decode_logprobs"] = data["decode_logprobs"][data["decode_mask"]]
+    for key, values in scored.items():
+        if not np.isfinite(values).all():
+            raise ReceiptError(path, key, f"{int((~np.isfinite(values)).sum())} non-finite logprob(s) of scored tokens")
     return StepArrays(
         path=path,
         token_ids=data["token_ids"],
