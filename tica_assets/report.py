@@ -27,11 +27,12 @@ def report_defs(track: Track, settings: Settings) -> Definitions:
     )
     def _report(context) -> MaterializeResult:
         try:
-            _, current = load_track(track, settings)
+            loaded, current = load_track(track, settings)
+            conditions = loaded.manifest.description
         except ManifestError as err:
             context.log.warning(f"manifest unreadable: no verdict can be shown as current: {err}")
-            current = None
-        rep = report(context.resources.ledger.ledger(), track.name, current)
+            current, conditions = None, ""
+        rep = report(context.resources.ledger.ledger(), track.name, current, conditions)
         meta = {
             "acceptance": MetadataValue.text("accepted" if rep.accepted else "not accepted: " + "; ".join(rep.why_not)),
             "scope": MetadataValue.text(scope_line(rep.cells)),
@@ -40,6 +41,7 @@ def report_defs(track: Track, settings: Settings) -> Definitions:
             "after_the_fact": MetadataValue.text(", ".join(c.item.value for c in rep.cells if c.after_the_fact) or "none"),
             "candidate_id": MetadataValue.text(rep.candidate_id or "unknown (manifest unreadable)"),
             "judge_version": MetadataValue.text(JUDGE_VERSION),
+            "shown_under": MetadataValue.text(rep.conditions or "the manifest says nothing"),
         }
         for c in rep.cells:
             why = "" if c.accepted else (c.stale_cause or "; ".join(c.blocking))
