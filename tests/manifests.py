@@ -1,7 +1,9 @@
-"""The valid candidate manifest the tests start from (core tests and the Dagster test project)."""
+"""The valid candidate manifests the tests start from (core tests, the Dagster test project, the
+false-pass and fuzz suites)."""
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 BASE_MANIFEST: dict[str, Any] = {
@@ -29,4 +31,18 @@ BASE_MANIFEST: dict[str, Any] = {
         "length_cap": 256,
     },
     "workload": {"input_len": 64, "output_len": 16, "concurrencies": [1, 2], "num_prompts": 8},
+}
+
+
+# BASE_MANIFEST on one H200 with the true on-policy trainer, and the default throughput question's
+# workload (8192 in / 1024 out, c = 1/8/32/64): the candidate tica.canaries' receipt sets bind to.
+H200_SHAPED: dict[str, Any] = {
+    **copy.deepcopy(BASE_MANIFEST),
+    "hardware": {"accelerator": "NVIDIA H200", "count_per_node": 1, "nodes": 1, "driver": "580.95.05"},
+    "runner": {"rollout_engine": "vllm==0.26.0", "trainer": "vllm_kernels", "parallelism": {"tp": 1}},
+    "backends": {"attention": "FLASH_ATTN (FA3, num_splits=1)", "dense_gemm": "batch_invariant matmul_persistent"},
+    "graph_cache": {"cuda_graph_mode": "none (enforce_eager)", "prefix_caching": False, "chunked_prefill": False,
+                    "async_scheduling": False},
+    "workload": {"input_len": 8192, "output_len": 1024, "ignore_eos": True, "concurrencies": [1, 8, 32, 64],
+                 "num_prompts": 64, "warmups": 1},
 }

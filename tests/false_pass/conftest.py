@@ -24,6 +24,7 @@ import yaml
 
 from tests.bound_receipts import build_bound
 from tests.manifests import BASE_MANIFEST
+from tests.manifests import H200_SHAPED as H200_SHAPED_BASE
 from tica.binding import Candidate
 from tica.canaries import default_questions
 from tica.evidence import EvidenceItem
@@ -41,19 +42,8 @@ H200_QUESTIONS = ROOT / "demo" / "questions" / "h200-mid4"
 COMMIT = BASE_MANIFEST["source"]["commit"]
 OTHER_WEIGHTS = "blake3:" + "77" * 32
 
-# The candidate the synthetic sets are bound to: BASE_MANIFEST on one H200 with the true on-policy
-# trainer, and the default throughput question's workload (8192 in / 1024 out, c = 1/8/32/64).
-H200_SHAPED: dict[str, Any] = {
-    **copy.deepcopy(BASE_MANIFEST),
-    "track": "false-pass",
-    "hardware": {"accelerator": "NVIDIA H200", "count_per_node": 1, "nodes": 1, "driver": "580.95.05"},
-    "runner": {"rollout_engine": "vllm==0.26.0", "trainer": "vllm_kernels", "parallelism": {"tp": 1}},
-    "backends": {"attention": "FLASH_ATTN (FA3, num_splits=1)", "dense_gemm": "batch_invariant matmul_persistent"},
-    "graph_cache": {"cuda_graph_mode": "none (enforce_eager)", "prefix_caching": False, "chunked_prefill": False,
-                    "async_scheduling": False},
-    "workload": {"input_len": 8192, "output_len": 1024, "ignore_eos": True, "concurrencies": [1, 8, 32, 64],
-                 "num_prompts": 64, "warmups": 1},
-}
+# The candidate the synthetic sets are bound to (tests/manifests.py).
+H200_SHAPED: dict[str, Any] = {**copy.deepcopy(H200_SHAPED_BASE), "track": "false-pass"}
 
 
 @pytest.fixture(autouse=True)

@@ -31,14 +31,13 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 
 from tests.bound_receipts import build_bound
-from tests.manifests import BASE_MANIFEST
+from tests.manifests import H200_SHAPED as H200_SHAPED_BASE
 from tica.binding import Candidate
 from tica.canaries import default_questions
 from tica.errors import InputError
 from tica.evidence import EvidenceItem
 from tica.judges import judge, load_candidate
 from tica.question import Question
-from tica.seal import SEAL_FILE
 from tica.verdict import VerdictCell
 
 import yaml
@@ -93,17 +92,7 @@ def no_hang(seconds: int = HANG_SECONDS, what: str = "") -> Iterator[None]:
 
 # ---------------------------------------------------------------------------- the passing bases
 
-H200_SHAPED: dict[str, Any] = {
-    **copy.deepcopy(BASE_MANIFEST),
-    "track": "fuzz",
-    "hardware": {"accelerator": "NVIDIA H200", "count_per_node": 1, "nodes": 1, "driver": "580.95.05"},
-    "runner": {"rollout_engine": "vllm==0.26.0", "trainer": "vllm_kernels", "parallelism": {"tp": 1}},
-    "backends": {"attention": "FLASH_ATTN (FA3, num_splits=1)", "dense_gemm": "batch_invariant matmul_persistent"},
-    "graph_cache": {"cuda_graph_mode": "none (enforce_eager)", "prefix_caching": False, "chunked_prefill": False,
-                    "async_scheduling": False},
-    "workload": {"input_len": 8192, "output_len": 1024, "ignore_eos": True, "concurrencies": [1, 8, 32, 64],
-                 "num_prompts": 64, "warmups": 1},
-}
+H200_SHAPED: dict[str, Any] = {**copy.deepcopy(H200_SHAPED_BASE), "track": "fuzz"}
 
 
 def write_manifest_text(folder: Path, text: str | bytes, name: str = "candidate.yaml") -> Path:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +23,7 @@ from tica.seal import SEAL_FILE, seal_leg
 from tica.verdict import Verdict, VerdictCell
 
 from .conftest import (CI, ITEMS, LONG, Raw, _deep, judged, long_only, mutate_bytes, mutate_json_text,
-                       mutate_jsonl_text, mutate_npz, no_hang, to_text)
+                       mutate_jsonl_text, mutate_npz, to_text)
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
