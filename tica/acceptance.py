@@ -23,7 +23,7 @@ from tica.candidate import CandidateIdentity, ComponentChange, diff, voided_item
 from tica.errors import FrozenQuestionError, InputError
 from tica.evidence import Component, EvidenceItem
 from tica.judges import JUDGE_VERSION, judge
-from tica.ledger import Ledger
+from tica.ledger import Head, Ledger
 from tica.manifest import LoadedManifest
 from tica.question import Question
 from tica.receipts import LEG_FILE
@@ -244,6 +244,7 @@ class Report:
     candidate_id: str | None
     cells: tuple[ReportCell, ...]
     conditions: str = ""  # what the candidate is and what its evidence was shown under (the manifest's description)
+    verified_head: Head | None = None  # the chain's head this report verified before reading
 
     @property
     def accepted(self) -> bool:
@@ -289,10 +290,13 @@ def _blocking(rows: list[dict]) -> tuple[tuple[str, ...], dict[str, str]]:
     return tuple(why), off
 
 
-def report(ledger: Ledger, track: str, current: CandidateIdentity | None, conditions: str = "") -> Report:
+def report(ledger: Ledger, track: str, current: CandidateIdentity | None, conditions: str = "",
+           last_verified: Head | None = None) -> Report:
     """The acceptance report of a track from the ledger (verdicts and their checks). A ledger
-    whose chain or views do not verify is not reported from: LedgerIntegrityError."""
-    ledger.verify_or_raise()
+    whose chain or views do not verify, or that no longer holds `last_verified` (the head an
+    earlier report verified: a truncation or a self-consistent rewrite since), is not reported
+    from: LedgerIntegrityError."""
+    verified = ledger.verify_or_raise(last_verified).head
     rows = {r["item"]: r for r in ledger.rows("SELECT * FROM track_verdicts WHERE track = ?", [track])}
     by_verdict = _check_rows(ledger, [r["verdict_id"] for r in rows.values()])
     cells = []
@@ -310,7 +314,7 @@ def report(ledger: Ledger, track: str, current: CandidateIdentity | None, condit
         cells.append(ReportCell(item, r["verdict"], r["summary"], r["question_hash"], r["candidate_id"], r["verdict_id"],
                                 r["judge_version"], cause, blocking, bool(r["after_the_fact"]), off))
     return Report(track=track, candidate_id=current.candidate_id if current else None, cells=tuple(cells),
-                  conditions=conditions)
+                  conditions=conditions, verified_head=verified)
 
 
 def unrecorded_change(ledger: Ledger, candidate_id: str, item: EvidenceItem, current: CandidateIdentity) -> str | None:

@@ -7,13 +7,16 @@ import json
 import sys
 from collections.abc import Sequence
 
-from tica.candidate import diff, identify, identify_file, voided_items
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from tica.errors import EXIT_BAD_INPUT, FrozenQuestionError, InputError, TicaError, UsageParser
-from tica.ledger import Ledger, LedgerMissing, default_ledger_path
-from tica.manifest import load_manifest
-from tica.records import freeze_question, record_candidate
+from tica.errors import EXIT_BAD_INPUT, InputError, TicaError, UsageParser
+
+if TYPE_CHECKING:
+    from tica.ledger import Ledger
+
+# Each verb imports what it uses: `tica --help` and a usage error must not pay for DuckDB,
+# pydantic and torch (benchmarks/cli_startup.py).
 
 
 def format_table(columns: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
@@ -24,11 +27,15 @@ def format_table(columns: Sequence[str], rows: Sequence[Sequence[object]]) -> st
     return "\n".join(out) + f"\n({len(cells)} row{'s' if len(cells) != 1 else ''})"
 
 
-def _ledger(args: argparse.Namespace) -> Ledger:
+def _ledger(args: argparse.Namespace) -> "Ledger":
+    from tica.ledger import Ledger, default_ledger_path
+
     return Ledger(args.ledger or default_ledger_path())
 
 
 def cmd_candidate_fingerprint(args: argparse.Namespace) -> int:
+    from tica.candidate import identify_file
+
     ident = identify_file(args.manifest)
     print(f"track      {ident.track}\ncandidate  {ident.candidate_id}")
     for component, fp in ident.components.items():
@@ -37,6 +44,8 @@ def cmd_candidate_fingerprint(args: argparse.Namespace) -> int:
 
 
 def cmd_candidate_diff(args: argparse.Namespace) -> int:
+    from tica.candidate import diff, identify_file, voided_items
+
     old, new = identify_file(args.old), identify_file(args.new)
     changes = diff(old, new)
     if args.json:
@@ -54,6 +63,10 @@ def cmd_candidate_diff(args: argparse.Namespace) -> int:
 
 
 def cmd_candidate_record(args: argparse.Namespace) -> int:
+    from tica.candidate import identify
+    from tica.manifest import load_manifest
+    from tica.records import record_candidate
+
     loaded = load_manifest(args.manifest)
     cid = record_candidate(_ledger(args), identify(loaded), loaded)
     print(cid)
@@ -61,6 +74,8 @@ def cmd_candidate_record(args: argparse.Namespace) -> int:
 
 
 def cmd_question_freeze(args: argparse.Namespace) -> int:
+    from tica.records import freeze_question
+
     question = freeze_question(_ledger(args), args.file)
     print(f"{question.name}  {question.item.value}  {question.hash}")
     if question.formula_label:
@@ -87,37 +102,63 @@ def cmd_ledger_query(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_ledger_verify(args: argparse.Namespace) -> int:
+def _read_head(path: str):
     from tica.ledger import Head
 
-    expect = None
-    if args.expect_head:
-        try:
-            text = Path(args.expect_head).read_text()
-        except OSError as err:
-            raise InputError(args.expect_head, "<file>", f"cannot read: {err.strerror}") from None
-        expect = Head.from_json(text, args.expect_head)
+    try:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as err:
+        raise InputError(path, "<file>", f"cannot read: {getattr(err, 'strerror', None) or err}") from None
+    return Head.from_json(text, path)
+
+
+def cmd_ledger_verify(args: argparse.Namespace) -> int:
+    if args.public_key and not args.expect_head:
+        raise InputError("--public-key", "<usage>", "a public key checks a published head: give --expect-head too")
+    expect = _read_head(args.expect_head) if args.expect_head else None
+    problems: list[str] = []
+    if args.public_key:
+        from tica.head_signing import load_public_key, signature_problem
+
+        problem = signature_problem(expect, load_public_key(args.public_key))
+        problems += [problem] if problem else []
     report = _ledger(args).require_exists().verify(expect)
-    if report.ok:
-        print(f"ok: {report.rows} rows, head {report.head_hash}" + (f" (holds the published head seq={expect.seq})"
-                                                                     if expect else ""))
+    problems += report.problems
+    if not problems:
+        held = ""
+        if expect:
+            held = f" (holds the published head seq={expect.seq}" + (
+                f", signed by {expect.signed_by})" if args.public_key else
+                ("; its signature was not checked: give --public-key)" if expect.signature else ")"))
+        print(f"ok: {report.rows} rows, head {report.head_hash}{held}")
         return 0
-    for problem in report.problems:
+    for problem in problems:
         print(f"FAIL {problem}", file=sys.stderr)
     return 1
 
 
 def cmd_ledger_head(args: argparse.Namespace) -> int:
     """Publish the head (seq, hash, time) of a chain that verifies, to anchor its tail."""
+    key = None
+    if args.sign_key:
+        from tica.head_signing import load_private_key
+
+        key = load_private_key(args.sign_key)
     report = _ledger(args).require_exists().verify()
     if not report.ok:
         for problem in report.problems:
             print(f"FAIL {problem}", file=sys.stderr)
         return 1
-    text = report.head.to_json()
+    head = report.head
+    if key is not None:
+        from tica.head_signing import sign
+
+        head = sign(head, key)
+    text = head.to_json()
     if args.out:
         Path(args.out).write_text(text + "\n")
-        print(f"head seq={report.head.seq} {report.head.row_hash} written to {args.out}")
+        signed = f", signed by {head.signed_by}" if head.signed_by else ""
+        print(f"head seq={head.seq} {head.row_hash} written to {args.out}{signed}")
     else:
         print(text)
     return 0
@@ -153,9 +194,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_ledger_query)
     p = led.add_parser("verify", help="recompute the hash chain and the views; name any edited row")
     p.add_argument("--expect-head", help="a head published by `tica ledger head`: fail if the chain no longer holds it")
+    p.add_argument("--public-key", help="Ed25519 public key (PEM): the published head must carry a valid signature by it")
     p.set_defaults(func=cmd_ledger_verify)
     p = led.add_parser("head", help="print (or --out FILE) the verified chain's head: seq, hash, time")
     p.add_argument("--out", help="write the head as JSON to this file")
+    p.add_argument("--sign-key", help="Ed25519 private key (PEM, e.g. from `openssl genpkey -algorithm ed25519`): sign the head")
     p.set_defaults(func=cmd_ledger_head)
 
     return parser
@@ -169,6 +212,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return cli_judge(argv[1:])
     args = build_parser().parse_args(argv)
+    from tica.errors import FrozenQuestionError
+    from tica.ledger import LedgerMissing
+
     try:
         return args.func(args)
     except FrozenQuestionError as err:

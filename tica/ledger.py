@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -146,13 +147,35 @@ def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="microseconds")
 
 
+_quote = json.encoder.encode_basestring_ascii  # what json.dumps writes for a str (ensure_ascii)
+
+
+def _json_value(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, str):
+        return _quote(value)
+    if type(value) is int:
+        return int.__repr__(value)
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+@functools.lru_cache(maxsize=64)
+def _sorted_keys(keys: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    return tuple((k, _quote(k) + ":") for k in sorted(keys))
+
+
+def _body(table: str, seq: int, recorded_at: str, payload: Mapping[str, Any]) -> str:
+    """json.dumps({"table", "seq", "recorded_at", "payload"}, sort_keys=True, compact), written
+    directly: verify hashes every row, and the general encoder was half its time. A test holds
+    it byte-equal to json.dumps over random payloads."""
+    fields = ",".join(quoted + _json_value(payload[k]) for k, quoted in _sorted_keys(tuple(payload)))
+    return (f'{{"payload":{{{fields}}},"recorded_at":{_quote(recorded_at)},'
+            f'"seq":{_json_value(seq)},"table":{_quote(table)}}}')
+
+
 def row_hash(prev_hash: str, table: str, seq: int, recorded_at: str, payload: Mapping[str, Any]) -> str:
-    body = json.dumps(
-        {"table": table, "seq": seq, "recorded_at": recorded_at, "payload": dict(payload)},
-        sort_keys=True,
-        separators=(",", ":"),
-    )
-    return hashlib.sha256(f"{prev_hash}\n{body}".encode()).hexdigest()
+    return hashlib.sha256(f"{prev_hash}\n{_body(table, seq, recorded_at, payload)}".encode()).hexdigest()
 
 
 def new_id(prefix: str) -> str:
@@ -178,14 +201,20 @@ class LedgerMissing(TicaError):
 @dataclass(frozen=True)
 class Head:
     """The chain's tail, published to anchor it: `verify --expect-head` fails when the row at
-    this seq no longer has this hash (truncation or a rewrite up to it)."""
+    this seq no longer has this hash (truncation or a rewrite up to it). A head may carry an
+    Ed25519 signature by a key its publisher holds (tica.head_signing)."""
 
     seq: int
     row_hash: str
     recorded_at: str
+    signature: str | None = None
+    signed_by: str | None = None
 
     def to_json(self) -> str:
-        return json.dumps({"seq": self.seq, "row_hash": self.row_hash, "recorded_at": self.recorded_at}, indent=1)
+        data: dict[str, Any] = {"seq": self.seq, "row_hash": self.row_hash, "recorded_at": self.recorded_at}
+        if self.signature is not None:
+            data |= {"signature": self.signature, "signed_by": self.signed_by}
+        return json.dumps(data, indent=1)
 
     @classmethod
     def from_json(cls, text: str, source: str = "<head>") -> "Head":
@@ -197,12 +226,21 @@ class Head:
             raise InputError(source, "<json>", f"malformed JSON: {err}") from None
         if not isinstance(data, dict):
             raise InputError(source, "<root>", "a head is {seq, row_hash, recorded_at}")
+        unknown = sorted(set(data) - {"seq", "row_hash", "recorded_at", "signature", "signed_by"})
+        if unknown:
+            raise InputError(source, unknown[0], "not a field of a published head")
         seq, digest, at = data.get("seq"), data.get("row_hash"), data.get("recorded_at")
         if isinstance(seq, bool) or not isinstance(seq, int) or seq < 0:
             raise InputError(source, "seq", f"{seq!r} is not a row number")
         if not isinstance(digest, str) or not re.fullmatch(r"[0-9a-f]{64}|genesis", digest):
             raise InputError(source, "row_hash", f"{digest!r} is not a sha256 hex digest")
-        return cls(seq=seq, row_hash=digest, recorded_at=str(at or ""))
+        if not isinstance(at, str):
+            raise InputError(source, "recorded_at", f"{at!r} is not a time")
+        for name in ("signature", "signed_by"):
+            if data.get(name) is not None and not isinstance(data[name], str):
+                raise InputError(source, name, f"{data[name]!r} is not text")
+        return cls(seq=seq, row_hash=digest, recorded_at=at, signature=data.get("signature"),
+                   signed_by=data.get("signed_by"))
 
 
 @dataclass(frozen=True)
@@ -231,6 +269,7 @@ class Ledger:
         self._lock_path = self.path.with_name(self.path.name + ".lock")
         self._session: duckdb.DuckDBPyConnection | None = None
         self._head: tuple[int, str] | None = None  # the chain's head, known while a session holds the lock
+        self._schema_checked = False
 
     # -- connections -------------------------------------------------------------------
     def _take_lock(self, lock) -> None:
@@ -387,8 +426,11 @@ class Ledger:
         `rows(sql, params)`) and returns the rows to append, so "check, then append" cannot race
         another writer. What `decide` raises aborts the transaction; nothing is written."""
         with self._writer() as con:
-            if self._head is None and not self._has_schema(con):
+            # Checked once per Ledger object: the API never drops a table or view (verify names one
+            # dropped behind it), and the check costs as much as the append.
+            if not self._schema_checked and not self._has_schema(con):
                 self._ensure_schema(con)
+            self._schema_checked = True
             con.execute("BEGIN TRANSACTION")
             try:
                 def rows(sql: str, params: Sequence[Any] | None = None) -> list[dict[str, Any]]:
@@ -460,26 +502,25 @@ class Ledger:
         whose definition is not the code's, and, given a published head, a chain that no longer
         holds it (truncated, or rewritten up to it)."""
         problems: list[str] = []
-        entries: list[tuple[int, str, dict[str, Any]]] = []
+        # (seq, table, prev_hash, row_hash, recorded_at, payload values in TABLES order)
+        entries: list[tuple[int, str, str, str, str, tuple]] = []
         with self.reader() as con:
             for table, columns in TABLES.items():
                 names = [n for n, _ in columns]
                 cur = con.execute(f"SELECT {', '.join((*CHAIN_COLUMNS, *names))} FROM {table}")
-                for r in cur.fetchall():
-                    entries.append((r[0], table, dict(zip((*CHAIN_COLUMNS, *names), r))))
+                entries += [(r[0], table, r[1], r[2], r[3], r[4:]) for r in cur.fetchall()]
             problems += self._view_problems(con)
         entries.sort(key=lambda e: e[0])
+        names_of = {t: [n for n, _ in cols] for t, cols in TABLES.items()}
         prev, at_seq = GENESIS, {0: GENESIS}
-        for expected_seq, (seq, table, r) in enumerate(entries, start=1):
-            where = f"{table} seq={seq}"
+        for expected_seq, (seq, table, prev_hash, digest, recorded_at, values) in enumerate(entries, start=1):
             if seq != expected_seq:
-                problems.append(f"{where}: expected seq {expected_seq} (a row was removed or inserted)")
-            if r["prev_hash"] != prev:
-                problems.append(f"{where}: prev_hash does not match the row before it")
-            payload = {n: r[n] for n, _ in TABLES[table]}
-            if row_hash(r["prev_hash"], table, seq, r["recorded_at"], payload) != r["row_hash"]:
-                problems.append(f"{where}: content does not match its row_hash (edited behind the ledger)")
-            prev = r["row_hash"]
+                problems.append(f"{table} seq={seq}: expected seq {expected_seq} (a row was removed or inserted)")
+            if prev_hash != prev:
+                problems.append(f"{table} seq={seq}: prev_hash does not match the row before it")
+            if row_hash(prev_hash, table, seq, recorded_at, dict(zip(names_of[table], values))) != digest:
+                problems.append(f"{table} seq={seq}: content does not match its row_hash (edited behind the ledger)")
+            prev = digest
             at_seq[seq] = prev
         if expect is not None:
             held = at_seq.get(expect.seq)
@@ -489,9 +530,8 @@ class Ledger:
             elif held != expect.row_hash:
                 problems.append(f"row seq={expect.seq} has hash {held[:16]}, the published head says "
                                 f"{expect.row_hash[:16]} (rewritten up to the head)")
-        last = entries[-1][2] if entries else None
         return VerifyReport(rows=len(entries), head_hash=prev, problems=tuple(problems),
-                            head_seq=len(entries), head_recorded_at=last["recorded_at"] if last else "")
+                            head_seq=len(entries), head_recorded_at=entries[-1][4] if entries else "")
 
     @staticmethod
     def _view_problems(con: duckdb.DuckDBPyConnection) -> list[str]:
@@ -507,8 +547,8 @@ class Ledger:
                 out.append(f"view {name} is not defined as the code defines it (changed behind the ledger)")
         return out
 
-    def verify_or_raise(self) -> VerifyReport:
-        report = self.verify()
+    def verify_or_raise(self, expect: Head | None = None) -> VerifyReport:
+        report = self.verify(expect)
         if not report.ok:
             raise LedgerIntegrityError("; ".join(report.problems))
         return report

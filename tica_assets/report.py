@@ -4,10 +4,13 @@ the fact and a pass whose blocking check failed are shown as such, never as a si
 
 from __future__ import annotations
 
-from dagster import Definitions, MaterializeResult, MetadataValue, asset
+import json
+
+from dagster import AssetExecutionContext, Definitions, MaterializeResult, MetadataValue, asset
 
 from tica.acceptance import report, report_markdown, scope_line
 from tica.errors import ManifestError
+from tica.ledger import Head
 from tica.evidence import EvidenceItem
 from tica.judges import JUDGE_VERSION
 from tica_assets.candidates import load_track
@@ -32,7 +35,8 @@ def report_defs(track: Track, settings: Settings) -> Definitions:
         except ManifestError as err:
             context.log.warning(f"manifest unreadable: no verdict can be shown as current: {err}")
             current, conditions = None, ""
-        rep = report(context.resources.ledger.ledger(), track.name, current, conditions)
+        ledger = context.resources.ledger.ledger()
+        rep = report(ledger, track.name, current, conditions, _last_verified(context, str(ledger.path)))
         meta = {
             "acceptance": MetadataValue.text("accepted" if rep.accepted else "not accepted: " + "; ".join(rep.why_not)),
             "scope": MetadataValue.text(scope_line(rep.cells)),
@@ -42,6 +46,7 @@ def report_defs(track: Track, settings: Settings) -> Definitions:
             "candidate_id": MetadataValue.text(rep.candidate_id or "unknown (manifest unreadable)"),
             "judge_version": MetadataValue.text(JUDGE_VERSION),
             "shown_under": MetadataValue.text(rep.conditions or "the manifest says nothing"),
+            "verified_head": MetadataValue.json({"ledger": str(ledger.path), **json.loads(rep.verified_head.to_json())}),
         }
         for c in rep.cells:
             why = "" if c.accepted else (c.stale_cause or "; ".join(c.blocking))
@@ -49,3 +54,16 @@ def report_defs(track: Track, settings: Settings) -> Definitions:
         return MaterializeResult(metadata=meta)
 
     return Definitions(assets=[_report])
+
+
+def _last_verified(context: AssetExecutionContext, ledger_path: str) -> Head | None:
+    """The head the previous report of this track verified in this ledger, from Dagster's event
+    log: the next report refuses a ledger that no longer holds it (truncated or rewritten since).
+    A ledger replaced on purpose is re-anchored by wiping this asset's materializations."""
+    event = context.instance.get_latest_materialization_event(context.asset_key)
+    mat = event.asset_materialization if event else None
+    value = mat.metadata.get("verified_head") if mat else None
+    data = getattr(value, "data", None)
+    if not isinstance(data, dict) or data.get("ledger") != ledger_path:
+        return None
+    return Head.from_json(json.dumps({k: v for k, v in data.items() if k != "ledger"}), "previous report's verified_head")

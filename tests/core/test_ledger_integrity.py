@@ -174,3 +174,76 @@ def test_a_session_appends_many_rows_on_one_connection_and_the_chain_verifies(tm
     ledger.append(*_rerun(51))
     report = ledger.verify()
     assert report.ok and report.rows == 52
+
+
+def _keys(tmp_path: Path, name: str = "key") -> tuple[Path, Path]:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    key = Ed25519PrivateKey.generate()
+    private, public = tmp_path / f"{name}.pem", tmp_path / f"{name}.pub.pem"
+    private.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                          serialization.NoEncryption()))
+    public.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
+                                                     serialization.PublicFormat.SubjectPublicKeyInfo))
+    return private, public
+
+
+def _signed_head(tmp_path: Path, ledger: Ledger, private: Path) -> Path:
+    head = tmp_path / "head.json"
+    assert main(["--ledger", str(ledger.path), "ledger", "head", "--out", str(head), "--sign-key", str(private)]) == 0
+    return head
+
+
+def _verify(ledger: Ledger, head: Path, public: Path) -> int:
+    return main(["--ledger", str(ledger.path), "ledger", "verify", "--expect-head", str(head), "--public-key", str(public)])
+
+
+def test_a_signed_head_verifies_under_its_public_key(tmp_path):
+    ledger = Ledger(tmp_path / "l.duckdb").init()
+    ledger.append_many([_rerun(i) for i in range(3)])
+    private, public = _keys(tmp_path)
+    assert _verify(ledger, _signed_head(tmp_path, ledger, private), public) == 0
+
+
+def test_a_head_edited_to_match_a_rewritten_chain_fails_its_signature(tmp_path):
+    ledger = Ledger(tmp_path / "l.duckdb").init()
+    ledger.append_many([_rerun(i) for i in range(3)])
+    private, public = _keys(tmp_path)
+    head = _signed_head(tmp_path, ledger, private)
+    con = duckdb.connect(str(ledger.path))
+    con.execute("DELETE FROM reruns WHERE seq = 3")
+    con.close()
+    # The forger publishes the truncated chain's head in the old file, keeping the signature.
+    data = json.loads(head.read_text())
+    truncated = ledger.verify().head
+    data |= {"seq": truncated.seq, "row_hash": truncated.row_hash, "recorded_at": truncated.recorded_at}
+    head.write_text(json.dumps(data))
+    assert ledger.verify(Head.from_json(head.read_text())).ok  # the chain holds the edited head...
+    assert _verify(ledger, head, public) == 1  # ...whose signature does not verify
+
+
+def test_a_head_signed_by_another_key_fails(tmp_path):
+    ledger = Ledger(tmp_path / "l.duckdb").init()
+    ledger.append(*_rerun(1))
+    private, _ = _keys(tmp_path, "forger")
+    _, public = _keys(tmp_path, "owner")
+    assert _verify(ledger, _signed_head(tmp_path, ledger, private), public) == 1
+
+
+def test_an_unsigned_head_fails_when_a_public_key_is_given(tmp_path):
+    ledger = Ledger(tmp_path / "l.duckdb").init()
+    ledger.append(*_rerun(1))
+    _, public = _keys(tmp_path)
+    assert _verify(ledger, _published(tmp_path, ledger), public) == 1
+    assert main(["--ledger", str(ledger.path), "ledger", "verify", "--expect-head",
+                 str(tmp_path / "head.json")]) == 0  # negative control: without the key it holds
+
+
+def test_a_key_that_is_not_ed25519_pem_is_bad_input(tmp_path, capsys):
+    ledger = Ledger(tmp_path / "l.duckdb").init()
+    ledger.append(*_rerun(1))
+    bad = tmp_path / "key.pem"
+    bad.write_text("not a key")
+    assert main(["--ledger", str(ledger.path), "ledger", "head", "--sign-key", str(bad)]) == 4
+    assert "key.pem" in capsys.readouterr().err

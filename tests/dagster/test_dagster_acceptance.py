@@ -94,3 +94,27 @@ def test_receipts_sealed_before_the_question_was_frozen_are_judged_after_the_fac
     rep = report(ledger, track, identify(load_manifest(candidates / f"{track}.yaml")))
     assert not rep.accepted and all(c.after_the_fact for c in rep.cells)
     assert all(not c.accepted for c in rep.cells)
+
+
+def test_a_report_refuses_a_ledger_truncated_since_the_previous_report(project, tmp_path):
+    """Issue 11, the anchor: each report records the head it verified, and the next report
+    refuses a ledger that no longer holds it, even when the truncated chain verifies on its own."""
+    import duckdb
+
+    defs = fresh_defs(project)
+    instance = kept_instance(tmp_path / "dagster_home")
+    tick(defs, instance)
+    assert materialize_track(defs, instance, TRACK).success
+    head = report_meta(instance)["verified_head"].value
+    assert materialize_track(defs, instance, TRACK, job="report").success  # negative control: untouched, reported
+    ledger = Ledger(project.settings.ledger_path)
+    last = ledger.rows("SELECT tbl, seq FROM ledger_chain ORDER BY seq DESC LIMIT 1")[0]
+    assert last["seq"] == head["seq"]
+    con = duckdb.connect(str(ledger.path))
+    con.execute(f"DELETE FROM {last['tbl']} WHERE seq = ?", [last["seq"]])
+    con.close()
+    assert ledger.verify().ok  # the truncated chain is self-consistent
+    result = materialize_track(defs, instance, TRACK, job="report")
+    assert not result.success
+    failure = next(e for e in result.all_events if e.is_step_failure).step_failure_data.error
+    assert "gone" in str(failure.cause or failure.message), failure

@@ -18,13 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from tica.evidence import EvidenceItem
 from tica.judges._common import Findings, cell, md_table, worst, wrong_question
 from tica.judges.backward import zero_advantage
 from tica.judges.confounders import confounder_markdown, confounder_table, require_recorded, unquantified
-from tica.metrics import forward_metrics
+from tica.metrics import forward_metrics, n_bitwise_diff
 from tica.question import ForwardCriteria, Question
 from tica.receipts import (
     ARRAYS_DIR,
@@ -79,9 +77,7 @@ def _recompute(forward_dir: Path, step: ForwardStep, findings: Findings, label: 
         "decode_diff": None,
     }
     if arrays.decode_logprobs is not None and arrays.decode_mask is not None:
-        a = arrays.rollout_logprobs[arrays.decode_mask]
-        b = arrays.decode_logprobs[arrays.decode_mask]
-        out["decode_diff"] = int(np.count_nonzero(a.view(np.uint32) != b.view(np.uint32)))
+        out["decode_diff"] = n_bitwise_diff(arrays.rollout_logprobs, arrays.decode_logprobs, where=arrays.decode_mask)
     logged = {"max": step.probs_diff_max, "mean": step.probs_diff_mean, "n_tokens": step.n_tokens,
               "n_bitwise_diff": step.n_bitwise_diff}
     for key, value in logged.items():
