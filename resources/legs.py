@@ -270,6 +270,9 @@ def leg_params(spec: LegSpec, request: LegRequest) -> dict:
     criteria = request.question.criteria
     if item is EvidenceItem.FORWARD:
         params["steps"] = criteria.min_steps
+    if item in (EvidenceItem.FORWARD, EvidenceItem.UPDATE, EvidenceItem.QUALITY, EvidenceItem.THROUGHPUT,
+                EvidenceItem.CLEAN_EXIT):
+        params["shutdown_timeout"] = m.recipe.shutdown_timeout  # None: the producer's default, which it records
     if item is EvidenceItem.QUALITY:
         params["length_cap"] = m.eval_contract.length_cap
         params["limit"] = criteria.expected_problems

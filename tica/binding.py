@@ -217,6 +217,10 @@ def pins(candidate: Candidate) -> list[Pin]:
     if g.max_num_batched_tokens is not None:
         out.append(Pin(C.GRAPH_CACHE, "graph_cache.max_num_batched_tokens", g.max_num_batched_tokens,
                        ("kernels.rollout.max_num_batched_tokens", "resolved_config.max_num_batched_tokens"), _int))
+    if m.recipe.shutdown_timeout is not None:  # how the engine is stopped: what clean exit judges
+        out.append(Pin(C.RECIPE, "recipe.shutdown_timeout", m.recipe.shutdown_timeout,
+                       ("resolved_config.shutdown_timeout", "kernels.rollout.shutdown_timeout"), _int,
+                       items=ENGINE_ITEMS))
     w = m.workload
     for field, same in (("input_len", _int), ("output_len", _int), ("ignore_eos", _bool), ("warmups", _int)):
         key = "num_warmups" if field == "warmups" else field

@@ -8,6 +8,7 @@ so). A criterion whose canary passes is reported as broken, and blocks acceptanc
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import shutil
@@ -45,6 +46,35 @@ _BASE_TPUT = {1: 151.2, 8: 1013.5, 32: 2871.4, 64: 4102.9}
 
 # ---------------------------------------------------------------- questions
 
+# The canaries' throughput question freezes a reviewed statistical basis: without one the judge
+# reports a budget but never declares it passed, and the canaries need a passing baseline. Its
+# "pilot" is the builder below (every round under the budget by construction), named by this
+# digest, not a measured pilot: a real question's basis comes from `tica plan throughput`.
+SYNTHETIC_PILOT = "sha256:" + hashlib.sha256(b"tica.canaries.build_throughput: synthetic rounds, no pilot").hexdigest()
+DEFAULT_ROUNDS = 5  # the fewest crossed rounds with which the sign test can pass at alpha 0.05 (0.5^5 = 0.031)
+
+
+def crossed_order(rounds: int, first: str = "AB") -> list[str]:
+    other = "BA" if first == "AB" else "AB"
+    return [first if i % 2 == 0 else other for i in range(rounds)]
+
+
+def sign_test_basis(rounds: int, alpha: float = 0.05) -> dict[str, Any]:
+    """A sign-test basis (question criteria JSON) for the builder's synthetic rounds."""
+    return {"test": "sign_test_median", "alpha": alpha, "power": 0.8, "rounds": rounds,
+            "pilot_digests": [SYNTHETIC_PILOT],
+            "notes": ["synthetic: tica.canaries builds every round under the budget; not planned from a pilot"]}
+
+
+def with_rounds(question: Question, rounds: int) -> Question:
+    """The throughput question over `rounds` crossed rounds; a frozen basis follows (its rounds
+    are the question's repeats)."""
+    data = question.model_dump(mode="json")
+    data.update(repeats=rounds, pairing_order=crossed_order(rounds, question.pairing_order[0]))
+    if data["criteria"].get("statistical_basis") is not None:
+        data["criteria"]["statistical_basis"]["rounds"] = rounds
+    return parse_question(data)
+
 
 def default_questions() -> dict[EvidenceItem, Question]:
     """The questions the fixtures and the built-in canaries are built for."""
@@ -66,11 +96,13 @@ def default_questions() -> dict[EvidenceItem, Question]:
                     "criteria": {"item": "quality", "threshold_points": 3.34, "expected_problems": 30}},
         E.THROUGHPUT: {"name": "rust-bench-8k-1k", "compared": "output tok/s per concurrency",
                        "computation": "vllm bench serve, random 8192/1024, ignore EOS",
-                       "pass_line": "loss <= budget at every target c", "repeats": 3,
-                       "pairing_order": ["AB", "BA", "AB"],
+                       "pass_line": "the one-sided 0.95 upper bound of the median per-round paired loss (exact "
+                                    "sign test) is under the budget at every target c",
+                       "repeats": DEFAULT_ROUNDS, "pairing_order": crossed_order(DEFAULT_ROUNDS),
                        "criteria": {"item": "throughput", "num_prompts": DEFAULT_PROMPTS, "warmups": 1,
                                     "formula": "median_per_round_paired_loss",
-                                    "budget": {1: 0.10, 8: 0.10, 32: 0.15, 64: 0.15}}},
+                                    "budget": {1: 0.10, 8: 0.10, 32: 0.15, 64: 0.15},
+                                    "statistical_basis": sign_test_basis(DEFAULT_ROUNDS)}},
         E.CLEAN_EXIT: {"name": "clean-exit", "compared": "exit code and end state of every process",
                        "computation": "leg receipts", "pass_line": "every process exited 0",
                        "criteria": {"item": "clean_exit"}},

@@ -1,10 +1,12 @@
-"""Errors for bad input: each names the file and the field a user must fix."""
+"""Errors for bad input: each names the file and the field a user must fix, and the line where
+the file holds that field when it can be told for sure."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 EXIT_BAD_INPUT = 4
 
@@ -22,13 +24,16 @@ class TicaError(Exception):
 
 
 class InputError(TicaError):
-    """Bad input: malformed file, missing file, unknown or contradictory field."""
+    """Bad input: malformed file, missing file, unknown or contradictory field. `line` (1-based)
+    is where the file holds the field; None when it is not known for sure."""
 
-    def __init__(self, file: str | Path, field: str, message: str) -> None:
+    def __init__(self, file: str | Path, field: str, message: str, line: int | None = None) -> None:
         self.file = str(file)
         self.field = field
         self.message = message
-        super().__init__(f"{self.file}: {field}: {message}")
+        self.line = line
+        # The line goes last: "FILE: FIELD: message" stays what callers and scripts match on.
+        super().__init__(f"{self.file}: {field}: {message}" + ("" if line is None else f" (line {line})"))
 
 
 class ManifestError(InputError):
@@ -99,13 +104,107 @@ def read_yaml_mapping(path: str | Path, exc_cls: type[InputError]) -> tuple[byte
 
 
 def pydantic_errors(exc_cls: type[InputError], file: str | Path, err: Exception) -> InputError:
-    """Turn a pydantic ValidationError into one InputError naming the first bad field."""
+    """Turn a pydantic ValidationError into one InputError naming the first bad field, and its
+    line in `file` when the file can be shown to hold the refused value there (field_line)."""
     errors = getattr(err, "errors", None)
     if callable(errors):
         items = errors()
         if items:
             first = items[0]
-            field = ".".join(str(p) for p in first.get("loc", ())) or "<root>"
+            loc = tuple(first.get("loc", ()))
+            field = ".".join(str(p) for p in loc) or "<root>"
             more = f" (and {len(items) - 1} more)" if len(items) > 1 else ""
-            return exc_cls(file, field, f"{first.get('msg', 'invalid')}{more}")
+            line = None
+            if "input" in first:
+                line = field_line(file, loc, first["input"], missing=first.get("type") == "missing")
+            return exc_cls(file, field, f"{first.get('msg', 'invalid')}{more}", line=line)
     return exc_cls(file, "<root>", str(err))
+
+
+# ---------------------------------------------------------------- the line of a refused field
+
+
+def field_line(file: str | Path, loc: tuple[Any, ...], refused: Any, missing: bool = False) -> int | None:
+    """The 1-based line where `file` (YAML or JSON) holds the field at pydantic location `loc`:
+    the line of its key (of its item, in a list); for a missing field, the line of the mapping
+    that lacks it. `refused` is the value pydantic refused there (its error's `input`): a line
+    is named only when the file, read again, holds that very value at that place, so a file
+    changed since, or data that never came from this file, names no line rather than a wrong
+    one. None as well for the root, a JSON Lines file (its row is its line) and anything
+    unreadable. Union tags in `loc` (a discriminator value, a type name) are not in the file
+    and are stepped over."""
+    try:
+        path = Path(file)
+        if path.suffix == ".jsonl" or not path.is_file():
+            return None
+        found = _locate(path, loc[:-1] if missing else loc)
+    except Exception:  # noqa: BLE001 - the line is a courtesy on an error already raised: never a new failure
+        return None
+    if found is None:
+        return None
+    line, value = found
+    if missing and not (isinstance(value, dict) and loc and loc[-1] not in value):
+        return None
+    return line if _same(value, refused) else None
+
+
+def _locate(path: Path, loc: tuple[Any, ...]) -> tuple[int | None, Any] | None:
+    """(line, value) at `loc` in the file at `path`, read as JSON if it is JSON, else as YAML."""
+    from tica import strict_io
+
+    text = strict_io.text_of(strict_io.regular_file_bytes(path))
+    try:
+        data, root, members = strict_io.loads(text), 0, lambda at: strict_io.json_members(text, at)
+    except strict_io.StrictInputError:
+        import yaml
+
+        data = yaml.load(text, Loader=_strict_yaml_loader())  # noqa: S506 - a SafeLoader
+        root, members = yaml.compose(text, Loader=yaml.SafeLoader), _yaml_members
+    return _walk(data, root, loc, members)
+
+
+def _yaml_members(node: Any) -> list[tuple[int, Any]] | None:
+    """(1-based line of the key or item, value node) of a YAML mapping or sequence node."""
+    import yaml
+
+    # (a `<<: *base` merge key, which would take keys written elsewhere, never gets here: the
+    # strict loader refuses it before anything is validated)
+    if isinstance(node, yaml.MappingNode):
+        return [(k.start_mark.line + 1, v) for k, v in node.value]
+    if isinstance(node, yaml.SequenceNode):
+        return [(v.start_mark.line + 1, v) for v in node.value]
+    return None
+
+
+def _walk(data: Any, root: Any, loc: tuple[Any, ...], members) -> tuple[int | None, Any] | None:
+    """Follow `loc` through the loaded value and, in step, through the file's members (both in
+    file order: a mapping's i-th key is the file's i-th key, duplicates being refused)."""
+    node, value, line = root, data, None
+    for part in loc:
+        if isinstance(value, dict) and part in value:
+            index = list(value).index(part)
+        elif isinstance(value, list) and type(part) is int and 0 <= part < len(value):
+            index = part
+        elif isinstance(part, str):
+            continue  # a union tag: pydantic's name for the member it tried, not a key of the file
+        else:
+            return None
+        listed = members(node)
+        if listed is None or len(listed) != len(value):
+            return None
+        line, node = listed[index]
+        value = value[part] if isinstance(value, dict) else value[index]
+    return line, value
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal, type for type (True is not 1), NaN equal to NaN: the refused value is the file's."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, float) and a != a:
+        return b != b
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return a == b

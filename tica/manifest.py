@@ -118,6 +118,10 @@ class Recipe(_Strict):
 
     bi1: str = Field(..., min_length=1)
     bi0: str = Field(..., min_length=1)
+    shutdown_timeout: int | None = Field(
+        None, ge=0, le=86_400,
+        description="the serving recipe's vLLM --shutdown-timeout, seconds: 0 (vLLM's default) force-kills the "
+                    "EngineCore at shutdown; null: not pinned")
 
     @model_validator(mode="after")
     def _one_switch(self) -> "Recipe":

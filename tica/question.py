@@ -11,6 +11,11 @@ quality, percentage points; throughput, loss 1 - T_BI1/T_BI0. A difference insid
 reported as such. A pass line at or inside a non-zero noise floor cannot be told from noise, so
 such a question is refused when it is parsed. Exact criteria (BI=1 bitwise, backward, update,
 exits, artifacts) have no noise floor: they do not read it.
+
+A throughput or quality question may also freeze a reviewed statistical basis (tica.stats.bases,
+drafted by `tica plan`): the test, alpha, rounds or problems, the minimum detectable difference
+and the pilot's digests; it makes the pass line decidable (docs/statistics.md). Without one a
+question hashes exactly as it did before the field existed.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from tica.errors import QuestionError, pydantic_errors, read_yaml_mapping
 from tica.evidence import EvidenceItem
 from tica.receipts import LegMeta
+from tica.stats.bases import THROUGHPUT_TESTS, QualityBasis, ThroughputBasis
 
 
 class _Strict(BaseModel):
@@ -102,6 +108,23 @@ class QualityCriteria(_Strict):
     quantified_confounders: dict[str, str] = Field(
         default_factory=dict, description="arm differences (dotted receipt keys) aligned or quantified elsewhere: key -> where"
     )
+    statistical_basis: QualityBasis | None = Field(
+        None, description="the reviewed basis that makes the threshold decidable (tica plan quality); null: the "
+                          "frozen rule alone")
+
+    @model_validator(mode="after")
+    def _basis_fits(self) -> "QualityCriteria":
+        basis = self.statistical_basis
+        if basis is None:
+            return self
+        if self.expected_problems is not None and self.expected_problems != basis.problems:
+            raise ValueError(f"statistical_basis.problems {basis.problems} is not expected_problems "
+                             f"{self.expected_problems}: the basis was planned for another number of problems")
+        if basis.min_detectable_difference > self.threshold_points:
+            raise ValueError(f"statistical_basis.min_detectable_difference {basis.min_detectable_difference:g} points "
+                             f"is wider than the threshold {self.threshold_points:g}: the design would be sized for a "
+                             "difference on the other side of zero")
+        return self
 
 
 class ThroughputCriteria(_Strict):
@@ -121,6 +144,25 @@ class ThroughputCriteria(_Strict):
     quantified_confounders: dict[str, str] = Field(
         default_factory=dict, description="arm differences (dotted receipt keys) aligned or quantified elsewhere: key -> where"
     )
+    statistical_basis: ThroughputBasis | None = Field(
+        None, description="the reviewed basis that makes each budget decidable (tica plan throughput); null: the "
+                          "measured values are reported against the budget")
+
+    @model_validator(mode="after")
+    def _basis_fits(self) -> "ThroughputCriteria":
+        basis = self.statistical_basis
+        if basis is None:
+            return self
+        if not self.budget or self.formula is None:
+            raise ValueError("a statistical basis without a formula and a budget decides nothing")
+        decides = THROUGHPUT_TESTS.get(basis.test)
+        if decides is not None and decides != self.formula.value:
+            raise ValueError(f"statistical_basis.test {basis.test!r} decides the {decides} formula, not the frozen "
+                             f"{self.formula.value}: the test and the statistic are never mixed")
+        stray = sorted(set(basis.min_detectable_difference) - set(self.budget))
+        if stray:
+            raise ValueError(f"statistical_basis.min_detectable_difference names concurrencies {stray} without a budget")
+        return self
 
     @model_validator(mode="after")
     def _budget_needs_formula(self) -> "ThroughputCriteria":
@@ -244,10 +286,18 @@ class Question(_Strict):
             order = self.pairing_order
             if any(order[i] == order[i + 1] for i in range(len(order) - 1)):
                 raise ValueError(f"pairing order {list(order)} is not crossed (AB/BA/AB ...)")
+            basis = getattr(self.criteria, "statistical_basis", None)
+            if basis is not None and basis.rounds != self.repeats:
+                raise ValueError(f"statistical_basis.rounds is {basis.rounds} but repeats is {self.repeats}: the basis "
+                                 "was planned for another number of rounds")
         return self
 
     def canonical_json(self) -> str:
-        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        data = self.model_dump(mode="json")
+        # A question without a basis hashes as it did before the field existed.
+        if data["criteria"].get("statistical_basis", ...) is None:
+            del data["criteria"]["statistical_basis"]
+        return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
     @property
     def hash(self) -> str:

@@ -82,3 +82,44 @@ def loads(text: str) -> Any:
 
 def read_json(path: str | Path) -> Any:
     return loads(text_of(regular_file_bytes(path)))
+
+
+def _skip_space(text: str, i: int) -> int:
+    while i < len(text) and text[i] in " \t\n\r":
+        i += 1
+    return i
+
+
+def json_members(text: str, pos: int) -> list[tuple[int, int]] | None:
+    """Where the members of the JSON value starting at `pos` are: for an object, each member's
+    (1-based line of its key, offset of its value); for an array, each item's (line, offset); in
+    file order. None: the value there is not an object or array. ValueError on malformed JSON.
+    Only the members themselves are decoded (to skip them): enough to follow one field's path."""
+    decoder = json.JSONDecoder()
+    i = _skip_space(text, pos)
+    if i >= len(text) or text[i] not in "{[":
+        return None
+    close = "}" if text[i] == "{" else "]"
+    members: list[tuple[int, int]] = []
+    line, counted = 1, 0
+    i = _skip_space(text, i + 1)
+    if text[i:i + 1] == close:
+        return members
+    while True:
+        line, counted = line + text.count("\n", counted, i), i
+        if close == "}":
+            if text[i:i + 1] != '"':
+                raise ValueError(f"expected a key at offset {i}")
+            _, i = json.decoder.scanstring(text, i + 1)
+            i = _skip_space(text, i)
+            if text[i:i + 1] != ":":
+                raise ValueError(f"expected ':' at offset {i}")
+            i = _skip_space(text, i + 1)
+        members.append((line, i))
+        _, i = decoder.raw_decode(text, i)
+        i = _skip_space(text, i)
+        if text[i:i + 1] == close:
+            return members
+        if text[i:i + 1] != ",":
+            raise ValueError(f"expected ',' or {close!r} at offset {i}")
+        i = _skip_space(text, i + 1)

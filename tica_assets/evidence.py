@@ -48,8 +48,10 @@ E = EvidenceItem
 LEG_ITEMS = (E.FORWARD, E.BACKWARD, E.UPDATE, E.QUALITY, E.THROUGHPUT)
 # Evidence whose legs another item covers: clean exit reads every leg's processes, the final
 # artifacts name every sealed receipt.
+# Clean exit judges the vLLM processes (client, API server, EngineCore) of the legs that start
+# them; a backward leg runs the trainer alone and starts none.
 COVERS: dict[EvidenceItem, tuple[EvidenceItem, ...]] = {
-    E.CLEAN_EXIT: LEG_ITEMS,
+    E.CLEAN_EXIT: tuple(i for i in LEG_ITEMS if i is not E.BACKWARD),
     E.ARTIFACTS: (*LEG_ITEMS, E.CLEAN_EXIT),
 }
 
@@ -194,8 +196,16 @@ def materialize_evidence(context: AssetExecutionContext, track: Track, item: Evi
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(png)
         plot = (plots.markdown_image(png, f"{item.value} plot"), str(path))
+    meta = cell_metadata(current, done.question, done.candidate_id, runner.kind, plot, done.judged[:-1])
+    if item is EvidenceItem.THROUGHPUT:
+        criteria = done.question.criteria
+        basis = getattr(criteria, "statistical_basis", None)
+        for name, png in plots.throughput_statistics(current.cell.numbers, criteria.budget,
+                                                     basis.alpha if basis else None).items():
+            meta[f"plot: {name}"] = MetadataValue.md(plots.markdown_image(png, name) + (
+                "" if basis else "\n\n_no statistical basis frozen: band at alpha 0.05, for orientation only_"))
     return MaterializeResult(
-        metadata=cell_metadata(current, done.question, done.candidate_id, runner.kind, plot, done.judged[:-1]),
+        metadata=meta,
         check_results=check_results(evidence_key(track.name, item), current),
     )
 

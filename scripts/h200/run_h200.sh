@@ -1,9 +1,11 @@
 #!/bin/bash
 # Reproduce TICA's H200 run (issue 6) from a fresh machine with the staging kit
-# (shared/device: vLLM 0.26.0 slimmed into two carries). From the repository root:
+# (shared/device: vLLM 0.26.0 slimmed into two carries). Paths are the repository root's (the script
+# changes there itself, so it runs from any checkout, in any folder):
 #
-#   here (no device time, ~3 min, needs PyPI):
-#     mkdir -p .devstage/kit && cp ../shared/device/*.sh .devstage/kit/ && bash .devstage/kit/build_stage.sh
+#   here (no device time, ~3 min, needs PyPI; KIT = the staging kit's folder, shared/device, wherever
+#   this machine has it):
+#     mkdir -p .devstage/kit && cp "$KIT"/*.sh .devstage/kit/ && bash .devstage/kit/build_stage.sh
 #     bash scripts/h200/build_carries.sh      # SmolLM2's GGUF in three parts, gguf + megatron-core wheels
 #   single H200 (nvidia-h200), each call IMMEDIATELY after the last (the machine keeps /tmp ~30 s):
 #     1 run("bash .devstage/kit/stage1.sh", carry=[".devstage/c1", ".devstage/kit"], timeout_s=180)
@@ -23,9 +25,11 @@
 # What comes back under $OUT: receipts.tgz, logs.tgz, status.json, run.log.
 # Device minutes this cost: see scripts/h200/NOTES.md.
 set -o pipefail
+OUT=$(realpath -m "${OUT:-/tmp/out}")  # before the cd: a relative $OUT is the caller's
+cd "$(dirname "$0")/../.." || exit 3  # the repository root of this checkout: .devstage/ and tica/ are there
 source .devstage/kit/enter.sh || exit 3
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader | tee "$OUT/run.log"
 CARRY=/tmp/tica_carry
 recv() {  # keep this call's carried parts; once all three are here, join and check the GGUF, install wheels

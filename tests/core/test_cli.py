@@ -69,3 +69,17 @@ def test_tica_judge_refuses_a_leg_folder_without_leg_json_instead_of_skipping_it
     rc = main(["judge", "forward", "-q", str(FIX / "questions" / "forward.yaml"), "-r", str(legs), "--json"])
     error = json.loads(capsys.readouterr().out)["error"]
     assert rc == 4 and error["file"] == str(failing) and "without leg.json" in error["message"]
+
+
+def test_the_cli_module_imports_nothing_heavy():
+    """`tica --help` and usage errors must stay fast (benchmarks/cli_startup.py): each verb imports
+    what it uses."""
+    import subprocess
+    import sys
+
+    probe = ("import sys, {m}; print(sorted(x for x in ('duckdb', 'pydantic', 'torch', 'scipy', 'numpy') "
+             "if x in sys.modules))")
+    run = lambda m: subprocess.run([sys.executable, "-c", probe.format(m=m)], capture_output=True,  # noqa: E731
+                                   text=True, check=True).stdout.strip()
+    assert run("tica.cli") == "[]"
+    assert "duckdb" in run("tica.ledger")  # negative control: the probe sees a heavy import

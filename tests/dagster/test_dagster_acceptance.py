@@ -118,3 +118,17 @@ def test_a_report_refuses_a_ledger_truncated_since_the_previous_report(project, 
     assert not result.success
     failure = next(e for e in result.all_events if e.is_step_failure).step_failure_data.error
     assert "gone" in str(failure.cause or failure.message), failure
+
+
+def test_the_throughput_cell_shows_per_round_loss_and_the_plan_curve(project, tmp_path):
+    defs = fresh_defs(project)
+    instance = kept_instance(tmp_path / "dagster_home")
+    tick(defs, instance)
+    assert materialize_track(defs, instance, TRACK).success
+    meta = instance.get_latest_materialization_event(
+        evidence_key(TRACK, EvidenceItem.THROUGHPUT)).asset_materialization.metadata
+    for name in ("plot: per-round loss", "plot: plan curve"):
+        assert meta[name].value.startswith(f"![{name[6:]}](data:image/png;base64,"), name
+    forward = instance.get_latest_materialization_event(
+        evidence_key(TRACK, EvidenceItem.FORWARD)).asset_materialization.metadata
+    assert "plot: per-round loss" not in forward  # negative control: only throughput has rounds

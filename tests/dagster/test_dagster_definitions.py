@@ -23,8 +23,9 @@ SNAPSHOT = {
     "update": "backends graph_cache hardware image precision recipe runner source weights",
     "quality": "backends eval_contract graph_cache hardware image precision recipe runner source weights",
     "throughput": "backends graph_cache hardware image precision recipe runner source weights workload",
+    # a backward leg runs the trainer alone: it starts no vLLM process for clean exit to judge
     "clean_exit": "backends graph_cache hardware image precision recipe runner source weights workload"
-                  " +backward +forward +quality +throughput +update",
+                  " +forward +quality +throughput +update",
     "artifacts": "backends eval_contract graph_cache hardware image precision recipe runner source weights workload"
                  " +backward +clean_exit +forward +quality +throughput +update",
 }

@@ -42,7 +42,9 @@ def test_cpu_runner_runs_each_leg_through_pipes_with_its_arm_switch(project, tmp
 def test_throughput_legs_follow_the_frozen_crossed_order(project):
     question = load_question(project.settings.questions_dir / "throughput.yaml")
     plan = [(s.round, s.slot, s.arm) for s in plan_legs(EvidenceItem.THROUGHPUT, question)]
-    assert plan == [(1, 1, "bi1"), (1, 2, "bi0"), (2, 1, "bi0"), (2, 2, "bi1")]
+    assert plan == [(r, s, arm) for r in range(1, 6)
+                    for s, arm in enumerate(("bi1", "bi0") if r % 2 else ("bi0", "bi1"), 1)]  # AB/BA/AB/BA/AB
+    assert plan[:4] == [(1, 1, "bi1"), (1, 2, "bi0"), (2, 1, "bi0"), (2, 2, "bi1")]
     assert plan_legs(EvidenceItem.ARTIFACTS, question) == []
 
 

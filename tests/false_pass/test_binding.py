@@ -384,3 +384,28 @@ def test_vllm_scoring_its_own_tokens_is_not_a_trainer_forward(make_candidate, qu
     legs = build_bound(E.FORWARD, questions[E.FORWARD], engine, tmp_path / "legs")
     cell = judge(E.FORWARD, questions[E.FORWARD], legs, engine)
     assert_no_pass(cell, pattern=r"vllm_engine")
+
+
+# ------------------------------------------------------------------ the serving recipe's shutdown timeout
+
+
+@pytest.fixture
+def graceful(make_candidate):
+    """A candidate whose recipe pins a 30 s engine shutdown grace (what clean exit depends on)."""
+    from tests.manifests import H200_SHAPED
+
+    return make_candidate("graceful", recipe={**H200_SHAPED["recipe"], "shutdown_timeout": 30})
+
+
+def test_a_leg_whose_engine_was_given_no_shutdown_grace_is_not_evidence(bound, graceful, questions):
+    legs = bound(E.CLEAN_EXIT, cand=graceful)
+    edit_meta(legs[0], lambda m: m["resolved_config"].update(shutdown_timeout=0))
+    cell = judge(E.CLEAN_EXIT, questions[E.CLEAN_EXIT], legs, graceful)
+    assert_unbound(cell, "recipe.shutdown_timeout", "differs")
+
+
+def test_a_leg_that_does_not_record_its_shutdown_grace_is_not_evidence(bound, graceful, questions):
+    legs = bound(E.THROUGHPUT, cand=graceful)
+    edit_meta(legs[0], lambda m: m["resolved_config"].pop("shutdown_timeout"))
+    cell = judge(E.THROUGHPUT, questions[E.THROUGHPUT], legs, graceful)
+    assert_unbound(cell, "recipe.shutdown_timeout", "unrecorded")

@@ -30,6 +30,7 @@ from tica.canaries import (
     swap_work_times,
     tput_exit,
     tput_leg,
+    with_rounds,
 )
 from tica.judges import judge
 from tica.seal import seal_leg
@@ -249,7 +250,7 @@ def test_throughput_with_a_bi1_client_exit_1_is_not_a_pass(bound, candidate, que
     legs = bound(E.THROUGHPUT)
     tput_exit("bi1", "client", exit_code=1)(questions[E.THROUGHPUT], legs)
     cell = judge(E.THROUGHPUT, questions[E.THROUGHPUT], legs, candidate)
-    assert_no_pass(cell, "client pid", "exit code 1", "c=1: 2 valid round(s) of the 3 frozen")
+    assert_no_pass(cell, "client pid", "exit code 1", "c=1: 4 valid round(s) of the 5 frozen")
 
 
 def test_throughput_with_a_bi1_api_server_force_killed_is_not_a_pass(bound, candidate, questions):
@@ -339,10 +340,34 @@ def test_one_concurrency_over_budget_fails_whatever_the_average(bound, candidate
 
 def test_throughput_without_a_frozen_formula_and_budget_is_not_declared_passed(candidate, questions, tmp_path):
     """The question itself is the mutation: the same legs, measured, are never declared passed."""
-    q = question_with(questions[E.THROUGHPUT], {"formula": None, "budget": None})
+    q = question_with(questions[E.THROUGHPUT], {"formula": None, "budget": None, "statistical_basis": None})
     legs = build_bound(E.THROUGHPUT, q, candidate, tmp_path / "legs")
     cell = judge(E.THROUGHPUT, q, legs, candidate)
     assert_no_pass(cell, "no frozen formula and budget")
+
+
+def test_a_budget_without_a_reviewed_statistical_basis_is_never_declared_passed(bound, candidate, questions):
+    """The practice: without a reviewed statistical basis, report only measured values and do not
+    declare the budget passed. The question is the mutation: the same bound legs (which pass under
+    the basis: the `bound` negative control) are judged under the question without it."""
+    legs = bound(E.THROUGHPUT)
+    bare = question_with(questions[E.THROUGHPUT], {"statistical_basis": None})
+    cell = judge(E.THROUGHPUT, bare, legs, candidate)
+    assert cell.verdict is Verdict.INCONCLUSIVE
+    assert_no_pass(cell, "c=64: loss", "under the budget 0.15", "no reviewed statistical basis",
+                   "reported, not passed")
+    assert all(e["over_budget"] is False for e in cell.numbers["per_concurrency"].values())  # all under
+    assert judge(E.THROUGHPUT, questions[E.THROUGHPUT], legs, candidate).verdict is Verdict.PASS  # control
+
+
+def test_a_budget_overrun_without_a_statistical_basis_still_fails(bound, candidate, questions):
+    """No basis takes the pass away, never the fail: a target c over budget by the frozen rule fails."""
+    legs = bound(E.THROUGHPUT)
+    bare = question_with(questions[E.THROUGHPUT], {"statistical_basis": None})
+    _over_one_target(bare, legs)
+    cell = judge(E.THROUGHPUT, bare, legs, candidate)
+    assert cell.verdict is Verdict.FAIL
+    assert_no_pass(cell, "c=64", "aggregate overrun")
 
 
 def test_a_throughput_its_own_tokens_and_duration_contradict_is_no_pass(bound, candidate, questions):
@@ -356,8 +381,7 @@ def test_a_throughput_its_own_tokens_and_duration_contradict_is_no_pass(bound, c
 
 
 def test_an_infinite_total_token_throughput_is_not_a_measurement(bound, candidate, questions):
-    q = question_with(questions[E.THROUGHPUT], {"throughput_metric": "total_token_throughput"},
-                      repeats=1, pairing_order=["AB"])
+    q = question_with(questions[E.THROUGHPUT], {"throughput_metric": "total_token_throughput"})
     legs = bound(E.THROUGHPUT, question=q)
     leg = tput_leg(legs, "bi1", 64, 1)
     edit_json(leg / "bench.json", lambda b: b.update(total_token_throughput=float("inf")), leg)
@@ -366,8 +390,8 @@ def test_an_infinite_total_token_throughput_is_not_a_measurement(bound, candidat
 
 
 def test_rounds_beyond_the_frozen_repeats_do_not_dilute_an_overrun(bound, candidate, questions):
-    q3 = questions[E.THROUGHPUT]
-    q7 = question_with(q3, repeats=7, pairing_order=["AB", "BA"] * 3 + ["AB"])
+    q5 = questions[E.THROUGHPUT]  # 5 frozen rounds (and a sign-test basis over 5)
+    q7 = with_rounds(q5, 7)
     legs = bound(E.THROUGHPUT, question=q7)
     base = json.loads((tput_leg(legs, "bi0", 64, 1) / "bench.json").read_text())["output_throughput"]
     for r in range(1, 8):  # within each arm max/min stays under the 1.15 tier ratio
@@ -376,9 +400,10 @@ def test_rounds_beyond_the_frozen_repeats_do_not_dilute_an_overrun(bound, candid
             leg = tput_leg(legs, arm, 64, r)
             now = json.loads((leg / "bench.json").read_text())["output_throughput"]
             scale_throughput(leg, t / now)
-    frozen = [p for p in legs if json.loads((p / "leg.json").read_text())["round"] <= 3]
-    assert judge(E.THROUGHPUT, q3, frozen, candidate).verdict is Verdict.FAIL  # the frozen rounds: over budget
-    cell = judge(E.THROUGHPUT, q3, legs, candidate)
+    # the 5 frozen rounds: 3 over the budget, median over it; all 7: median under it
+    frozen = [p for p in legs if json.loads((p / "leg.json").read_text())["round"] <= 5]
+    assert judge(E.THROUGHPUT, q5, frozen, candidate).verdict is Verdict.FAIL  # the frozen rounds: over budget
+    cell = judge(E.THROUGHPUT, q5, legs, candidate)
     assert_no_pass(cell, pattern=r"round [4-7]|frozen|repeats")
 
 

@@ -22,6 +22,22 @@ def question(item: str, **criteria_over) -> Question:
     return parse_question(data)
 
 
+# The committed throughput set (fixtures/receipts/throughput) has 3 crossed rounds, and its
+# committed question no statistical basis: a report-only question, which the judge never passes
+# (its hash is pinned in tests/stats/test_question_basis.py). Tests that need the set to pass
+# freeze this basis with it. A sign test over 3 rounds can pass only at alpha >= 0.5^3 = 0.125, so
+# alpha is 0.2 here (under 0.5, as every basis must be); the sets tica.canaries builds have 5
+# rounds and alpha 0.05.
+FIXTURE_BASIS = {"test": "sign_test_median", "alpha": 0.2, "rounds": 3,
+                 "pilot_digests": ["sha256:" + "f1" * 32],
+                 "notes": ["tests: the committed synthetic rounds, not planned from a pilot"]}
+
+
+def throughput_question(**criteria_over) -> Question:
+    """The committed throughput question with FIXTURE_BASIS frozen (criteria overridable)."""
+    return question("throughput", statistical_basis=FIXTURE_BASIS, **criteria_over)
+
+
 def with_question(q: Question, **over) -> Question:
     data = q.model_dump(mode="json")
     data.update(over)

@@ -7,7 +7,7 @@ import pytest
 
 from tica.canaries import process_exit, edit_meta
 from tica.judges import judge_criteria
-from tica.judges.clean_exit import exit_problem
+from tica.judges.clean_exit import ZERO_TIMEOUT_HINT, exit_problem
 from tica.receipts import ProcessExit
 from tica.verdict import Verdict
 
@@ -76,3 +76,47 @@ def test_exit_problem_reads_the_evidence_not_only_the_code():
     ok = ProcessExit(role="engine_core", pid=1, exit_code=0, end_state="exited")
     forced = ok.model_copy(update={"evidence": "INFO shutdown: force killing remaining process EngineCore"})
     assert exit_problem(ok) is None and "force killed" in exit_problem(forced)
+
+
+FORCED = {"end_state": "force_killed", "exit_code": -9, "signal": 9,
+          "evidence": "[shutdown] Process manager: force killing remaining process EngineCore pid 9012"}
+
+
+def _force_kill_engine_core_under(legs, shutdown_timeout):
+    """legs[0]'s EngineCore force-killed by vLLM, with the leg's recorded shutdown timeout (None: unrecorded)."""
+    def record(m):
+        if shutdown_timeout is not None:
+            m["resolved_config"]["shutdown_timeout"] = shutdown_timeout
+    edit_meta(legs[0], record)
+    process_exit("engine_core", **FORCED)(Q, legs)
+
+
+def test_a_force_kill_under_shutdown_timeout_0_fails_and_names_the_timeout(receipts):
+    legs = receipts("clean_exit")
+    _force_kill_engine_core_under(legs, 0)
+    cell = judge_criteria("exit", Q, legs)
+    assert cell.verdict is Verdict.FAIL
+    assert any(ZERO_TIMEOUT_HINT in r for r in cell.reasons), cell.reasons
+
+
+@pytest.mark.parametrize("shutdown_timeout", [30, None])
+def test_a_force_kill_under_a_positive_or_unrecorded_timeout_fails_without_the_zero_timeout_hint(receipts, shutdown_timeout):
+    """The negative control: the hint is read from the recorded timeout, never assumed; the force
+    kill fails the cell either way."""
+    legs = receipts("clean_exit")
+    _force_kill_engine_core_under(legs, shutdown_timeout)
+    cell = judge_criteria("exit", Q, legs)
+    assert cell.verdict is Verdict.FAIL
+    assert not any(ZERO_TIMEOUT_HINT in r for r in cell.reasons), cell.reasons
+
+
+def test_vllms_logged_shutdown_timeout_is_the_one_read():
+    """What vLLM logged applying (kernels.rollout) before what the producer passed (resolved_config)."""
+    from tica.judges.clean_exit import recorded_shutdown_timeout
+    from tica.receipts import LegMeta
+
+    base = {"schema": "tica.leg/1", "item": "clean_exit", "arm": "bi0", "producer": "t", "producer_version": "1"}
+    assert recorded_shutdown_timeout(LegMeta.model_validate(base)) is None
+    assert recorded_shutdown_timeout(LegMeta.model_validate({**base, "resolved_config": {"shutdown_timeout": 30}})) == 30
+    both = {**base, "resolved_config": {"shutdown_timeout": 30}, "kernels": {"rollout": {"shutdown_timeout": 0}}}
+    assert recorded_shutdown_timeout(LegMeta.model_validate(both)) == 0

@@ -21,9 +21,11 @@ def test_json_output_is_a_verdict_cell():
     rc, text = _run(["throughput", "--question", str(FIXTURES / "questions" / "throughput.yaml"),
                      "--receipts", str(FIXTURES / "throughput"), "--json"])
     cell = VerdictCell.model_validate_json(text)
-    # no --manifest: bound to no candidate, so never a pass (tests/core/test_cli.py binds one)
+    # no --manifest: bound to no candidate, so never a pass (tests/core/test_cli.py binds one); the
+    # committed question freezes no statistical basis either, which the cell says too
     assert rc == 2 and cell.verdict.value == "inconclusive" and cell.numbers["formula_label"]
-    assert "bound to no candidate" in cell.reasons[0]
+    assert any("bound to no candidate" in r for r in cell.reasons), cell.reasons
+    assert any("no reviewed statistical basis" in r for r in cell.reasons), cell.reasons
 
 
 def test_human_output_prints_the_tables():

@@ -8,9 +8,9 @@ from tica.judges import judge_criteria
 from tica.judges.recovery import RECOVERY_VERSION, recover
 from tica.verdict import Verdict
 
-from .conftest import question
+from .conftest import throughput_question
 
-Q = question("throughput")
+Q = throughput_question()  # with a basis: the untouched set passes
 
 
 def _as_old_parser_saw_it(cell, verdict):
@@ -45,7 +45,7 @@ def test_recovery_refuses_other_receipts(receipts):
 def test_recovery_refuses_a_changed_question(receipts):
     legs = receipts("throughput")
     old = _as_old_parser_saw_it(judge_criteria("throughput", Q, legs), Verdict.FAIL)
-    rec = recover(old, question("throughput", tier_ratio=1.5), legs)
+    rec = recover(old, throughput_question(tier_ratio=1.5), legs)
     assert rec.refused and "new question" in rec.refused and rec.control_plane_verdict is Verdict.FAIL
 
 

@@ -17,9 +17,10 @@ from tica.judges.throughput import expected_order, formal_statistic
 from tica.question import FORMULA_LABELS, ThroughputFormula
 from tica.verdict import Verdict
 
-from .conftest import FIXTURES, question, with_question
+from .conftest import FIXTURES, question, throughput_question, with_question
 
-Q = question("throughput")
+Q = throughput_question()  # the committed question with a sign-test basis (conftest.FIXTURE_BASIS)
+BARE = question("throughput")  # the committed question as it is: no statistical basis, report-only
 MEDIAN_LOSS = ThroughputFormula.MEDIAN_PER_ROUND_PAIRED_LOSS
 RATIO = ThroughputFormula.RATIO_OF_MEDIAN_THROUGHPUTS
 
@@ -202,11 +203,40 @@ def test_one_target_c_over_budget_fails_even_when_the_average_is_under(receipts)
     assert cell.numbers["aggregate_overruns"][0]["c"] == 64
 
 
+def test_a_budget_without_a_statistical_basis_is_reported_not_passed(receipts):
+    """The practice: without a reviewed statistical basis, report only measured values and do not
+    declare the budget passed. Every target c is under its budget here, and none is passed."""
+    legs = receipts("throughput")
+    cell = judge_criteria("throughput", BARE, legs)
+    assert cell.verdict is Verdict.INCONCLUSIVE
+    missing = [r for r in cell.reasons if "no reviewed statistical basis" in r]
+    assert len(missing) == 4 and all("reported, not passed (tica plan throughput writes one)" in r for r in missing)
+    assert any(r.startswith("inconclusive: c=32: loss 0.06 (median per-round paired loss) under the budget 0.15")
+               for r in missing), missing
+    assert [e["over_budget"] for e in cell.numbers["per_concurrency"].values()] == [False] * 4  # still reported
+    assert "no statistical basis" in cell.summary
+    # negative control: the same receipts under the same question with a basis pass
+    assert judge_criteria("throughput", Q, legs).verdict is Verdict.PASS
+
+
+def test_an_overrun_without_a_statistical_basis_still_fails(receipts):
+    legs = receipts("throughput")
+    for r in (1, 2, 3):
+        _scale(legs, "bi1", 64, r, 0.7 / 0.94)  # loss 0.06 -> 0.30 at c=64 (budget 0.15)
+    cell = judge_criteria("throughput", BARE, legs)
+    assert cell.verdict is Verdict.FAIL and "c=64" in cell.reasons[0] and "aggregate overrun" in cell.reasons[0]
+
+
 def test_single_round_overrun_is_reported_apart_from_the_aggregate(receipts):
     legs = receipts("throughput")
     _scale(legs, "bi1", 32, 1, 0.84 / 0.94)  # round 1 at c=32: loss 0.16 > 0.15; the median stays under
     cell = judge_criteria("throughput", Q, legs)
-    assert cell.verdict is Verdict.PASS
+    # Not a fail (the median is under the budget), not a pass: with one of 3 rounds over, the sign
+    # test's upper bound is not under the budget, so the overrun is inside the noise.
+    assert cell.verdict is Verdict.INCONCLUSIVE
+    assert cell.numbers["per_concurrency"]["32"]["decision"]["decision"] == "inconclusive"
+    assert [r for r in cell.reasons if r.startswith("inconclusive:")] == [
+        r for r in cell.reasons if r.startswith("inconclusive: c=32: inside the noise")]
     assert [(o["c"], o["round"]) for o in cell.numbers["single_round_overruns"]] == [(32, 1)]
     assert cell.numbers["aggregate_overruns"] == []
     assert any("single-round overrun" in r for r in cell.reasons)
@@ -260,7 +290,7 @@ def test_an_unquantified_confounder_is_not_attributed_to_the_switch(receipts):
     cell = judge_criteria("throughput", Q, legs)
     assert cell.verdict is Verdict.INCONCLUSIVE
     assert cell.numbers["unquantified_confounders"] == ["resolved_config.gpu_memory_utilization"]
-    q = question("throughput", quantified_confounders={"resolved_config.gpu_memory_utilization": "sweep 2026-11-28"})
+    q = throughput_question(quantified_confounders={"resolved_config.gpu_memory_utilization": "sweep 2026-11-28"})
     assert judge_criteria("throughput", q, legs).verdict is Verdict.PASS
 
 

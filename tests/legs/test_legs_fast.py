@@ -184,7 +184,7 @@ def test_an_engine_that_fails_to_start_is_not_run_under_bi1_and_an_error_under_b
 
     monkeypatch.setattr(engine, "start_llm", boom)
     leg = common.Leg(tmp_path / "leg", item="forward", arm=arm, producer="test", trainer="transformers")
-    args = SimpleNamespace(arm=arm, max_model_len=64, gpu_memory_utilization=0.1, seed=0)
+    args = SimpleNamespace(arm=arm, max_model_len=64, gpu_memory_utilization=0.1, seed=0, shutdown_timeout=30)
     if arm == "bi0":
         with pytest.raises(RuntimeError, match="no kernel"):
             start_engine_or_not_run(leg, args, "m")

@@ -58,8 +58,12 @@ def test_throughput_is_not_run_without_bi1_and_bi0_covers_every_concurrency_cros
             assert bench["completed"] == 6 and bench["failed"] == 0 and bench["total_output_tokens"] == 6 * 16
 
 
-def test_clean_exit_fails_on_vllms_force_killed_engine_core(demo_legs):
-    legs = [d for v in demo_legs["legs"].values() for d in v]
-    cell = judge_criteria("clean_exit", q("clean_exit", required_roles=["client", "api_server", "engine_core"]), legs)
-    assert cell.verdict is Verdict.FAIL
-    assert any("force" in r.lower() for r in cell.reasons), cell.reasons
+def test_clean_exit_passes_over_every_demo_leg_that_ran_processes(demo_legs):
+    """Under the recipe's positive shutdown timeout every client, API server, EngineCore and worker
+    of every leg exits on its own. Backward legs are left out: their trainer runs inside the
+    producer, so they record no process (and such a leg keeps a cell inconclusive). The timeout-0
+    canary is tests/legs/test_clean_exit_cpu.py."""
+    legs = [d for item, v in demo_legs["legs"].items() if item != "backward" for d in v]
+    cell = judge_criteria("clean_exit", q("clean_exit", required_roles=["client", "api_server", "engine_core", "worker"]),
+                          legs)
+    assert cell.verdict is Verdict.PASS, cell.reasons

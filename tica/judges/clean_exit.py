@@ -1,5 +1,10 @@
 """Clean exit: client and server verified separately; every worker, EngineCore and API server
 must end normally. vLLM's "force killing remaining process EngineCore" is not a clean exit.
+
+vLLM force-kills its EngineCore at once when its shutdown timeout (`--shutdown-timeout`,
+default 0) is 0 (`get_engine_process_shutdown_timeout` in vllm/v1/engine/utils.py, `shutdown` in
+vllm/v1/utils.py): a force kill under a recorded timeout of 0 says so in its reason. It is a
+failure all the same.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ SIDES = {"client": "client", "api_server": "server", "engine_core": "server", "w
          "trainer_engine_core": "trainer", "trainer_worker": "trainer"}
 # vLLM's shutdown path logs this when a child had to be killed; the exit code alone can hide it.
 _FORCED = re.compile(r"force[ _-]?kill", re.IGNORECASE)
+ZERO_TIMEOUT_HINT = ("shutdown timeout 0: vLLM force-kills the EngineCore at once; "
+                     "set a positive --shutdown-timeout in the recipe")
 
 
 def exit_problem(p: ProcessExit) -> str | None:
@@ -34,13 +41,41 @@ def exit_problem(p: ProcessExit) -> str | None:
     return None
 
 
+def force_killed(p: ProcessExit) -> bool:
+    return p.end_state == "force_killed" or bool(p.evidence and _FORCED.search(p.evidence))
+
+
+def recorded_shutdown_timeout(meta: LegMeta) -> int | None:
+    """The leg's engine shutdown timeout, seconds: as vLLM logged applying it (kernels.rollout),
+    else as the producer passed it (resolved_config). None: not recorded (unknown)."""
+    rollout = meta.kernels.get("rollout")
+    logged = rollout.get("shutdown_timeout") if isinstance(rollout, dict) else None
+    for value in (logged, meta.resolved_config.get("shutdown_timeout")):
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+def shutdown_note(meta: LegMeta, p: ProcessExit) -> str:
+    """Why vLLM force-killed an EngineCore, where the leg's recorded timeout says it: '' otherwise."""
+    if p.role != "engine_core" or not force_killed(p):  # the recorded timeout is the rollout engine's
+        return ""
+    timeout = recorded_shutdown_timeout(meta)
+    if timeout == 0:
+        return f" ({ZERO_TIMEOUT_HINT})"
+    if timeout is not None:
+        return f" (despite a shutdown timeout of {timeout} s)"
+    return ""
+
+
 def exit_problems(meta: LegMeta, sides: Sequence[tuple[str, str]] = (("client", "client"), ("server", "api_server"))
                   ) -> list[str]:
     """Why a leg's exits are not clean: a side with no exit receipt (`sides`: side -> the role
     that must be recorded), or any process that did not end normally. Empty: clean."""
     problems = [f"{side} exit not recorded (no {role} process in processes)"
                 for side, role in sides if not any(p.role == role for p in meta.processes)]
-    problems += [f"{SIDES[p.role]}: {p.role} pid {p.pid} {why}" for p in meta.processes if (why := exit_problem(p))]
+    problems += [f"{SIDES[p.role]}: {p.role} pid {p.pid} {why}{shutdown_note(meta, p)}"
+                 for p in meta.processes if (why := exit_problem(p))]
     return problems
 
 
@@ -69,7 +104,7 @@ def judge_clean_exit(question: Question, leg_paths: Sequence[str | Path]) -> Ver
             seen_roles.add(p.role)
             problem = exit_problem(p)
             if problem:
-                sides[side].fail(f"{name}: {p.role} pid {p.pid} {problem}")
+                sides[side].fail(f"{name}: {p.role} pid {p.pid} {problem}{shutdown_note(leg.meta, p)}")
             rows.append([name, side, p.role, p.pid, p.end_state, p.exit_code, p.signal, p.evidence,
                          "clean" if problem is None else "NOT clean"])
     for side, f in sides.items():

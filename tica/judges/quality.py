@@ -5,6 +5,11 @@ If any contract item differs it is not the same score (`inconclusive`, naming th
 point difference and the threshold are reported; under greedy decoding a score moves in steps
 of 1/N, so a finer threshold is flagged. A difference inside the question's noise floor (in
 points) is reported as not distinguishable from noise.
+
+With a reviewed statistical basis (tica.stats.quality) a pass must also mean the difference is
+inside the threshold with confidence 1 - alpha (exact McNemar bounds on the discordant pairs);
+short of that the cell is inconclusive and says about how many problems would decide. Without
+one the frozen rule alone decides, as it always did.
 """
 
 from __future__ import annotations
@@ -15,6 +20,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+# `import tica.stats.quality`, not `from tica.stats import quality`: JUDGE_VERSION hashes the
+# modules named by import statements, and the decision lives in that module.
+import tica.stats.quality as threshold_test
 from tica.evidence import EvidenceItem
 from tica.judges._common import Findings, cell, md_table, wrong_question
 from tica.judges.confounders import confounder_markdown, confounder_table, require_recorded, unquantified
@@ -138,6 +146,25 @@ def judge_quality(question: Question, leg_paths: Sequence[str | Path]) -> Verdic
         )
     if diff > criteria.threshold_points + 1e-9:
         findings.fail(f"|{score1:.4g} - {score0:.4g}| = {diff:.4g} points exceeds the threshold {criteria.threshold_points:g}")
+    basis = criteria.statistical_basis
+    decision = None
+    if basis is not None:
+        if total == n and n > 0:
+            decision = threshold_test.decide(counts["only_bi1"], counts["only_bi0"], n, criteria.threshold_points,
+                                             basis, (c1.repeats, c0.repeats))
+            {threshold_test.PASS: findings.note, threshold_test.FAIL: findings.note,
+             threshold_test.INCONCLUSIVE: findings.inconclusive}[decision.verdict](decision.reason)
+            tables["statistical basis"] = md_table(
+                ["N", "only BI=1", "only BI=0", "difference (points)", f"lower bound ({1 - basis.alpha:g})",
+                 f"upper bound ({1 - basis.alpha:g})", "threshold", "exact McNemar p", "decision",
+                 "more problems to decide"],
+                [[n, counts["only_bi1"], counts["only_bi0"], decision.diff_points, decision.lower_points,
+                  decision.upper_points, criteria.threshold_points, decision.mcnemar_p, decision.verdict,
+                  decision.more_problems]])
+        else:
+            findings.inconclusive("the statistical basis cannot decide a broken pairing: no pass")
+        numbers["statistical_basis"] = basis.model_dump(mode="json")
+        numbers["decision"] = decision.numbers() if decision is not None else None
     floor = question.noise_floor
     inside_noise = floor > 0 and diff <= floor
     if inside_noise:
@@ -169,5 +196,6 @@ def judge_quality(question: Question, leg_paths: Sequence[str | Path]) -> Verdic
             findings.inconclusive(f"unquantified confounders between the arms: {keys}")
     summary = (f"BI=1 {score1:.4g}% vs BI=0 {score0:.4g}% on N={n}, |diff| {diff:.4g} points "
                f"(threshold {criteria.threshold_points:g}"
-               + (f"; inside the noise floor {floor:g}" if inside_noise else "") + ")")
+               + (f"; inside the noise floor {floor:g}" if inside_noise else "") + ")"
+               + (f"; basis {basis.test} at alpha {basis.alpha:g}" if basis is not None else ""))
     return cell(item, question, findings, summary, numbers, tables, hashes)

@@ -9,6 +9,14 @@ formula, labelled. A target c over budget fails whatever the average says; singl
 aggregate overruns are reported apart; a loss inside the noise floor is reported as such;
 invalid rounds are kept with their reasons; fast/slow tiers in an arm make the attribution
 `inconclusive`; a profiled leg never counts.
+
+With a reviewed statistical basis (tica.stats.throughput) a target c passes only when the
+frozen test's one-sided upper bound is under its budget; short of that it is inconclusive and
+says about how many more crossed rounds would decide. Without one a target c is never declared
+passed (the practice: "without a reviewed statistical basis, report only measured values and do
+not declare the budget passed"): a frozen statistic at or under its budget is reported and the
+cell is `inconclusive`; a frozen statistic over its budget is still `fail` by the predefined rule.
+Reading, checking and pairing legs (`check_workload`, `pair_rounds`) are shared with `tica plan`.
 """
 
 from __future__ import annotations
@@ -23,6 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+# `import tica.stats.throughput`, not `from tica.stats import throughput`: JUDGE_VERSION hashes
+# the modules named by import statements, and the decision lives in that module.
+import tica.stats.throughput as budget_test
 from tica import strict_io
 from tica.evidence import EvidenceItem
 from tica.judges._common import Findings, cell, md_table, wrong_question
@@ -56,6 +67,7 @@ class LegCheck:
     leg: BenchLeg
     throughput: float
     problems: list[str] = field(default_factory=list)
+    exits: list[str] = field(default_factory=list)  # the exit problems among `problems`
 
 
 def _metric(leg: BenchLeg, criteria: ThroughputCriteria) -> float:
@@ -93,7 +105,8 @@ def check_workload(leg: BenchLeg, criteria: ThroughputCriteria) -> LegCheck:
     p = chk.problems
     if leg.meta is not None:
         # Client and server exits, each verified on its own, before anything is computed.
-        p += [f"exit: {why}" for why in exit_problems(leg.meta)]
+        chk.exits += [f"exit: {why}" for why in exit_problems(leg.meta)]
+        p += chk.exits
     if leg.meta is not None and leg.meta.item != "throughput":
         p.append(f"a {leg.meta.item} leg, not a throughput leg")
     if leg.meta is not None and leg.meta.not_run_reason:
@@ -178,7 +191,10 @@ class Round:
         return "/".join(str(by_slot.get(s, "?")) for s in (1, 2))
 
 
-def check_round(rnd: Round, criteria: ThroughputCriteria) -> None:
+def check_round(rnd: Round, criteria: ThroughputCriteria, ignore_exits: bool = False) -> None:
+    """Record why a round is invalid (nothing when it is valid) and, if valid, its throughputs.
+    `ignore_exits` is for a plan's pilot alone (the judge never sets it): a round whose legs'
+    only problems are their exit receipts still measures the noise of the workload."""
     p = rnd.problems
     arms = sorted(str(lc.leg.arm) for lc in rnd.legs)
     if arms != ["bi0", "bi1"]:
@@ -186,6 +202,8 @@ def check_round(rnd: Round, criteria: ThroughputCriteria) -> None:
         return
     for lc in rnd.legs:
         for prob in lc.problems:
+            if ignore_exits and prob in lc.exits:
+                continue
             p.append(f"{lc.leg.arm} leg {lc.leg.path.name}: {prob}")
     slots = {lc.leg.slot: lc for lc in rnd.legs}
     if set(slots) != {1, 2}:
@@ -227,6 +245,37 @@ def _leg_arm(path: Path) -> str | None:
     return arm if isinstance(arm, str) else None
 
 
+def not_run_legs(leg_paths: Sequence[str | Path]) -> dict[Path, dict]:
+    """leg.json of every leg directory among leg_paths that records it did not run."""
+    return {Path(p): meta for p in leg_paths if (meta := _not_run_meta(Path(p))) is not None}
+
+
+def pair_rounds(question: Question, checks: Sequence[LegCheck],
+                ignore_exits: bool = False) -> tuple[list[Round], list[tuple[LegCheck, str]]]:
+    """Checked legs grouped into checked rounds per concurrency (sorted by c, round), and the
+    legs set aside with why (outside the frozen concurrencies, or no round)."""
+    criteria: ThroughputCriteria = question.criteria  # type: ignore[assignment]
+    grouped: dict[tuple[int, int], list[LegCheck]] = defaultdict(list)
+    aside: list[tuple[LegCheck, str]] = []
+    for chk in checks:
+        c, r = chk.leg.concurrency, chk.leg.round
+        if c is None or c not in criteria.concurrencies or r is None:
+            why = "max_concurrency not in the question's concurrencies" if r is not None else "no round"
+            aside.append((chk, f"{why}: c={c}"))
+            continue
+        grouped[(c, r)].append(chk)
+    rounds = [Round(c=c, number=r, legs=lcs, expected=expected_order(question.pairing_order, r))
+              for (c, r), lcs in sorted(grouped.items())]
+    for rnd in rounds:
+        check_round(rnd, criteria, ignore_exits)
+    return rounds, aside
+
+
+def tier_ratio(ts: Sequence[float]) -> float | None:
+    """max/min throughput within one arm (None under two values)."""
+    return max(ts) / min(ts) if len(ts) >= 2 and min(ts) > 0 else None
+
+
 def judge_throughput(question: Question, leg_paths: Sequence[str | Path]) -> VerdictCell:
     item = EvidenceItem.THROUGHPUT
     findings = Findings()
@@ -234,7 +283,7 @@ def judge_throughput(question: Question, leg_paths: Sequence[str | Path]) -> Ver
         findings.inconclusive(bad)
         return cell(item, question, findings, bad)
     criteria: ThroughputCriteria = question.criteria  # type: ignore[assignment]
-    not_run = {Path(p): meta for p in leg_paths if (meta := _not_run_meta(Path(p))) is not None}
+    not_run = not_run_legs(leg_paths)
     for p, meta in not_run.items():
         findings.not_run(f"{meta['arm']} {p.parent.name}/{p.name}: did not run: {meta['not_run_reason']}")
     ran = [Path(p) for p in leg_paths if Path(p) not in not_run]
@@ -258,20 +307,10 @@ def judge_throughput(question: Question, leg_paths: Sequence[str | Path]) -> Ver
                                "formula_label": question.formula_label}
 
     # Group legs into rounds per concurrency; a leg outside the frozen concurrencies is set aside.
-    grouped: dict[tuple[int, int], list[LegCheck]] = defaultdict(list)
-    unplaced: list[LegCheck] = []
-    for chk in checks:
-        c, r = chk.leg.concurrency, chk.leg.round
-        if c is None or c not in criteria.concurrencies or r is None:
-            unplaced.append(chk)
-            why = "max_concurrency not in the question's concurrencies" if r is not None else "no round"
-            findings.note(f"{chk.leg.path.name}: set aside ({why}: c={c})")
-            continue
-        grouped[(c, r)].append(chk)
-    rounds = [Round(c=c, number=r, legs=lcs, expected=expected_order(question.pairing_order, r))
-              for (c, r), lcs in sorted(grouped.items())]
+    rounds, aside = pair_rounds(question, checks)
+    for chk, why in aside:
+        findings.note(f"{chk.leg.path.name}: set aside ({why})")
     for rnd in rounds:
-        check_round(rnd, criteria)
         if not rnd.valid:
             findings.note(f"c={rnd.c} round {rnd.number} invalid, kept: " + "; ".join(rnd.problems))
 
@@ -299,6 +338,12 @@ def judge_throughput(question: Question, leg_paths: Sequence[str | Path]) -> Ver
     budget = criteria.budget or {}
     per_c: dict[int, dict[str, Any]] = {}
     single_overruns, aggregate_overruns, tiers = [], [], []
+    basis = criteria.statistical_basis
+    decisions: dict[int, budget_test.ThroughputDecision] = {}
+    if basis is not None and basis.test not in budget_test.KNOWN_TESTS:
+        findings.inconclusive(f"the statistical basis names test {basis.test!r}, which this TICA does not know "
+                              f"({', '.join(sorted(budget_test.KNOWN_TESTS))}): no budget is declared passed")
+        basis = None  # never decided by a rule this code does not have
     for c in criteria.concurrencies:
         # The frozen number of rounds, the first valid ones in round order: a later round only
         # stands in for an invalid one (its retest). Extra valid rounds are kept and shown, never
@@ -320,9 +365,10 @@ def judge_throughput(question: Question, leg_paths: Sequence[str | Path]) -> Ver
             msg = f"c={c}: {len(valid)} valid round(s) of the {question.repeats} frozen"
             (findings.inconclusive if target else findings.note)(msg)
         for arm, ts in (("bi1", t1), ("bi0", t0)):
-            if len(ts) >= 2 and min(ts) > 0 and max(ts) / min(ts) > criteria.tier_ratio:
-                entry["tiers"][arm] = max(ts) / min(ts)
-                tiers.append((c, arm, max(ts) / min(ts)))
+            x = tier_ratio(ts)
+            if x is not None and x > criteria.tier_ratio:
+                entry["tiers"][arm] = x
+                tiers.append((c, arm, x))
         if not valid or criteria.formula is None:
             continue
         stat = formal_statistic(criteria.formula, t1, t0)  # type: ignore[arg-type]
@@ -338,6 +384,9 @@ def judge_throughput(question: Question, leg_paths: Sequence[str | Path]) -> Ver
                 entry["over_budget"] = stat > budget[c]
                 if stat > budget[c]:
                     aggregate_overruns.append((c, stat))
+            if basis is not None:
+                decisions[c] = budget_test.decide(entry["losses"], budget[c], basis)
+                entry["decision"] = decisions[c].numbers()
     numbers["per_concurrency"] = {str(c): e for c, e in per_c.items()}
     numbers["noise_floor"] = question.noise_floor
     stats = [e["statistic"] for e in per_c.values() if e["statistic"] is not None]
@@ -360,6 +409,30 @@ def judge_throughput(question: Question, leg_paths: Sequence[str | Path]) -> Ver
         findings.note(f"c={c} round {r}: loss {l:.4g} over the budget {budget[c]:g} (single-round overrun)")
     if criteria.formula is None or not budget:
         findings.inconclusive("no frozen formula and budget: measured values only, the budget is not declared passed")
+    elif criteria.statistical_basis is None:
+        # A point statistic under the budget is a measured value, not a decision: without a reviewed
+        # basis its false-pass rate is unknown, so it is reported and never declared passed.
+        for c in budget:
+            e = per_c.get(c, {})
+            if e.get("over_budget") is False:
+                where = "under" if e["statistic"] < budget[c] else "at"
+                findings.inconclusive(
+                    f"c={c}: loss {e['statistic']:.4g} ({label.split(':')[0]}) {where} the budget {budget[c]:g}, "
+                    "but the question has no reviewed statistical basis: reported, not passed "
+                    "(tica plan throughput writes one)")
+    if criteria.statistical_basis is not None:
+        numbers["statistical_basis"] = criteria.statistical_basis.model_dump(mode="json")
+    for c, d in decisions.items():
+        # A fail is already the aggregate overrun above; the decision adds what its bounds say.
+        {budget_test.PASS: findings.note, budget_test.FAIL: findings.note,
+         budget_test.INCONCLUSIVE: findings.inconclusive}[d.verdict](f"c={c}: {d.reason}")
+    if decisions:
+        tables["statistical basis (per target c)"] = md_table(
+            ["c", "valid rounds", "median loss", f"lower bound ({1 - basis.alpha:g})",
+             f"upper bound ({1 - basis.alpha:g})", "budget", "p (median >= budget)", "SD", "decision",
+             "more rounds to decide"],
+            [[c, d.rounds, d.statistic, d.lower, d.upper, budget[c], d.p_value, d.sd, d.verdict, d.more_rounds]
+             for c, d in decisions.items()])
     for c, arm, x in tiers:
         findings.inconclusive(f"c={c}: {arm} throughput shows fast/slow tiers (max/min {x:.3g} > "
                               f"{criteria.tier_ratio:g}): the loss's causal attribution is inconclusive")
@@ -393,4 +466,9 @@ def judge_throughput(question: Question, leg_paths: Sequence[str | Path]) -> Ver
     summary = (f"{sum(r.valid for r in rounds)}/{len(rounds)} valid rounds; {label}; "
                + (", ".join(f"c={c} {per_c[c]['statistic']:.3g}{' OVER' if per_c[c]['over_budget'] else ''}"
                             for c in judged) or "no target c judged"))
+    if criteria.statistical_basis is not None:
+        b = criteria.statistical_basis
+        summary += f"; basis {b.test} at alpha {b.alpha:g} over {b.rounds} rounds"
+    elif budget and criteria.formula is not None:
+        summary += "; no statistical basis: measured values only, no budget declared passed"
     return cell(item, question, findings, summary, numbers, tables, hashes)

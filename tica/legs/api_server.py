@@ -1,20 +1,28 @@
 """`python -m tica.legs.api_server ARGS...` runs vLLM's OpenAI API server
-(`vllm.entrypoints.openai.api_server`, unchanged) and observes one thing more: after vLLM's own
-process-manager shutdown it prints each engine process's exit code,
+(`vllm.entrypoints.launchers.api_server.entry.main`, what `python -m
+vllm.entrypoints.openai.api_server` runs, unchanged) and observes one thing more: each engine
+process's exit code, printed after vLLM's own shutdown has ended it,
 
-    TICA_PROC_EXIT name=EngineCore pid=123 exitcode=0
+    TICA_PROC_EXIT role=engine_core name=EngineCore pid=123 exitcode=0 grace_s=30
+    TICA_PROC_EXIT role=worker name=VllmWorker-0 pid=124 exitcode=0
 
-because the EngineCore is the API server's child, and its exit code is otherwise invisible to
-the producer. vLLM's behaviour (SIGTERM, grace period, force kill) is not changed.
+because the EngineCore is the API server's child and its workers are the EngineCore's: neither
+exit code is otherwise visible to the producer. `grace_s` is the time vLLM's process manager gave
+the EngineCore after SIGTERM before force-killing it (`--shutdown-timeout` as
+`get_engine_process_shutdown_timeout` passed it on; None: vLLM's best-effort 5 s). The worker
+line comes from the EngineCore itself (`common.observe_worker_exits`). vLLM's behaviour (SIGTERM,
+grace period, force kill) is not changed.
 """
 
 from __future__ import annotations
 
-import runpy
 import sys
 
+from tica.legs import common
 
-def _install_observer() -> None:
+
+def _observe_engine_exits() -> None:
+    """In the API server: the EngineCore's exit code after vLLM's process manager has ended it."""
     import vllm.v1.engine.utils as engine_utils
     import vllm.v1.utils as v1_utils
 
@@ -24,18 +32,22 @@ def _install_observer() -> None:
         try:
             original(procs, timeout=timeout)
         finally:
-            for p in procs:
-                try:
-                    p.join(timeout=2)  # reap after vLLM's own terminate/kill
-                except Exception:
-                    pass
-                print(f"TICA_PROC_EXIT name={p.name} pid={p.pid} exitcode={p.exitcode}", flush=True)
+            common.report_exits(procs, "engine_core", grace=timeout)
 
     v1_utils.shutdown = observed_shutdown
     engine_utils.shutdown = observed_shutdown
 
 
-if __name__ == "__main__":
-    _install_observer()
+def main() -> None:
+    _observe_engine_exits()
     sys.argv = ["vllm.entrypoints.openai.api_server", *sys.argv[1:]]
-    runpy.run_module("vllm.entrypoints.openai.api_server", run_name="__main__", alter_sys=True)
+    # Called, not run with runpy: this module stays __main__, so the children vLLM spawns import it.
+    from vllm.entrypoints.launchers.api_server.entry import main as serve
+
+    serve()
+
+
+common.observe_worker_exits(__name__)  # in the EngineCore vLLM spawns from this server
+
+if __name__ == "__main__":
+    main()

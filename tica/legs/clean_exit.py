@@ -1,8 +1,11 @@
 """Clean-exit leg: one API server and one client, both stopped the ordinary way, and every
 process's end recorded on its own: client, API server, EngineCore, workers (with vLLM's own
-"force killing" lines, which are not a clean exit).
+"force killing" lines, which are not a clean exit). The server gets the recipe's
+`--shutdown-timeout` (default `common.SHUTDOWN_TIMEOUT_S`; 0 is vLLM's own default, under which
+vLLM force-kills its EngineCore at once), recorded as `resolved_config.shutdown_timeout`, and
+vLLM's own log of applying it as `kernels.rollout.shutdown_timeout`.
 
-    python -m tica.legs.clean_exit --out LEG_DIR --arm bi0 --model MODEL_DIR
+    python -m tica.legs.clean_exit --out LEG_DIR --arm bi0 --model MODEL_DIR [--shutdown-timeout S]
 """
 
 from __future__ import annotations
@@ -46,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
         model = str(Path(args.model).resolve())
         leg.begin()  # the leg's work: the server's start, one client, the server's stop
         server = Server(model, leg.dir / "server.log", port=args.port or free_port(), max_model_len=args.max_model_len,
-                        gpu_memory_utilization=args.gpu_memory_utilization, seed=args.seed)
+                        gpu_memory_utilization=args.gpu_memory_utilization, seed=args.seed,
+                        shutdown_timeout=args.shutdown_timeout)
         client = None
         try:
             server.wait_healthy(args.server_timeout)

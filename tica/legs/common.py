@@ -23,6 +23,7 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
@@ -52,6 +53,12 @@ ALIGNED_ENV: dict[str, str] = {
     "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",
 }
 RECORDED_ENV_PREFIXES = ("VLLM_", "TICA_", "CUDA_", "NCCL_", "CUBLAS", "OMP_", "MKL_", "TORCH_", "HF_", "TRANSFORMERS_")
+# The recipe's engine shutdown grace (vLLM's --shutdown-timeout / `shutdown_timeout`), seconds.
+# vLLM's own default, 0, gives the EngineCore no time after SIGTERM and force-kills it
+# (vllm/v1/engine/utils.py get_engine_process_shutdown_timeout, vllm/v1/utils.py shutdown); a
+# positive value lets it stop its workers and exit by itself. An upper bound only: an idle engine
+# exits as soon as its workers have (about 6 s on a busy 2-core CPU).
+SHUTDOWN_TIMEOUT_S = 30
 FORCE_KILL_RE = re.compile(r"force killing remaining process(?:es)?[^\n]*")
 ENGINE_DIED_RE = re.compile(r"(Engine core process \S+ died unexpectedly|EngineDeadError[^\n]*|EngineCore encountered a fatal error[^\n]*)")
 
@@ -213,6 +220,74 @@ def process_record(role: str, pid: int | None, exit_code: int | None, *, evidenc
     if name:
         rec["name"] = name
     return rec
+
+
+# ------------------------------------------------------------------ exit codes of vLLM's children
+
+EXIT_LINE = "TICA_PROC_EXIT"
+
+
+def report_exits(procs, role: str, grace=None) -> None:
+    """Print each multiprocessing child's exit code as its parent saw it (after vLLM ended it):
+    `TICA_PROC_EXIT role=worker name=VllmWorker-0 pid=124 exitcode=0`."""
+    for p in procs:
+        try:
+            p.join(timeout=2)  # reap after vLLM's own terminate/kill
+        except Exception:
+            pass
+        extra = f" grace_s={grace}" if role == "engine_core" else ""
+        print(f"{EXIT_LINE} role={role} name={p.name} pid={p.pid} exitcode={p.exitcode}{extra}", flush=True)
+
+
+def _observe_worker_exits() -> None:
+    from vllm.v1.executor.multiproc_executor import MultiprocExecutor
+
+    original = MultiprocExecutor._ensure_worker_termination  # a staticmethod: the function itself
+
+    def observed(worker_procs):
+        try:
+            original(worker_procs)
+        finally:
+            report_exits(worker_procs, "worker")
+
+    MultiprocExecutor._ensure_worker_termination = staticmethod(observed)
+
+
+def observe_worker_exits(module_name: str) -> None:
+    """Call at the top level of a module run as a process's main (`observe_worker_exits(__name__)`).
+
+    vLLM spawns its EngineCore (and the EngineCore its workers) with multiprocessing's spawn
+    method, which imports the parent's main module as `__mp_main__` in the child. There, this
+    wraps vLLM's executor so that after vLLM's own worker shutdown (its wait, then SIGTERM, then
+    SIGKILL) the EngineCore prints each worker's exit code (`report_exits`): a worker is the
+    EngineCore's child, its exit code otherwise invisible. vLLM's behaviour is not changed.
+    Anywhere else (the producer itself) it does nothing."""
+    if module_name == "__mp_main__":
+        _observe_worker_exits()
+
+
+@dataclass(frozen=True)
+class ReportedExit:
+    """One `TICA_PROC_EXIT` line: a process's exit code as its parent saw it."""
+
+    role: str
+    name: str
+    exit_code: int | None
+    grace: str | None = None
+
+
+def reported_exits(text: str) -> dict[int, ReportedExit]:
+    """pid -> its reported exit. A line without role= (before workers were reported) is an EngineCore's."""
+    out = {}
+    for m in re.finditer(EXIT_LINE + r" ((?:\w+=\S+ ?)+)", text):
+        kv = dict(part.split("=", 1) for part in m.group(1).split())
+        try:
+            pid = int(kv["pid"])
+            code = None if kv.get("exitcode", "None") == "None" else int(kv["exitcode"])
+        except (KeyError, ValueError):
+            continue
+        out[pid] = ReportedExit(kv.get("role", "engine_core"), kv.get("name", "?"), code, kv.get("grace_s"))
+    return out
 
 
 class LogTee:

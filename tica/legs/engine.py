@@ -14,7 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tica.legs.common import FORCE_KILL_RE, Leg, children_of, pid_alive, process_name, process_record
+from tica.legs.common import (FORCE_KILL_RE, SHUTDOWN_TIMEOUT_S, Leg, children_of, pid_alive, process_name,
+                              process_record, reported_exits)
 
 DEFAULT_ENGINE_ARGS = dict(
     dtype="bfloat16",
@@ -23,6 +24,7 @@ DEFAULT_ENGINE_ARGS = dict(
     gpu_memory_utilization=0.12,
     enable_prefix_caching=False,  # confounder: aligned off in both arms
     seed=0,
+    shutdown_timeout=SHUTDOWN_TIMEOUT_S,  # the EngineCore's grace after SIGTERM (shutdown_and_record passes it on)
 )
 
 
@@ -106,7 +108,8 @@ def engine_config(llm) -> dict:
             "prefix_caching": bool(c.enable_prefix_caching), "chunked_prefill": bool(s.enable_chunked_prefill),
             "async_scheduling": bool(s.async_scheduling), "max_num_batched_tokens": s.max_num_batched_tokens,
             "enforce_eager": bool(cfg.model_config.enforce_eager),
-            "cudagraph_mode": _mode_name(getattr(cfg.compilation_config, "cudagraph_mode", None))}
+            "cudagraph_mode": _mode_name(getattr(cfg.compilation_config, "cudagraph_mode", None)),
+            "shutdown_timeout": getattr(cfg, "shutdown_timeout", None)}
 
 
 # The line vLLM's engine core logs at start ("... with config: k=v, ..."): what an API server
@@ -118,12 +121,21 @@ _LOGGED = {"tensor_parallel_size": ("tensor_parallel_size", int), "pipeline_para
            "dtype": ("dtype", str)}
 
 
+# What the API server logs when it stops its engine client (vllm/entrypoints/launchers/launcher.py
+# handle_shutdown): vLLM's shutdown_timeout as it applied it, not as it was asked for.
+_SHUTDOWN_LOGGED = re.compile(r"\[shutdown\] API server: stopping engine client mode=(\w+) timeout=(\d+)s")
+
+
 def logged_engine_config(log_text: str) -> dict:
-    """The values of `_LOGGED` from the engine's "with config:" log line (absent: not recorded)."""
+    """The values of `_LOGGED` from the engine's "with config:" log line, and the shutdown timeout
+    and mode the API server logged when it stopped (absent: not recorded)."""
+    out: dict = {}
+    if stop := _SHUTDOWN_LOGGED.findall(log_text):
+        mode, timeout = stop[-1]
+        out.update(shutdown_mode=mode, shutdown_timeout=int(timeout))
     line = next((l for l in reversed(log_text.splitlines()) if "with config:" in l), None)
     if line is None:
-        return {}
-    out: dict = {}
+        return out
     for key, (name, kind) in _LOGGED.items():
         m = re.search(rf"\b{key}=([^,\s]+)", line)
         if not m:
@@ -234,10 +246,12 @@ def stop_engine(llm, *, timeout: float | None = None) -> EngineStop:
 
 
 def exit_records(stop: EngineStop, text: str) -> list[dict]:
-    """One record per EngineCore (our child: its real exit code) and per worker (a grandchild: from
-    vLLM's "force killing" lines in `text`, else whether it is gone)."""
+    """One record per EngineCore (our child: its real exit code) and per worker (a grandchild: the
+    exit code its EngineCore reported in `text` (`common.observe_worker_exits`), else vLLM's
+    "force killing" lines, else whether it is gone)."""
     killed = {int(m.group(1)) for m in re.finditer(r"force killing[^\n]*? pid (\d+)", text)}
     force_lines = {int(m.group(1)): m.group(0) for m in re.finditer(r"[^\n]*force killing[^\n]*? pid (\d+)", text)}
+    reported = {pid: e for pid, e in reported_exits(text).items() if e.role == "worker"}
     recs = []
     for p in stop.procs:
         ev = force_lines.get(p.pid) or f"multiprocessing exitcode={p.exitcode} after vLLM shutdown"
@@ -245,20 +259,34 @@ def exit_records(stop: EngineStop, text: str) -> list[dict]:
                                    name=p.name))
     for pid, role_name in sorted(stop.workers.items()):
         alive = pid_alive(pid)
-        ev = force_lines.get(pid) or ("still running after shutdown" if alive else
-                                      "worker gone after shutdown; not our child, exit code not observable")
-        recs.append(process_record("worker", pid, None, evidence=ev.strip(), force_killed=pid in killed, alive=alive,
-                                   name=role_name))
+        seen = reported.get(pid)
+        if pid in force_lines:
+            ev = force_lines[pid]
+        elif seen:
+            ev = f"exit code reported by its EngineCore after vLLM's executor shutdown (TICA_PROC_EXIT, exitcode={seen.exit_code})"
+        else:
+            ev = "still running after shutdown" if alive else "worker gone after shutdown; not our child, exit code not reported"
+        recs.append(process_record("worker", pid, seen.exit_code if seen else None, evidence=ev.strip(),
+                                   force_killed=pid in killed, alive=alive, name=seen.name if seen else role_name))
     return recs
 
 
-def shutdown_and_record(llm, leg: Leg, *, timeout: float | None = None) -> None:
+def configured_shutdown_timeout(llm) -> int | None:
+    """The engine's `shutdown_timeout` as vLLM resolved it (None: not readable)."""
+    value = getattr(getattr(getattr(llm, "llm_engine", None), "vllm_config", None), "shutdown_timeout", None)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def shutdown_and_record(llm, leg: Leg) -> None:
     """Shut the engine down and record every process's end in the leg: EngineCore (our child:
-    real exit code) and its workers (grandchildren: from vLLM's log). An engine core that ran in
-    this process gets no record (it had no process of its own): the leg says so instead."""
+    real exit code) and its workers (grandchildren: their exit codes as the EngineCore reported
+    them, else from vLLM's log). The EngineCore gets the engine's own `shutdown_timeout` as its
+    grace after SIGTERM, as `vllm serve` gives it (`start_llm` sets it from the recipe; unreadable:
+    vLLM's own best-effort default). An engine core that ran in this process gets no record (it
+    had no process of its own): the leg says so instead."""
     if engine_in_process(llm):
         leg.meta.setdefault("resolved_config", {}).setdefault("engine_core_process", IN_PROCESS_NOTE)
-    stop = stop_engine(llm, timeout=timeout)
+    stop = stop_engine(llm, timeout=configured_shutdown_timeout(llm))
     if stop.error:
         leg.meta.setdefault("errors", []).append(stop.error)
     text = leg.log_text()

@@ -15,6 +15,8 @@ from pathlib import Path
 
 from tica.legs import common
 
+common.observe_worker_exits(__name__)  # in the EngineCore vLLM spawns from this producer
+
 BATCH_SIZES = (4, 7, 2, 5, 3, 6)  # changes the batch composition step to step
 
 
@@ -25,6 +27,8 @@ def add_engine_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--max-model-len", type=int, default=512)
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.12)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--shutdown-timeout", type=int, default=common.SHUTDOWN_TIMEOUT_S,
+                    help="the recipe's engine shutdown grace, seconds (vLLM's shutdown_timeout); 0 = force-kill")
     ap.add_argument("--bi1-attempt-engine", action="store_true",
                     help="on a platform without batch invariance, start the engine anyway and record how it fails")
 
@@ -137,7 +141,8 @@ def start_engine_or_not_run(leg: common.Leg, args, model):
     leg.begin()  # the leg's work starts with the engine
     try:
         return engine.start_llm(model, max_model_len=args.max_model_len,
-                                gpu_memory_utilization=args.gpu_memory_utilization, seed=args.seed)
+                                gpu_memory_utilization=args.gpu_memory_utilization, seed=args.seed,
+                                shutdown_timeout=args.shutdown_timeout)
     except Exception as err:
         if args.arm == "bi1":
             leg.finish(not_run_reason="vLLM engine failed to start with VLLM_BATCH_INVARIANT=1: "
@@ -178,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
             llm, eargs = started
             trainer = load_trainer(args.trainer, args.model, dtype=args.trainer_dtype, command=args.trainer_command,
                                    engine_args={"max_model_len": args.max_model_len, "seed": args.seed,
-                                                "gpu_memory_utilization": args.gpu_memory_utilization})
+                                                "gpu_memory_utilization": args.gpu_memory_utilization,
+                                                "shutdown_timeout": args.shutdown_timeout})
             leg.meta["resolved_config"] = {"model": str(Path(args.model).resolve()), "weights_hash": version, **eargs,
                                            "steps": args.steps, "gen_tokens": args.gen_tokens, "batch_sizes": [len(b) for b in batches],
                                            "generation": {"temperature": 1.0, "seed": args.seed, "ignore_eos": True},

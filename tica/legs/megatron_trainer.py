@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tica.legs.trainers import Trainer, _dtype, _gather_logprobs
+from tica.legs.trainer_base import Trainer, _dtype, _gather_logprobs
 
 _PATCHED: list[str] = []
 _DIST: dict = {}  # what _init_parallel did, once per process

@@ -15,6 +15,8 @@ from pathlib import Path
 
 from tica.legs import common
 
+common.observe_worker_exits(__name__)  # in the EngineCore vLLM spawns from this producer
+
 INSTRUCTION = "Solve the problem. Put the final answer in \\boxed{{}}.\n\n{question}"
 PLAIN_TEMPLATE = "Question: {question}\nAnswer with the final number in \\boxed{{}}.\nAnswer:"
 PASSES = {

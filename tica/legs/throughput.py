@@ -41,17 +41,21 @@ class Server:
     """The API server process and what became of it and of its engine processes."""
 
     def __init__(self, model: str, log_path: Path, *, port: int, max_model_len: int, gpu_memory_utilization: float,
-                 seed: int, extra: list[str] | None = None) -> None:
+                 seed: int, shutdown_timeout: int, extra: list[str] | None = None) -> None:
         self.port = port
         self.log_path = log_path
+        self.shutdown_timeout = shutdown_timeout
+        # --shutdown-timeout is always passed: vLLM's default (0) force-kills the EngineCore at once
         self.args = ["--model", model, "--host", "127.0.0.1", "--port", str(port), "--max-model-len", str(max_model_len),
                      "--gpu-memory-utilization", str(gpu_memory_utilization), "--enforce-eager", "--seed", str(seed),
-                     "--no-enable-prefix-caching", "--disable-uvicorn-access-log", *(extra or [])]
+                     "--no-enable-prefix-caching", "--disable-uvicorn-access-log",
+                     "--shutdown-timeout", str(shutdown_timeout), *(extra or [])]
         self.cmd = [sys.executable, "-m", "tica.legs.api_server", *self.args]
         self._log = open(log_path, "ab")
         self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
         self.engine_pids: list[int] = []
         self.worker_pids: list[int] = []
+        self.names: dict[int, str] = {}  # pid -> the OS's name for it while it ran
         self.stop_evidence = ""
 
     @property
@@ -78,8 +82,12 @@ class Server:
         self.engine_pids = [p for p in common.children_of(self.proc.pid) if "Engine" in (common.process_name(p) or "")]
         self.worker_pids = [w for e in self.engine_pids for w in common.children_of(e)
                             if "Worker" in (common.process_name(w) or "") or "VLLM" in (common.process_name(w) or "")]
+        self.names = {p: n for p in self.engine_pids + self.worker_pids if (n := common.process_name(p))}
 
-    def stop(self, grace: float = 60.0) -> None:
+    def stop(self, grace: float | None = None) -> None:
+        """SIGTERM, then wait: vLLM's own shutdown (up to --shutdown-timeout for the EngineCore)
+        plus a margin, before the producer would SIGKILL the server itself."""
+        grace = self.shutdown_timeout + 60.0 if grace is None else grace
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -106,29 +114,40 @@ class Server:
         if killed_by_us:
             server_rec["end_state"] = "killed"
         recs.append(server_rec)
-        exits = {int(m.group(2)): (m.group(1), None if m.group(3) == "None" else int(m.group(3)))
-                 for m in re.finditer(r"TICA_PROC_EXIT name=(\S+) pid=(\d+) exitcode=(\S+)", text)}
+        exits = common.reported_exits(text)
         force = {int(m.group(1)): m.group(0).strip() for m in re.finditer(r"[^\n]*force killing[^\n]*? pid (\d+)", text)}
         died = common.first_match(r"[^\n]*(died unexpectedly|EngineDeadError|Engine core proc \S+ died)[^\n]*", text)
-        pids = list(dict.fromkeys(self.engine_pids + list(exits)))
-        for pid in pids:
-            name, ec = exits.get(pid, (common.process_name(pid) or "EngineCore", None))
+        engines = list(dict.fromkeys(self.engine_pids + [p for p, e in exits.items() if e.role == "engine_core"]))
+        for pid in engines:
+            seen = exits.get(pid)
+            ec = seen.exit_code if seen else None
+            name = seen.name if seen else (self.names.get(pid) or "EngineCore")
             alive = common.pid_alive(pid)
             if pid in force:
                 ev = force[pid]
-            elif pid in exits:
-                ev = f"exit code reported after vLLM's own shutdown (TICA_PROC_EXIT, exitcode={ec})"
+            elif seen:
+                grace = f"; vLLM's process manager gave it {seen.grace} s after SIGTERM" if seen.grace not in (None, "None") else ""
+                ev = f"exit code reported after vLLM's own shutdown (TICA_PROC_EXIT, exitcode={ec}){grace}"
             elif died:
                 ev = died
             else:
                 ev = "gone after the server stopped; exit code not reported (server did not reach its shutdown path)"
             recs.append(common.process_record("engine_core", pid, ec, evidence=ev, force_killed=pid in force, alive=alive, name=name))
-        for pid in self.worker_pids:
+        workers = list(dict.fromkeys(self.worker_pids + [p for p, e in exits.items() if e.role == "worker"]))
+        for pid in workers:
+            seen = exits.get(pid)
+            ec = seen.exit_code if seen else None
             alive = common.pid_alive(pid)
-            ev = force.get(pid) or ("still running after the server stopped" if alive else
-                                    "gone after its EngineCore stopped; grandchild of the server, exit code not observable")
-            recs.append(common.process_record("worker", pid, None, evidence=ev, force_killed=pid in force, alive=alive,
-                                              name=common.process_name(pid) or "worker"))
+            if pid in force:
+                ev = force[pid]
+            elif seen:
+                ev = f"exit code reported by its EngineCore after vLLM's executor shutdown (TICA_PROC_EXIT, exitcode={ec})"
+            elif alive:
+                ev = "still running after the server stopped"
+            else:
+                ev = "gone after its EngineCore stopped; grandchild of the server, exit code not reported"
+            recs.append(common.process_record("worker", pid, ec, evidence=ev, force_killed=pid in force, alive=alive,
+                                              name=seen.name if seen else (self.names.get(pid) or "worker")))
         return recs
 
     def reap_leftovers(self) -> list[str]:
@@ -198,6 +217,16 @@ def add_server_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--port", type=int, default=0, help="0: a free loopback port")
     ap.add_argument("--server-timeout", type=float, default=600)
     ap.add_argument("--bi1-attempt-engine", action="store_true")
+    ap.add_argument("--shutdown-timeout", type=_non_negative_int, default=common.SHUTDOWN_TIMEOUT_S,
+                    help="vLLM's --shutdown-timeout (s), always passed to the server and recorded; "
+                         f"0 = vLLM force-kills its EngineCore at once (default {common.SHUTDOWN_TIMEOUT_S})")
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
 
 
 def resolved_workload(args, c: int, num_prompts: int, server: Server | None, weights: str) -> dict:
@@ -207,7 +236,8 @@ def resolved_workload(args, c: int, num_prompts: int, server: Server | None, wei
             "random_range_ratio": 0, "ignore_eos": True, "concurrency": c, "num_prompts": num_prompts,
             "num_warmups": args.num_warmups, "seed": args.seed, "max_model_len": args.max_model_len,
             "gpu_memory_utilization": args.gpu_memory_utilization, "enforce_eager": True, "enable_prefix_caching": False,
-            "server_command": server.cmd if server else None}
+            # what the server was given (its command carries it); no server started: None
+            "shutdown_timeout": server.shutdown_timeout if server else None, "server_command": server.cmd if server else None}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -251,7 +281,8 @@ def main(argv: list[str] | None = None) -> int:
                 return 0
         server_log = out / "server.log"
         server = Server(str(Path(args.model).resolve()), server_log, port=args.port or free_port(),
-                        max_model_len=args.max_model_len, gpu_memory_utilization=args.gpu_memory_utilization, seed=args.seed)
+                        max_model_len=args.max_model_len, gpu_memory_utilization=args.gpu_memory_utilization, seed=args.seed,
+                        shutdown_timeout=args.shutdown_timeout)
         clients: dict[int, ClientRun] = {}
         try:
             pipes.log.info(f"throughput {args.arm} round {args.round}: starting API server on {server.url}")

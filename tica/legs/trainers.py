@@ -1,4 +1,4 @@
-"""Trainer forwards behind one interface.
+"""Trainer forwards behind one interface (`Trainer`, trainer_base.py), picked by `load_trainer`.
 
 A trainer scores fixed token histories: for each sequence of n token ids it returns the n-1
 logprobs of tokens 1..n-1 (token 0 has none), float32. Trainers that can train also expose
@@ -14,8 +14,6 @@ the checkpoint's own (Hugging Face) names so the rollout engine can reload them.
 
 from __future__ import annotations
 
-import json
-import os
 import shlex
 import subprocess
 import tempfile
@@ -24,11 +22,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+# the interface and helpers the backends share (megatron_trainer imports them from there too)
+from tica.legs.trainer_base import Trainer, _dtype, _gather_logprobs
+
 TRAINERS = ("transformers", "megatron", "external", "vllm_kernels", "vllm_engine")
-
-
-def _dtype(name: str) -> torch.dtype:
-    return {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}[name]
 
 
 def pack(seqs: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
@@ -43,37 +40,6 @@ def unpack(token_ids: np.ndarray, seq_lens: np.ndarray) -> list[list[int]]:
         out.append(token_ids[i : i + n].tolist())
         i += n
     return out
-
-
-class Trainer:
-    name = "base"
-    trainable = False
-
-    def logprobs(self, seqs: list[list[int]]) -> list[np.ndarray]:
-        with torch.no_grad():
-            return [self.token_logprobs(s).float().numpy().astype(np.float32) for s in seqs]
-
-    def token_logprobs(self, seq: list[int]) -> torch.Tensor:  # pragma: no cover - interface
-        raise NotImplementedError
-
-    def describe(self) -> dict:
-        return {"trainer": self.name}
-
-    # training side
-    def parameters(self):
-        raise NotImplementedError(f"trainer {self.name} cannot train")
-
-    def hf_state_dict(self) -> dict[str, torch.Tensor]:
-        raise NotImplementedError(f"trainer {self.name} cannot export weights")
-
-    def close(self) -> None:
-        pass
-
-
-def _gather_logprobs(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """fp32 log_softmax of logits[:-1] gathered at ids[1:]."""
-    lp = torch.log_softmax(logits[:-1].float(), dim=-1)
-    return lp.gather(-1, ids[1:].unsqueeze(-1)).squeeze(-1)
 
 
 class TransformersTrainer(Trainer):

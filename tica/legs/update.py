@@ -15,6 +15,8 @@ from pathlib import Path
 
 from tica.legs import common
 
+common.observe_worker_exits(__name__)  # in the EngineCore vLLM spawns from this producer
+
 WEIGHTS_SUBDIR = "weights"
 
 

@@ -15,7 +15,12 @@ Layout:
   gradcheck.py  analytic backward vs float64 autograd of the reference, with a planted-error control
   probe.py      batch-invariance probe of each forward kernel on the GPU (kernel_probe.json)
   legio.py      leg directories per docs/receipts.md (stdlib/numpy + tica.seal/tica.metrics)
-  producers.py  the H200 legs (forward BI=1/BI=0, backward, update, planted fault, throughput)
+  producers.py  the H200 legs' entry point (``python -m tica.legs.vllm_kernels.producers CMD``),
+                its code by concern in: seeded_model.py (make-model), rollout.py (step schedule,
+                vLLM's offline engine, the dry run's fake), forward_leg.py (forward legs, planted
+                faults, bi0), backward_update.py (backward, AdamW step, reload), bi1.py, tp.py
+                (bi1-tp), server.py (throughput), launcher.py (``all`` and the command line)
+  pipes_child.py  one producer command as a Dagster Pipes child on leased GPUs
 
 Measured on the H200 (tests/fixtures/h200): vLLM 0.26's ``_C.fused_add_rms_norm`` changes the
 bits of some rows with the number of tokens in the call (>= 256 or not), so vLLM's decode steps

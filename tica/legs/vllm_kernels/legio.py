@@ -18,6 +18,7 @@ import os
 import platform
 import re
 import sys
+import time
 from importlib import metadata
 from pathlib import Path
 
@@ -39,6 +40,11 @@ ERROR_RE = re.compile(r"(Traceback \(most recent call last\)|EngineDeadError|die
 
 def now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat()
+
+
+def log(msg: str) -> None:
+    """A producer's progress line (pipes_child forwards each one as a Pipes log line)."""
+    print(f"[tica {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
 def recorded_env() -> dict[str, str]:

@@ -39,12 +39,15 @@ def cmd_bi1_tp(a) -> int:
         raise SystemExit("bi1-tp needs VLLM_BATCH_INVARIANT=1 in its environment (set before vLLM is imported)")
     import numpy as np
 
+    from tica.models.hashing import weights_hash
+
     from . import legio
+    from .forward_leg import trainer_logprobs, write_decode_leg, write_forward_step
     from .kernels import TorchReference
+    from .legio import log
     from .model import from_dir
     from .pin import KERNELS, check_vllm
-    from .producers import (FORWARD_CFG, N_STEPS, SCHEDULE_SEED, FakeRollout, VllmRollout, log, schedule,
-                            trainer_logprobs, weights_hash, write_decode_leg, write_forward_step)
+    from .rollout import FORWARD_CFG, N_STEPS, SCHEDULE_SEED, FakeRollout, VllmRollout, schedule
 
     legs, m0, tp = Path(a.legs), Path(a.model), a.tp
     t0 = time.time()

@@ -1,0 +1,114 @@
+"""How the serving producers record a clean exit, without starting vLLM: the shutdown timeout the
+server is given and recorded, and each engine process's end as its own parent reported it."""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from tica.judges.clean_exit import exit_problem
+from tica.legs import common, engine, throughput
+from tica.receipts import ProcessExit
+
+ENGINE, WORKER = 4_190_001, 4_190_002  # pids no process holds here: the records read logs, not live processes
+
+
+def _records(log: str, tmp_path: Path) -> dict[str, dict]:
+    """Server.records() over a server log, for a server that exited 0 after SIGTERM."""
+    server = throughput.Server.__new__(throughput.Server)
+    server.log_path = tmp_path / "server.log"
+    server.log_path.write_text(log)
+    server.proc = SimpleNamespace(pid=4_190_000, returncode=0)
+    server.stop_evidence = "exited after SIGTERM (grace 90 s)"
+    server.engine_pids, server.worker_pids = [ENGINE], [WORKER]
+    server.names = {ENGINE: "VLLM::EngineCore", WORKER: "VLLM::Worker"}
+    return {r["role"]: r for r in server.records()}
+
+
+def _problem(rec: dict) -> str | None:
+    return exit_problem(ProcessExit.model_validate({k: v for k, v in rec.items() if k != "command"}))
+
+
+CLEAN_LOG = (f"(EngineCore pid={ENGINE}) TICA_PROC_EXIT role=worker name=VllmWorker-0 pid={WORKER} exitcode=0\n"
+             f"TICA_PROC_EXIT role=engine_core name=EngineCore pid={ENGINE} exitcode=0 grace_s=30\n")
+
+
+def test_a_worker_exit_reported_by_its_engine_core_is_recorded_as_exited(tmp_path):
+    recs = _records(CLEAN_LOG, tmp_path)
+    assert recs["worker"]["end_state"] == "exited" and recs["worker"]["exit_code"] == 0
+    assert recs["engine_core"]["end_state"] == "exited" and "30 s after SIGTERM" in recs["engine_core"]["evidence"]
+    assert all(_problem(r) is None for r in recs.values())
+
+
+def test_a_worker_whose_exit_was_not_reported_is_not_a_clean_exit(tmp_path):
+    """The negative control: without its EngineCore's report, a worker that is gone is unknown."""
+    recs = _records(CLEAN_LOG.splitlines()[1] + "\n", tmp_path)
+    assert recs["worker"]["end_state"] == "gone" and recs["worker"]["exit_code"] is None
+    assert _problem(recs["worker"]) is not None
+
+
+def test_vllms_force_kill_line_outweighs_a_reported_exit_code(tmp_path):
+    log = (f"WARNING [utils.py:653] [shutdown] Process manager: force killing remaining process EngineCore pid {ENGINE}\n"
+           f"WARNING [system_utils.py:225] [shutdown] force killing sub process VLLM::Worker pid {WORKER}\n"
+           f"TICA_PROC_EXIT role=engine_core name=EngineCore pid={ENGINE} exitcode=-9 grace_s=0\n")
+    recs = _records(log, tmp_path)
+    assert recs["engine_core"]["end_state"] == recs["worker"]["end_state"] == "force_killed"
+
+
+def _exit_with(code: int) -> None:
+    raise SystemExit(code)
+
+
+def test_a_reported_exit_code_is_the_childs_own(tmp_path, capfd):
+    """report_exits prints what multiprocessing saw; reported_exits reads it back, code for code."""
+    child = multiprocessing.get_context("fork").Process(target=_exit_with, args=(3,), name="VllmWorker-0")
+    child.start()
+    child.join()
+    common.report_exits([child], "worker")
+    (seen,) = common.reported_exits(capfd.readouterr().out).items()
+    assert seen == (child.pid, common.ReportedExit("worker", "VllmWorker-0", 3))
+
+
+def test_an_offline_engines_worker_takes_the_exit_its_engine_core_reported():
+    stop = engine.EngineStop(procs=[], workers={WORKER: "VLLM::Worker"})
+    text = f"TICA_PROC_EXIT role=worker name=VllmWorker-0 pid={WORKER} exitcode=0\n"
+    (reported,) = engine.exit_records(stop, text)
+    (unreported,) = engine.exit_records(stop, "")
+    assert reported["end_state"] == "exited" and reported["exit_code"] == 0
+    assert unreported["end_state"] == "gone" and unreported["exit_code"] is None
+
+
+def _server_args(argv: list[str]) -> argparse.Namespace:
+    ap = argparse.ArgumentParser()
+    throughput.add_server_args(ap)
+    return ap.parse_args(["--out", "o", "--arm", "bi0", "--model", "m", *argv])
+
+
+@pytest.mark.parametrize("timeout", [0, 30])
+def test_the_server_is_given_the_shutdown_timeout_and_the_leg_records_what_it_was_given(tmp_path, monkeypatch, timeout):
+    started = []
+    monkeypatch.setattr(throughput.subprocess, "Popen", lambda cmd, **kw: started.append(cmd) or SimpleNamespace(pid=1))
+    args = _server_args(["--shutdown-timeout", str(timeout)])
+    args.input_len, args.output_len, args.num_warmups = 32, 8, 0  # the workload flags of the leg itself
+    server = throughput.Server("m", tmp_path / "server.log", port=1, max_model_len=512, gpu_memory_utilization=0.1,
+                               seed=0, shutdown_timeout=args.shutdown_timeout)
+    i = started[0].index("--shutdown-timeout")
+    assert started[0][i + 1] == str(timeout)
+    resolved = throughput.resolved_workload(args, 1, 2, server, "blake3:x")
+    assert resolved["shutdown_timeout"] == timeout and resolved["server_command"] == started[0]
+
+
+def test_the_recipes_default_shutdown_timeout_is_positive_and_a_negative_one_is_refused():
+    assert _server_args([]).shutdown_timeout == common.SHUTDOWN_TIMEOUT_S > 0
+    with pytest.raises(SystemExit):
+        _server_args(["--shutdown-timeout", "-1"])
+
+
+def test_the_shutdown_timeout_vllm_logged_is_read_and_an_unlogged_one_stays_unknown():
+    line = "(APIServer pid=1) INFO [launcher.py:270] [shutdown] API server: stopping engine client mode=drain timeout=30s\n"
+    assert engine.logged_engine_config(line) == {"shutdown_mode": "drain", "shutdown_timeout": 30}
+    assert "shutdown_timeout" not in engine.logged_engine_config("(APIServer pid=1) INFO nothing about shutdown\n")

