@@ -201,9 +201,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sign-key", help="Ed25519 private key (PEM, e.g. from `openssl genpkey -algorithm ed25519`): sign the head")
     p.set_defaults(func=cmd_ledger_head)
 
-    from tica import leg_run_cli, plan_cli, schema_cli
+    from tica import ingest_cli, leg_run_cli, plan_cli, schema_cli
 
     leg_run_cli.add_parser(sub)
+    ingest_cli.add_parser(sub)  # joins `tica leg`
     plan_cli.add_parser(sub)
     schema_cli.add_parser(sub)
     return parser

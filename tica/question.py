@@ -15,7 +15,8 @@ exits, artifacts) have no noise floor: they do not read it.
 A throughput or quality question may also freeze a reviewed statistical basis (tica.stats.bases,
 drafted by `tica plan`): the test, alpha, rounds or problems, the minimum detectable difference
 and the pilot's digests; it makes the pass line decidable (docs/statistics.md). Without one a
-question hashes exactly as it did before the field existed.
+question hashes exactly as it did before the field existed; so does a throughput question that
+requires every workload field (`required_workload`, the default).
 """
 
 from __future__ import annotations
@@ -127,6 +128,11 @@ class QualityCriteria(_Strict):
         return self
 
 
+# The throughput workload fields a leg's receipts state (resolved_config, else the bench JSON).
+WorkloadField = Literal["num_warmups", "input_len", "output_len", "ignore_eos", "num_prompts"]
+WORKLOAD_FIELDS: tuple[WorkloadField, ...] = ("num_warmups", "input_len", "output_len", "ignore_eos", "num_prompts")
+
+
 class ThroughputCriteria(_Strict):
     item: Literal[EvidenceItem.THROUGHPUT] = EvidenceItem.THROUGHPUT
     input_len: int = Field(8192, ge=1)
@@ -147,6 +153,10 @@ class ThroughputCriteria(_Strict):
     statistical_basis: ThroughputBasis | None = Field(
         None, description="the reviewed basis that makes each budget decidable (tica plan throughput); null: the "
                           "measured values are reported against the budget")
+    required_workload: tuple[WorkloadField, ...] = Field(
+        WORKLOAD_FIELDS, description="workload fields a leg must record: one not recorded (unknown) makes its target "
+                                     "concurrency inconclusive; one left out here is listed as unknown and judged "
+                                     "without. A recorded value that differs from the workload invalidates the leg")
 
     @model_validator(mode="after")
     def _basis_fits(self) -> "ThroughputCriteria":
@@ -172,6 +182,8 @@ class ThroughputCriteria(_Strict):
             unknown = sorted(set(self.budget) - set(self.concurrencies))
             if unknown:
                 raise ValueError(f"budget names concurrencies {unknown} that are not in concurrencies")
+        if len(set(self.required_workload)) != len(self.required_workload):
+            raise ValueError(f"required_workload {list(self.required_workload)} names a field twice")
         if self.num_prompts:
             missing = sorted(set(self.concurrencies) - set(self.num_prompts))
             if missing:
@@ -297,6 +309,13 @@ class Question(_Strict):
         # A question without a basis hashes as it did before the field existed.
         if data["criteria"].get("statistical_basis", ...) is None:
             del data["criteria"]["statistical_basis"]
+        # Every workload field required (the default) hashes as before the field existed; the
+        # order the fields are listed in is no substance.
+        if isinstance(data["criteria"].get("required_workload"), list):
+            if set(data["criteria"]["required_workload"]) == set(WORKLOAD_FIELDS):
+                del data["criteria"]["required_workload"]
+            else:
+                data["criteria"]["required_workload"] = sorted(data["criteria"]["required_workload"])
         return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
     @property

@@ -62,8 +62,9 @@ class LegMeta(_Receipt):
     round: int | None = Field(None, ge=1, le=1_000_000)
     slot: Literal[1, 2] | None = None
     concurrency: int | None = Field(None, ge=1, le=1_000_000)
-    producer: str
-    producer_version: str
+    # None: unknown (a leg ingested from a producer that names neither); nothing passes on them.
+    producer: str | None = Field(None, min_length=1)
+    producer_version: str | None = Field(None, min_length=1)
     trainer: Literal["vllm_kernels", "vllm_engine", "transformers", "megatron", "external"] | None = None
     env: dict[str, str] = Field(default_factory=dict)
     # None: the package is not installed where the leg ran (e.g. dagster-pipes on a GPU box without Pipes)
@@ -116,8 +117,10 @@ class ForwardStep(_Receipt):
     model_config = ConfigDict(extra="allow", frozen=True, populate_by_name=True)
 
     step: int
-    step_basis: Literal["rollout", "optimizer"]
-    checkpoint_version: str = Field(..., min_length=1)
+    # None: unknown (verl's file logger writes neither); the forward judge names it, and a BI=1
+    # claim whose steps cannot be tied to a checkpoint is inconclusive.
+    step_basis: Literal["rollout", "optimizer"] | None = None
+    checkpoint_version: str | None = Field(None, min_length=1)
     probs_diff_max: float | None = Field(None, alias=PROBS_DIFF_MAX)
     probs_diff_mean: float | None = Field(None, alias=PROBS_DIFF_MEAN)
     probs_diff_std: float | None = Field(None, alias=PROBS_DIFF_STD)

@@ -73,12 +73,19 @@ def test_real_step_one_is_accepted(receipts):
     assert steps[0].step == 1 and steps[0].step_basis == "rollout" and steps[0].checkpoint_version.startswith("blake3:")
 
 
-def test_step_without_basis_or_checkpoint_is_refused(receipts):
+def test_step_without_basis_or_checkpoint_is_read_as_unknown(receipts):
+    # verl writes neither: unknown, read (tests/judges/test_unknowns.py: BI=1 is then inconclusive).
     p = leg(receipts("forward"), "bi1")
     edit_jsonl(p / "metrics.jsonl", lambda rows: [{k: v for k, v in r.items() if k != "step_basis"} for r in rows], p)
+    assert {s.step_basis for s in load_step_metrics(p / "metrics.jsonl", ForwardStep)} == {None}
+
+
+def test_an_empty_checkpoint_version_is_refused(receipts):
+    p = leg(receipts("forward"), "bi1")
+    edit_jsonl(p / "metrics.jsonl", lambda rows: [{**r, "checkpoint_version": ""} for r in rows], p)
     with pytest.raises(ReceiptError) as e:
         load_step_metrics(p / "metrics.jsonl", ForwardStep)
-    assert e.value.field == "line 1.step_basis"
+    assert e.value.field == "line 1.checkpoint_version"
 
 
 def test_duplicate_step_is_refused(receipts):

@@ -64,11 +64,12 @@ def test_a_leg_whose_workload_receipt_mismatches_is_inconclusive_and_never_in_a_
     assert cell.numbers["per_concurrency"]["8"]["valid_rounds"] == [1, 3]
 
 
-def test_a_missing_warmup_receipt_is_a_workload_mismatch(receipts):
+def test_a_missing_warmup_receipt_is_unknown_and_required_by_default(receipts):
     legs = receipts("throughput")
-    edit_meta(tput_leg(legs, "bi0", 1, 1), lambda m: m["resolved_config"].pop("num_warmups"))
+    edit_meta(tput_leg(legs, "bi0", 32, 1), lambda m: m["resolved_config"].pop("num_warmups"))
     cell = judge_criteria("throughput", Q, legs)
-    assert cell.verdict is Verdict.INCONCLUSIVE and "warm-up not recorded" in " ".join(_round(cell, 1, 1)["reasons"])
+    assert cell.verdict is Verdict.INCONCLUSIVE
+    assert any("c=32: unknown: num_warmups" in r for r in cell.reasons if r.startswith("inconclusive"))
 
 
 def test_a_leg_run_without_ignore_eos_is_a_workload_mismatch(receipts):

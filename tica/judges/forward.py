@@ -139,6 +139,13 @@ def read_forward(
     if not steps:
         f.inconclusive(f"{label}no steps in {forward_dir / METRICS_FILE}")
         return reading
+    unknown = [k for k in ("step_basis", "checkpoint_version") if any(getattr(s, k) is None for s in steps)]
+    if unknown:
+        # Without them the steps cannot be tied to a checkpoint: the bitwise claim is not about a
+        # known model state. BI=0 only reports a magnitude, which does not hinge on it.
+        msg = (f"{label}unknown: {', '.join(unknown)} ({forward_dir.name}/{METRICS_FILE}): the steps are not tied "
+               "to a checkpoint")
+        f.inconclusive(msg) if arm == "bi1" else f.note(msg)
     present = [s.step for s in steps]
     gaps = sorted(set(range(present[0], present[-1] + 1)) - set(present))
     if gaps:

@@ -2,7 +2,9 @@
 
 Order of work, as the practice prescribes: exit and workload receipts first (a leg whose client
 or server did not exit cleanly, or whose exits a leg directory does not record, or whose
-workload mismatches, is invalid: its round never enters a loss); the crossed order of every
+workload mismatches, is invalid: its round never enters a loss; a workload field it does not
+record is unknown, listed, and leaves its target c inconclusive only where the question requires
+it, `required_workload`); the crossed order of every
 round, read from round/slot (the legs' work times corroborate it only where they are credible);
 per-round raw throughput and loss 1 - T_BI1/T_BI0; then per concurrency the question's frozen
 formula, labelled. A target c over budget fails whatever the average says; single-round and
@@ -39,8 +41,8 @@ from tica.evidence import EvidenceItem
 from tica.judges._common import Findings, cell, md_table, wrong_question
 from tica.judges.clean_exit import exit_problems
 from tica.judges.confounders import confounder_markdown, confounder_table, require_recorded, unquantified
-from tica.question import Question, ThroughputCriteria, ThroughputFormula
-from tica.receipts import LEG_FILE, BenchLeg, load_bench_leg
+from tica.question import WORKLOAD_FIELDS, Question, ThroughputCriteria, ThroughputFormula
+from tica.receipts import BENCH_FILE, LEG_FILE, BenchLeg, is_unknown, load_bench_leg
 from tica.verdict import Verdict, VerdictCell
 
 
@@ -68,6 +70,13 @@ class LegCheck:
     throughput: float
     problems: list[str] = field(default_factory=list)
     exits: list[str] = field(default_factory=list)  # the exit problems among `problems`
+    unknowns: list[str] = field(default_factory=list)  # workload fields the leg does not record
+
+    def unknown_where(self) -> str:
+        """Where the unknown fields were looked for, in words."""
+        if self.leg.meta is None:
+            return self.leg.path.name
+        return f"{LEG_FILE} resolved_config, {BENCH_FILE}"
 
 
 def _metric(leg: BenchLeg, criteria: ThroughputCriteria) -> float:
@@ -118,8 +127,6 @@ def check_workload(leg: BenchLeg, criteria: ThroughputCriteria) -> LegCheck:
         p.append("round/slot not recorded (--metadata round=R slot=S)")
     c = leg.concurrency
     want = criteria.num_prompts.get(c) if criteria.num_prompts and c is not None else None
-    if want is not None and b.num_prompts != want:
-        p.append(f"num_prompts {b.num_prompts}, the workload fixes {want}")
     expected = want if want is not None else b.num_prompts
     if b.completed != expected:
         p.append(f"completed {b.completed} of {expected} requests")
@@ -131,18 +138,20 @@ def check_workload(leg: BenchLeg, criteria: ThroughputCriteria) -> LegCheck:
         exp = expected * per
         if abs(actual - exp) > tol * exp:
             p.append(f"total_{name}_tokens {actual}, the workload gives {exp} ({expected} x {per})")
-    for key, frozen in (("input_len", criteria.input_len), ("output_len", criteria.output_len),
-                        ("ignore_eos", criteria.ignore_eos)):
-        got = leg.workload(key)
-        if got is not None and got != frozen:
-            p.append(f"{key} {got!r}, the workload fixes {frozen!r}")
-    warm = leg.workload("num_warmups")
-    if warm is None:
-        p.append("warm-up not recorded (resolved_config.num_warmups or --metadata num_warmups=W)")
-    elif isinstance(warm, bool) or not isinstance(warm, int):
-        p.append(f"warm-up count {warm!r} is not a whole number of requests")
-    elif warm != criteria.warmups:
-        p.append(f"{warm} warm-up requests, the workload fixes {criteria.warmups}")
+    # Every workload field alike: recorded and different invalidates the leg; not recorded is
+    # unknown, and the question (required_workload) decides whether that leaves its c undecided.
+    frozen = {"num_warmups": criteria.warmups, "input_len": criteria.input_len, "output_len": criteria.output_len,
+              "ignore_eos": criteria.ignore_eos, "num_prompts": want}
+    for key in WORKLOAD_FIELDS:
+        got = b.num_prompts if key == "num_prompts" else leg.workload(key)
+        if is_unknown(got):
+            chk.unknowns.append(key)
+        elif key == "num_warmups" and (isinstance(got, bool) or not isinstance(got, int)):
+            p.append(f"warm-up count {got!r} is not a whole number of requests")
+        elif key == "num_warmups" and got != frozen[key]:
+            p.append(f"{got} warm-up requests, the workload fixes {frozen[key]}")
+        elif frozen[key] is not None and got != frozen[key]:
+            p.append(f"{key} {got!r}, the workload fixes {frozen[key]!r}")
     if not (chk.throughput > 0):
         p.append(f"{criteria.throughput_metric} is {chk.throughput}")
     return chk
@@ -276,6 +285,24 @@ def tier_ratio(ts: Sequence[float]) -> float | None:
     return max(ts) / min(ts) if len(ts) >= 2 and min(ts) > 0 else None
 
 
+def _unknowns(rounds: Sequence[Round], criteria: ThroughputCriteria
+              ) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """The workload fields the legs of these rounds do not record, as (field, where), split into
+    those the question requires and those it relaxes."""
+    found: dict[str, set[str]] = defaultdict(set)
+    for rnd in rounds:
+        for lc in rnd.legs:
+            for key in lc.unknowns:
+                found[key].add(lc.unknown_where())
+    pairs = [(k, ", ".join(sorted(found[k]))) for k in WORKLOAD_FIELDS if k in found]
+    return ([x for x in pairs if x[0] in criteria.required_workload],
+            [x for x in pairs if x[0] not in criteria.required_workload])
+
+
+def _listed(pairs: Sequence[tuple[str, str]]) -> str:
+    return ", ".join(f"{k} ({where})" for k, where in pairs)
+
+
 def judge_throughput(question: Question, leg_paths: Sequence[str | Path]) -> VerdictCell:
     item = EvidenceItem.THROUGHPUT
     findings = Findings()
@@ -321,7 +348,8 @@ def judge_throughput(question: Question, leg_paths: Sequence[str | Path]) -> Ver
                          b.completed, b.error_count, b.total_input_tokens, b.total_output_tokens,
                          chk.leg.workload("num_warmups"), b.duration, chk.throughput, b.mean_ttft_ms,
                          b.median_ttft_ms, b.p99_ttft_ms, b.mean_tpot_ms, b.median_tpot_ms, b.p99_tpot_ms,
-                         "ok" if not chk.problems else "inconclusive: " + "; ".join(chk.problems)])
+                         ("ok" if not chk.problems else "inconclusive: " + "; ".join(chk.problems))
+                         + ("; unknown: " + ", ".join(chk.unknowns) if chk.unknowns else "")])
     tables["per leg (workload receipts)"] = md_table(
         ["file", "arm", "c", "round", "slot", "completed", "errors", "input tokens", "output tokens", "warm-ups",
          "duration s", criteria.throughput_metric, "mean TTFT ms", "median TTFT ms", "p99 TTFT ms",
@@ -361,6 +389,19 @@ def judge_throughput(question: Question, leg_paths: Sequence[str | Path]) -> Ver
                                  "inside_noise_floor": None}
         per_c[c] = entry
         target = c in budget
+        # Listed over every round at c; only the judged rounds' required unknowns hold c undecided.
+        required, relaxed = _unknowns([r for r in rounds if r.c == c], criteria)
+        blocking = _unknowns(valid, criteria)[0]
+        entry["unknown"] = {"required": [k for k, _ in required], "not_required": [k for k, _ in relaxed]}
+        if required:
+            msg = (f"c={c}: unknown: {_listed(required)}: the question requires them (required_workload), so the "
+                   "rounds' workload is not verified")
+            if target and (blocking or not valid):
+                findings.inconclusive(msg)
+            else:
+                findings.note(msg + (" (c has no budget: reported)" if not target else " (in rounds not judged)"))
+        if relaxed:
+            findings.note(f"c={c}: unknown: {_listed(relaxed)}: not required by the question, judged without them")
         if len(valid) < question.repeats:
             msg = f"c={c}: {len(valid)} valid round(s) of the {question.repeats} frozen"
             (findings.inconclusive if target else findings.note)(msg)
@@ -377,6 +418,8 @@ def judge_throughput(question: Question, leg_paths: Sequence[str | Path]) -> Ver
         if question.noise_floor > 0 and entry["inside_noise_floor"]:
             findings.note(f"c={c}: loss {stat:.4g} is inside the noise floor {question.noise_floor:g}: not "
                           "distinguishable from noise" + (f" (budget {budget[c]:g})" if target else ""))
+        if target and blocking:
+            continue  # measured and shown; neither passed nor failed on a workload not verified
         if target:
             entry["single_round_overruns"] = [r.number for r in valid if r.loss > budget[c]]
             single_overruns += [(c, r.number, r.loss) for r in valid if r.loss > budget[c]]
@@ -466,6 +509,9 @@ def judge_throughput(question: Question, leg_paths: Sequence[str | Path]) -> Ver
     summary = (f"{sum(r.valid for r in rounds)}/{len(rounds)} valid rounds; {label}; "
                + (", ".join(f"c={c} {per_c[c]['statistic']:.3g}{' OVER' if per_c[c]['over_budget'] else ''}"
                             for c in judged) or "no target c judged"))
+    unknown = sorted({k for e in per_c.values() for k in e["unknown"]["required"] + e["unknown"]["not_required"]})
+    if unknown:
+        summary += f"; unknown: {', '.join(unknown)}"
     if criteria.statistical_basis is not None:
         b = criteria.statistical_basis
         summary += f"; basis {b.test} at alpha {b.alpha:g} over {b.rounds} rounds"

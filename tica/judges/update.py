@@ -80,7 +80,10 @@ def judge_update(question: Question, leg_paths: Sequence[str | Path]) -> Verdict
             tables[f"post-update forward: {leg.arm} {leg.path.name}"] = md_table(STEP_HEADERS, reading.rows)
             post = {"steps": reading.steps, "verdict": reading.findings.verdict.value}
             updated = steps[-1].updated_weights_hash if steps else None
-            served = {s["checkpoint_version"] for s in reading.steps}
+            served = {s["checkpoint_version"] for s in reading.steps if s["checkpoint_version"] is not None}
+            if updated and any(s["checkpoint_version"] is None for s in reading.steps):
+                f.inconclusive(f"{label}post-update forward: checkpoint_version unknown, so it is not shown to have "
+                               f"run on the updated weights {updated}")
             if updated and served and served != {updated}:
                 f.fail(f"{label}post-update forward ran on {sorted(served)}, not the updated weights {updated}")
         findings.extend(f)

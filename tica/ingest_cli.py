@@ -1,0 +1,100 @@
+"""`tica leg ingest`: results already on disk as sealed legs (tica/ingest.py, docs/receipts.md).
+
+    tica leg ingest bench FILE.json --out LEG_DIR --arm bi1|bi0 [--round R --slot S --concurrency C]
+    tica leg ingest verl-metrics FILE.jsonl --out LEG_DIR --arm bi1|bi0 [--producer-version V]
+    tica leg ingest problems FILE.jsonl --out LEG_DIR --arm bi1|bi0 [--contract contract.json]
+                                        [--producer NAME --producer-version V]
+
+A field the source does not record is unknown in the leg (never invented); the question decides
+which unknowns leave a cell inconclusive, and the verdict lists them.
+
+Exit code: 0 the leg is written and sealed; 4 bad input (the file and field are named; nothing
+is written). `tica.cli` wires `add_parser` (given the top-level subparsers: it joins `tica leg`,
+creating it if absent) and `run`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from tica.errors import EXIT_BAD_INPUT, InputError, UsageParser
+
+SOURCES = ("bench", "verl-metrics", "problems")
+
+
+def _leg_subparsers(subparsers: Any) -> Any:
+    """The subparsers of `tica leg` (made by `tica leg run`'s add_parser, or here)."""
+    leg = subparsers.choices.get("leg")
+    if leg is None:
+        leg = subparsers.add_parser("leg", help="legs: tica leg run | tica leg ingest")
+        return leg.add_subparsers(dest="leg_command", required=True)
+    return next(a for a in leg._actions if isinstance(a, argparse._SubParsersAction))
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add `leg ingest` to a `tica` subparsers object."""
+    p = _leg_subparsers(subparsers).add_parser(
+        "ingest", help="wrap a result already on disk (vllm bench serve JSON, verl metrics, per-problem JSONL) "
+                       "as a sealed leg", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("source", choices=SOURCES, help="what FILE is")
+    p.add_argument("file", metavar="FILE", help="the result file, as its producer wrote it")
+    p.add_argument("--out", required=True, metavar="LEG_DIR", help="the leg directory (new or empty)")
+    p.add_argument("--arm", required=True, choices=("bi1", "bi0"), help="the arm FILE measured (never guessed)")
+    p.add_argument("--round", type=int, help="bench: the crossed round (else the JSON's metadata round)")
+    p.add_argument("--slot", type=int, choices=(1, 2), help="bench: the arm's place in its round")
+    p.add_argument("--concurrency", type=int, help="bench: else the JSON's max_concurrency")
+    p.add_argument("--contract", help="problems: the evaluation contract (contract.json); else unknown")
+    p.add_argument("--producer", help="problems: what produced FILE (else unknown)")
+    p.add_argument("--producer-version", help="verl-metrics, problems: its version (else unknown)")
+    p.set_defaults(func=run)
+    return p
+
+
+def _misplaced(args: argparse.Namespace) -> list[str]:
+    allowed = {"bench": {"round", "slot", "concurrency"}, "verl-metrics": {"producer_version"},
+               "problems": {"contract", "producer", "producer_version"}}[args.source]
+    return [f"--{k.replace('_', '-')}" for k in ("round", "slot", "concurrency", "contract", "producer",
+                                                 "producer_version")
+            if getattr(args, k, None) is not None and k not in allowed]
+
+
+def run(args: argparse.Namespace, out=None) -> int:
+    """Run `tica leg ingest` from parsed arguments; the exit code."""
+    from tica import ingest
+
+    out = out or sys.stdout
+    try:
+        bad = _misplaced(args)
+        if bad:
+            raise InputError("<command line>", bad[0], f"does not apply to `tica leg ingest {args.source}`")
+        if args.source == "bench":
+            leg = ingest.ingest_bench(args.file, args.out, args.arm, args.round, args.slot, args.concurrency)
+        elif args.source == "verl-metrics":
+            leg = ingest.ingest_verl_metrics(args.file, args.out, args.arm, args.producer_version)
+        else:
+            leg = ingest.ingest_problems(args.file, args.out, args.arm, args.contract, args.producer,
+                                         args.producer_version)
+    except InputError as err:
+        print(f"tica: error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print(f"leg {leg} sealed: {args.source} {args.arm} <- {Path(args.file)}", file=out)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """A parser holding only `leg ingest`, for `python -m tica.ingest_cli` before it is wired."""
+    parser = UsageParser(prog="tica")
+    add_parser(parser.add_subparsers(dest="command_name", required=True))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(["leg", "ingest", *(sys.argv[1:] if argv is None else argv)])
+    return run(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
