@@ -43,7 +43,8 @@ def test_graph_unsynced_marker_and_report_cells_in_the_browser(project, tmp_path
     env = {**os.environ, **project.env(), "DAGSTER_HOME": str(home)}
     with dagster_dev(env, tmp_path / "dagster-dev.log") as base:
         graph_url = f"{base}/asset-groups/{TRACK}"
-        nodes = graph_nodes(chromium(graph_url))
+        # Dagster draws only the nodes in view: a window tall enough for the whole graph.
+        nodes = graph_nodes(chromium(graph_url, size="1600,1800"))
         evidence = {item.value for item in EvidenceItem}
         assert evidence | {"report"} <= set(nodes), nodes
         assert not any(nodes.values()), f"unsynced before any change: {nodes}"
