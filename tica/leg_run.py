@@ -678,15 +678,8 @@ class StartedServer:
         return [rec, *engines], unobserved
 
     def reap_leftovers(self) -> list[str]:
-        done = []
-        for pid in self.engine_pids + self.worker_pids:
-            if common.pid_alive(pid):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                    done.append(f"SIGKILL to leftover pid {pid} ({common.process_name(pid)}) after recording it as running")
-                except OSError:
-                    pass
-        return done
+        """After the records are taken: SIGKILL engine processes still alive, so none outlives the leg."""
+        return common.reap_leftovers(self.engine_pids + self.worker_pids)
 
     def config(self) -> dict[str, Any]:
         return {"how": "started by tica leg run (--server-cmd)", "command": self.argv, "url": self.url,

@@ -482,3 +482,17 @@ def write_jsonl(path: Path, rows) -> None:
 def first_match(pattern: str, text: str) -> str | None:
     m = re.search(pattern, text)
     return m.group(0).strip() if m else None
+
+
+def reap_leftovers(pids: list[int]) -> list[str]:
+    """SIGKILL the engine processes still alive after their exits were recorded (as running), so
+    none outlives its leg; says what was killed."""
+    done = []
+    for pid in pids:
+        if pid_alive(pid):
+            try:
+                os.kill(pid, _signal.SIGKILL)
+                done.append(f"SIGKILL to leftover pid {pid} ({process_name(pid)}) after recording it as running")
+            except OSError:
+                pass
+    return done

@@ -152,15 +152,7 @@ class Server:
 
     def reap_leftovers(self) -> list[str]:
         """After the records are taken: SIGKILL engine processes still alive, so none outlives the leg."""
-        done = []
-        for pid in self.engine_pids + self.worker_pids:
-            if common.pid_alive(pid):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                    done.append(f"SIGKILL to leftover pid {pid} ({common.process_name(pid)}) after recording it as running")
-                except OSError:
-                    pass
-        return done
+        return common.reap_leftovers(self.engine_pids + self.worker_pids)
 
 
 @dataclass(frozen=True)
