@@ -33,10 +33,21 @@ def _ledger(args: argparse.Namespace) -> "Ledger":
     return Ledger(args.ledger or default_ledger_path())
 
 
+def _json_out(args: argparse.Namespace, data: object) -> bool:
+    """With --json, print `data` as the verb's only output (True); else print nothing (False)."""
+    if getattr(args, "json", False):
+        print(json.dumps(data, indent=1, default=str))
+        return True
+    return False
+
+
 def cmd_candidate_fingerprint(args: argparse.Namespace) -> int:
     from tica.candidate import identify_file
 
     ident = identify_file(args.manifest)
+    if _json_out(args, {"track": ident.track, "candidate_id": ident.candidate_id,
+                        "components": {c.value: fp for c, fp in ident.components.items()}}):
+        return 0
     print(f"track      {ident.track}\ncandidate  {ident.candidate_id}")
     for component, fp in ident.components.items():
         print(f"  {component.value:<14} {fp}")
@@ -69,7 +80,8 @@ def cmd_candidate_record(args: argparse.Namespace) -> int:
 
     loaded = load_manifest(args.manifest)
     cid = record_candidate(_ledger(args), identify(loaded), loaded)
-    print(cid)
+    if not _json_out(args, {"candidate_id": cid}):
+        print(cid)
     return 0
 
 
@@ -77,6 +89,9 @@ def cmd_question_freeze(args: argparse.Namespace) -> int:
     from tica.records import freeze_question
 
     question = freeze_question(_ledger(args), args.file)
+    if _json_out(args, {"name": question.name, "item": question.item.value, "question_hash": question.hash,
+                        "formula": question.formula_label}):
+        return 0
     print(f"{question.name}  {question.item.value}  {question.hash}")
     if question.formula_label:
         print(f"formula: {question.formula_label}")
@@ -98,6 +113,8 @@ def cmd_ledger_query(args: argparse.Namespace) -> int:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         print(f"tica: query refused: {_printable(first)}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    if _json_out(args, {"columns": columns, "rows": [list(r) for r in rows]}):
+        return 0
     print(format_table([_printable(c) for c in columns], [[None if v is None else _printable(v) for v in r] for r in rows]))
     return 0
 
@@ -124,6 +141,10 @@ def cmd_ledger_verify(args: argparse.Namespace) -> int:
         problems += [problem] if problem else []
     report = _ledger(args).require_exists().verify(expect)
     problems += report.problems
+    if _json_out(args, {"ok": not problems, "rows": report.rows, "head": json.loads(report.head.to_json()),
+                        "expected_head": json.loads(expect.to_json()) if expect else None,
+                        "signature_checked": bool(args.public_key), "problems": problems}):
+        return 0 if not problems else 1
     if not problems:
         held = ""
         if expect:
@@ -155,6 +176,11 @@ def cmd_ledger_head(args: argparse.Namespace) -> int:
 
         head = sign(head, key)
     text = head.to_json()
+    if args.json:
+        if args.out:
+            Path(args.out).write_text(text + "\n")
+        print(text)
+        return 0
     if args.out:
         Path(args.out).write_text(text + "\n")
         signed = f", signed by {head.signed_by}" if head.signed_by else ""
@@ -173,6 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
     cand = sub.add_parser("candidate", help="candidate manifests").add_subparsers(dest="sub", required=True)
     p = cand.add_parser("fingerprint", help="fingerprint every component of a manifest")
     p.add_argument("manifest")
+    p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_candidate_fingerprint)
     p = cand.add_parser("diff", help="which components changed and which evidence each change invalidates")
     p.add_argument("old")
@@ -181,23 +208,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_candidate_diff)
     p = cand.add_parser("record", help="record a candidate and its fingerprints in the ledger")
     p.add_argument("manifest")
+    p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_candidate_record)
 
     ques = sub.add_parser("question", help="frozen questions").add_subparsers(dest="sub", required=True)
     p = ques.add_parser("freeze", help="validate a question file and record it with its hash")
     p.add_argument("file")
+    p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_question_freeze)
 
     led = sub.add_parser("ledger", help="the append-only ledger").add_subparsers(dest="sub", required=True)
     p = led.add_parser("query", help="run read-only SQL and print a table")
     p.add_argument("sql")
+    p.add_argument("--json", action="store_true", help="columns and rows as JSON")
     p.set_defaults(func=cmd_ledger_query)
     p = led.add_parser("verify", help="recompute the hash chain and the views; name any edited row")
     p.add_argument("--expect-head", help="a head published by `tica ledger head`: fail if the chain no longer holds it")
+    p.add_argument("--json", action="store_true")
     p.add_argument("--public-key", help="Ed25519 public key (PEM): the published head must carry a valid signature by it")
     p.set_defaults(func=cmd_ledger_verify)
     p = led.add_parser("head", help="print (or --out FILE) the verified chain's head: seq, hash, time")
     p.add_argument("--out", help="write the head as JSON to this file")
+    p.add_argument("--json", action="store_true", help="print the head JSON (also with --out)")
     p.add_argument("--sign-key", help="Ed25519 private key (PEM, e.g. from `openssl genpkey -algorithm ed25519`): sign the head")
     p.set_defaults(func=cmd_ledger_head)
 

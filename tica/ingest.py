@@ -8,6 +8,9 @@ Three sources, each as its producer writes it:
   `training/rollout_probs_diff_max`, `actor/grad_norm`) -> a forward leg's metrics.jsonl.
 - problems: per-problem JSONL (problem_id, correct, ...) -> a quality leg's results.jsonl, with
   contract.json only when one is given.
+- lm-eval: an `lm_eval --log_samples` output (results_<date>.json beside samples_<task>_<date>.jsonl)
+  -> a quality leg: per doc a result, correct from the task's first metric; contract.json with the
+  items the results JSON records (a partial contract: what it does not record stays unknown).
 
 Unknown is a value, never an invention: a field the source does not record is absent from the leg
 (None, an empty mapping), and the judge, reading the question, decides which unknowns leave a
@@ -31,7 +34,8 @@ from tica import strict_io
 from tica.errors import InputError
 from tica.metrics import VERL_FORWARD_KEYS
 from tica.receipts import (BENCH_FILE, CONTRACT_FILE, LEG_FILE, METRICS_FILE, RESULTS_FILE, ForwardStep, LegMeta,
-                           _validate, load_bench, load_eval_contract, load_jsonl, load_quality_results, load_step_metrics)
+                           ProblemResult, RecordedEvalContract, _validate, load_bench, load_eval_contract, load_json,
+                           load_jsonl, load_quality_results, load_step_metrics)
 from tica.seal import seal_leg, sha256_file
 
 SOURCE_FILE = "source.json"
@@ -199,5 +203,208 @@ def ingest_problems(path: str | Path, out: str | Path, arm: str, contract: str |
     return _write_leg(Path(out), path, "per-problem JSONL", {LEG_FILE: _json_bytes(meta), **files})
 
 
+# ---------------------------------------------------------------- lm_eval --log_samples
+
+LM_EVAL_PRODUCER = "lm_eval"
+# Doc fields that name a problem (the doc's own id); else lm_eval's doc_id (its row in the split).
+_DOC_ID_KEYS = ("problem_id", "id")
+
+
+def _lm_eval_files(path: Path, task: str | None) -> tuple[Path, str, Path]:
+    """(results JSON, task, samples JSONL) from an `lm_eval --output_path` folder (or the model
+    folder under it, or a results_*.json itself); refused when not exactly one fits."""
+    if path.is_file():
+        candidates = [path]
+    elif path.is_dir():
+        candidates = sorted(path.rglob("results_*.json"))
+    else:
+        raise InputError(path, "<file>", "no such file or directory")
+    if task is not None:
+        candidates = [c for c in candidates if task in (load_json(c).get("configs") or {})]
+    if len(candidates) != 1:
+        what = f" for task {task!r}" if task else ""
+        raise InputError(path, "results_*.json", f"{len(candidates)} lm_eval results files{what} "
+                         f"({', '.join(c.name for c in candidates) or 'none'}): name one file or --task")
+    results = candidates[0]
+    configs = load_json(results).get("configs")
+    if not isinstance(configs, dict) or not configs:
+        raise InputError(results, "configs", "missing: not an lm_eval results file")
+    if task is None:
+        if len(configs) != 1:
+            raise InputError(results, "configs", f"{len(configs)} tasks ({', '.join(sorted(configs))}): name one with --task")
+        task = next(iter(configs))
+    elif task not in configs:
+        raise InputError(results, "configs", f"no task {task!r} (it holds {', '.join(sorted(configs))})")
+    stamp = results.name[len("results_"):-len(".json")] if results.name.startswith("results_") else None
+    samples = results.parent / f"samples_{task}_{stamp}.jsonl" if stamp else None
+    if samples is None or not samples.is_file():
+        found = sorted(results.parent.glob(f"samples_{task}_*.jsonl"))
+        if len(found) != 1:
+            raise InputError(results.parent, f"samples_{task}_*.jsonl",
+                             f"{len(found)} samples files beside {results.name}: run lm_eval with --log_samples")
+        samples = found[0]
+    return results, task, samples
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def _lm_eval_contract(data: dict[str, Any], task: str) -> tuple[dict[str, Any], list[str]]:
+    """The contract items an lm_eval results JSON records for `task`, and the fields left unknown.
+    Each item is built only from keys the file holds; an item any of whose parts is absent is left
+    out (unknown), never filled with lm_eval's or TICA's default."""
+    cfg = data["configs"][task]
+    run = data.get("config") if isinstance(data.get("config"), dict) else {}
+    contract: dict[str, Any] = {}
+    unknown: list[str] = []
+    version = (data.get("versions") or {}).get(task)
+    task_hash = (data.get("task_hashes") or {}).get(task)
+    # dataset: the task and its version, where the data came from, and lm_eval's hash over every
+    # doc, prompt and target it scored (written with --log_samples).
+    if version is not None and cfg.get("dataset_path") and task_hash:
+        contract["dataset_version"] = _canonical({
+            "task": task, "version": version, "dataset_path": cfg["dataset_path"],
+            "dataset_name": cfg.get("dataset_name"), "dataset_kwargs": cfg.get("dataset_kwargs"),
+            "split": cfg.get("test_split") or cfg.get("validation_split"), "task_hash": task_hash})
+    else:
+        unknown.append("dataset_version (task version, dataset_path or task_hashes not recorded)")
+    # prompt: the doc template, few-shot count and layout, and the chat template as lm_eval records
+    # it (`chat_template`: null when none was applied; absent: unknown).
+    num_fewshot = (data.get("n-shot") or {}).get(task, cfg.get("num_fewshot"))
+    chat_keys = ("chat_template", "chat_template_sha", "system_instruction_sha", "fewshot_as_multiturn")
+    if cfg.get("doc_to_text") is not None and num_fewshot is not None and "chat_template" in data:
+        prompt = {"doc_to_text": cfg["doc_to_text"], "num_fewshot": num_fewshot,
+                  **{k: cfg.get(k) for k in ("description", "target_delimiter", "fewshot_delimiter", "gen_prefix")},
+                  **{k: data.get(k) for k in chat_keys}}
+        if num_fewshot:
+            prompt["fewshot_config"] = cfg.get("fewshot_config")
+            prompt["fewshot_seed"] = run.get("fewshot_seed")
+        contract["prompt_template"] = _canonical(prompt)
+    else:
+        unknown.append("prompt_template (doc_to_text, n-shot or chat_template not recorded)")
+    # thinking: recorded only as the hf model's enable_thinking argument; with no chat template
+    # applied there is no thinking switch to set (n/a).
+    model_args = run.get("model_args") if isinstance(run.get("model_args"), dict) else {}
+    if "enable_thinking" in model_args:
+        contract["thinking_mode"] = "on" if str(model_args["enable_thinking"]).lower() in ("true", "1") else "off"
+    elif "chat_template" in data and data["chat_template"] is None:
+        contract["thinking_mode"] = "n/a"
+    else:
+        unknown.append("thinking_mode (a chat template was applied; enable_thinking not recorded)")
+    gen = dict(cfg.get("generation_kwargs") or {})
+    cli_gen = run.get("gen_kwargs")
+    if isinstance(cli_gen, dict):
+        gen.update(cli_gen)  # --gen_kwargs override the task's
+    elif cli_gen:
+        gen = {}  # a string lm_eval did not parse into the record: not read
+    seed = run.get("torch_seed") if isinstance(run.get("torch_seed"), int) else None
+    stop = gen.get("until")
+    stop = [stop] if isinstance(stop, str) else stop
+    greedy = gen.get("do_sample") is False or gen.get("temperature") == 0
+    if greedy and isinstance(stop, list):
+        # greedy decoding: top_p / top_k are not read, so their values do not change the output.
+        contract["sampling"] = {"temperature": 0.0, "seed": seed, "n": 1, "stop": stop}
+    elif all(k in gen for k in ("temperature", "top_p", "top_k")) and isinstance(stop, list):
+        contract["sampling"] = {"temperature": gen["temperature"], "top_p": gen["top_p"], "top_k": gen["top_k"],
+                                "seed": seed, "n": 1, "stop": stop}
+    else:
+        unknown.append("sampling (generation_kwargs record neither greedy decoding nor temperature, top_p, top_k "
+                       "and until)")
+    if isinstance(cfg.get("repeats"), int):
+        contract["repeats"] = cfg["repeats"]
+    else:
+        unknown.append("repeats")
+    metric_list = cfg.get("metric_list") or []
+    if metric_list and data.get("lm_eval_version"):
+        contract["scorer"] = _canonical({"lm_eval": data["lm_eval_version"], "metric": metric_list[0],
+                                         "filter_list": cfg.get("filter_list")})
+    else:
+        unknown.append("scorer (metric_list or lm_eval_version not recorded)")
+    if isinstance(gen.get("max_gen_toks"), int):
+        contract["length_cap"] = gen["max_gen_toks"]
+    else:
+        unknown.append("length_cap (generation_kwargs.max_gen_toks not recorded; lm_eval's model default applied)")
+    return contract, unknown
+
+
+def _lm_eval_correct(samples: Path, n: int, row: dict[str, Any], metric: str) -> bool:
+    value = row.get(metric)
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, (int, float)) and value in (0, 1):
+        return value == 1
+    raise InputError(samples, f"line {n}.{metric}",
+                     f"{value!r}: the task's metric must be 0 or 1 per doc to read it as correct")
+
+
+def ingest_lm_eval(path: str | Path, out: str | Path, arm: str, task: str | None = None) -> Path:
+    """An `lm_eval --log_samples` output as a sealed quality leg (docs/leg-run.md)."""
+    path = Path(path)
+    results_file, task, samples_file = _lm_eval_files(path, task)
+    data = load_json(results_file)
+    cfg = data["configs"][task]
+    metric_list = cfg.get("metric_list")
+    if not isinstance(metric_list, list) or not metric_list or not isinstance(metric_list[0], dict) \
+            or not isinstance(metric_list[0].get("metric"), str):
+        raise InputError(results_file, f"configs.{task}.metric_list", "missing: the metric that scores each doc")
+    metric = metric_list[0]["metric"]
+    filters = [f.get("name") for f in cfg.get("filter_list") or [] if isinstance(f, dict)]
+    rows = load_jsonl(samples_file)  # a line that is not a JSON object names its line
+    chosen = filters[0] if filters else None
+    results: list[dict[str, Any]] = []
+    seen: dict[str, int] = {}
+    id_key = None
+    for n, row in enumerate(rows, 1):
+        if chosen is not None and row.get("filter", chosen) != chosen:
+            continue  # the same doc under another filter: the first filter of filter_list is read
+        doc = row.get("doc")
+        if not isinstance(doc, dict) or "doc_id" not in row:
+            raise InputError(samples_file, f"line {n}", "needs doc_id and doc (an lm_eval --log_samples line)")
+        key = next((k for k in _DOC_ID_KEYS if isinstance(doc.get(k), (str, int)) and str(doc[k])), None)
+        id_key = id_key or key or "doc_id"
+        if (key or "doc_id") != id_key:
+            raise InputError(samples_file, f"line {n}.doc", f"no {id_key} where earlier docs have one")
+        pid = str(doc[key]) if key else str(row["doc_id"])
+        if pid in seen:
+            raise InputError(samples_file, f"line {n}", f"problem {pid!r} again (first on line {seen[pid]})")
+        seen[pid] = n
+        result: dict[str, Any] = {"problem_id": pid, "correct": _lm_eval_correct(samples_file, n, row, metric),
+                                  "doc_id": row["doc_id"]}
+        if isinstance(row.get("prompt_hash"), str):
+            result["prompt_hash"] = "sha256:" + row["prompt_hash"]  # lm_eval: sha256 of the prompt text
+        resps = row.get("resps")
+        if isinstance(resps, list) and resps and isinstance(resps[0], list) and resps[0] and isinstance(resps[0][0], str):
+            result["response"] = resps[0][0]
+        filtered = row.get("filtered_resps")
+        if isinstance(filtered, list) and filtered and isinstance(filtered[0], str):
+            result["extracted"] = filtered[0]
+        # truncated: lm_eval does not record whether max_gen_toks cut the answer: unknown.
+        _validate(ProblemResult, result, samples_file, f"line {n}")
+        results.append(result)
+    if not results:
+        raise InputError(samples_file, "<file>", "no docs: an empty samples file is no measurement")
+    contract, unknown = _lm_eval_contract(data, task)
+    try:
+        RecordedEvalContract.model_validate(contract)
+    except ValueError as err:
+        raise InputError(results_file, f"configs.{task}", f"the contract it records is not valid: {err}") from None
+    files = {RESULTS_FILE: _jsonl_bytes(results)}
+    if contract:
+        files[CONTRACT_FILE] = _json_bytes(contract)
+    run = data.get("config") if isinstance(data.get("config"), dict) else {}
+    version = data.get("lm_eval_version") if isinstance(data.get("lm_eval_version"), str) else None
+    versions = {k: data[v] for k, v in (("lm_eval", "lm_eval_version"), ("transformers", "transformers_version"))
+                if isinstance(data.get(v), str)}
+    config = {k: run[k] for k in ("model", "model_args", "limit", "batch_size", "device", "model_dtype")
+              if run.get(k) is not None}
+    meta = _meta(results_file, "quality", arm, LM_EVAL_PRODUCER, version, versions=versions or None,
+                 resolved_config={"lm_eval": {**config, "task": task}})
+    return _write_leg(Path(out), samples_file, "lm_eval --log_samples", {LEG_FILE: _json_bytes(meta), **files},
+                      task=task, metric=metric, filter=chosen, problem_id_from=id_key,
+                      results_json={"path": str(results_file.resolve()), "sha256": "sha256:" + sha256_file(results_file)},
+                      contract_unknown=unknown)
+
+
 INGESTERS: dict[str, Callable[..., Path]] = {"bench": ingest_bench, "verl-metrics": ingest_verl_metrics,
-                                             "problems": ingest_problems}
+                                             "problems": ingest_problems, "lm-eval": ingest_lm_eval}

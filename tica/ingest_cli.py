@@ -4,6 +4,8 @@
     tica leg ingest verl-metrics FILE.jsonl --out LEG_DIR --arm bi1|bi0 [--producer-version V]
     tica leg ingest problems FILE.jsonl --out LEG_DIR --arm bi1|bi0 [--contract contract.json]
                                         [--producer NAME --producer-version V]
+    tica leg ingest lm-eval OUTPUT_DIR --out LEG_DIR --arm bi1|bi0 [--task TASK]
+        (OUTPUT_DIR: lm_eval's --output_path after --log_samples, or one results_*.json in it)
 
 A field the source does not record is unknown in the leg (never invented); the question decides
 which unknowns leave a cell inconclusive, and the verdict lists them.
@@ -22,7 +24,7 @@ from typing import Any
 
 from tica.errors import EXIT_BAD_INPUT, InputError, UsageParser
 
-SOURCES = ("bench", "verl-metrics", "problems")
+SOURCES = ("bench", "verl-metrics", "problems", "lm-eval")
 
 
 def _leg_subparsers(subparsers: Any) -> Any:
@@ -37,7 +39,8 @@ def _leg_subparsers(subparsers: Any) -> Any:
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add `leg ingest` to a `tica` subparsers object."""
     p = _leg_subparsers(subparsers).add_parser(
-        "ingest", help="wrap a result already on disk (vllm bench serve JSON, verl metrics, per-problem JSONL) "
+        "ingest", help="wrap a result already on disk (vllm bench serve JSON, verl metrics, per-problem JSONL, "
+                       "lm_eval --log_samples output) "
                        "as a sealed leg", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("source", choices=SOURCES, help="what FILE is")
     p.add_argument("file", metavar="FILE", help="the result file, as its producer wrote it")
@@ -49,15 +52,16 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--contract", help="problems: the evaluation contract (contract.json); else unknown")
     p.add_argument("--producer", help="problems: what produced FILE (else unknown)")
     p.add_argument("--producer-version", help="verl-metrics, problems: its version (else unknown)")
+    p.add_argument("--task", help="lm-eval: the task to read (else the only task in the results file)")
     p.set_defaults(func=run)
     return p
 
 
 def _misplaced(args: argparse.Namespace) -> list[str]:
     allowed = {"bench": {"round", "slot", "concurrency"}, "verl-metrics": {"producer_version"},
-               "problems": {"contract", "producer", "producer_version"}}[args.source]
+               "problems": {"contract", "producer", "producer_version"}, "lm-eval": {"task"}}[args.source]
     return [f"--{k.replace('_', '-')}" for k in ("round", "slot", "concurrency", "contract", "producer",
-                                                 "producer_version")
+                                                 "producer_version", "task")
             if getattr(args, k, None) is not None and k not in allowed]
 
 
@@ -74,6 +78,8 @@ def run(args: argparse.Namespace, out=None) -> int:
             leg = ingest.ingest_bench(args.file, args.out, args.arm, args.round, args.slot, args.concurrency)
         elif args.source == "verl-metrics":
             leg = ingest.ingest_verl_metrics(args.file, args.out, args.arm, args.producer_version)
+        elif args.source == "lm-eval":
+            leg = ingest.ingest_lm_eval(args.file, args.out, args.arm, args.task)
         else:
             leg = ingest.ingest_problems(args.file, args.out, args.arm, args.contract, args.producer,
                                          args.producer_version)

@@ -367,6 +367,37 @@ class EvalContract(_Receipt):
         return self.sampling.temperature == 0
 
 
+class RecordedEvalContract(_Receipt):
+    """What a contract.json records of the six items, each possibly unknown (None): an ingested
+    run states only what its producer wrote (tica.ingest). A recorded item is checked as in
+    EvalContract; an unknown one is never filled with a default, and never compared equal."""
+
+    dataset_version: str | None = Field(None, min_length=1)
+    prompt_template: str | None = Field(None, min_length=1)
+    thinking_mode: str | None = None
+    sampling: Sampling | None = None
+    repeats: int | None = Field(None, ge=1)
+    scorer: str | None = Field(None, min_length=1)
+    length_cap: int | None = Field(None, ge=1)
+
+    def six_items(self) -> dict[str, Any]:
+        """The six items as EvalContract names them; None: the item is unknown (in part or whole)."""
+        template = (None if self.prompt_template is None or self.thinking_mode is None
+                    else (self.prompt_template, self.thinking_mode))
+        return {
+            "dataset version": self.dataset_version,
+            "prompt/chat template and thinking mode": template,
+            "sampling parameters": None if self.sampling is None else self.sampling.model_dump(mode="json"),
+            "number of repeats": self.repeats,
+            "scorer": self.scorer,
+            "length cap": self.length_cap,
+        }
+
+    @property
+    def greedy(self) -> bool | None:
+        return None if self.sampling is None else self.sampling.temperature == 0
+
+
 def load_quality_results(path: str | Path) -> list[ProblemResult]:
     path = Path(path)
     return [_validate(ProblemResult, row, path, f"line {n}") for n, row in enumerate(load_jsonl(path), 1)]
@@ -375,6 +406,16 @@ def load_quality_results(path: str | Path) -> list[ProblemResult]:
 def load_eval_contract(path: str | Path) -> EvalContract:
     path = Path(path)
     return _validate(EvalContract, load_json(path), path)
+
+
+def load_recorded_contract(path: str | Path) -> RecordedEvalContract | None:
+    """A quality leg's contract.json as recorded, items it leaves out unknown; None when the leg
+    has no contract.json (the whole contract is unknown). A recorded item that is malformed, or a
+    field that is no contract item, is still refused naming the field."""
+    path = Path(path)
+    if not path.exists():
+        return None
+    return _validate(RecordedEvalContract, load_json(path), path)
 
 
 # ---------------------------------------------------------------- throughput (vllm bench serve JSON)

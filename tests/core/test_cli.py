@@ -83,3 +83,22 @@ def test_the_cli_module_imports_nothing_heavy():
                                    text=True, check=True).stdout.strip()
     assert run("tica.cli") == "[]"
     assert "duckdb" in run("tica.ledger")  # negative control: the probe sees a heavy import
+
+
+def test_every_core_verb_speaks_json(tmp_path, capsys):
+    """--json on candidate, question and ledger verbs: the output parses, and names what the
+    text output names."""
+    import json as _json
+
+    from tica.cli import main
+    from tica.ledger import Ledger
+
+    path = str(tmp_path / "l.duckdb")
+    Ledger(path).init().append("reruns", {"rerun_id": "r", "original_kind": "leg", "original_id": "a",
+                                          "new_id": "b", "reason": "t"})
+    for argv, key in ((["ledger", "query", "SELECT rerun_id FROM reruns"], "rows"),
+                      (["ledger", "verify"], "ok"), (["ledger", "head"], "row_hash")):
+        assert main(["--ledger", path, *argv, "--json"]) == 0, argv
+        assert key in _json.loads(capsys.readouterr().out), argv
+    assert main(["--ledger", path, "ledger", "query", "SELECT 1", "--json"]) == 0
+    assert _json.loads(capsys.readouterr().out)["rows"] == [[1]]

@@ -27,7 +27,8 @@ from tica.evidence import EvidenceItem
 from tica.judges._common import Findings, cell, md_table, wrong_question
 from tica.judges.confounders import confounder_markdown, confounder_table, require_recorded, unquantified
 from tica.question import QualityCriteria, Question
-from tica.receipts import CONTRACT_FILE, RESULTS_FILE, Leg, ProblemResult, load_eval_contract, load_leg, load_quality_results
+from tica.receipts import (CONTRACT_FILE, RESULTS_FILE, Leg, ProblemResult, RecordedEvalContract, load_leg,
+                           load_quality_results, load_recorded_contract)
 from tica.verdict import Verdict, VerdictCell
 
 _SHOW = 5
@@ -43,6 +44,20 @@ def _truncation(results: Sequence[ProblemResult]) -> float | None:
     if not flags or any(t is None for t in flags):
         return None
     return sum(1 for t in flags if t) / len(flags)
+
+
+def _shown(value: Any) -> str:
+    return "unknown" if value is None else json.dumps(value)
+
+
+def _contract(findings: Findings, leg: Leg) -> RecordedEvalContract:
+    """The leg's contract as recorded; a leg without contract.json has every item unknown."""
+    recorded = load_recorded_contract(leg.path / CONTRACT_FILE)
+    if recorded is None:
+        findings.inconclusive(f"{leg.arm} {leg.path.name}: contract unknown (no {CONTRACT_FILE}): "
+                              "the scores cannot be shown to be the same score")
+        return RecordedEvalContract()
+    return recorded
 
 
 def judge_quality(question: Question, leg_paths: Sequence[str | Path]) -> VerdictCell:
@@ -78,14 +93,21 @@ def judge_quality(question: Question, leg_paths: Sequence[str | Path]) -> Verdic
         return cell(item, question, findings, "no pair of quality legs to compare", receipt_hashes=hashes)
     l1, l0 = by_arm["bi1"][0], by_arm["bi0"][0]
     require_recorded(findings, question, [(f"{l.arm} {l.path.name}", l.meta) for l in (l1, l0)])
-    c1, c0 = load_eval_contract(l1.path / CONTRACT_FILE), load_eval_contract(l0.path / CONTRACT_FILE)
+    c1, c0 = (_contract(findings, l) for l in (l1, l0))
     r1, r0 = load_quality_results(l1.path / RESULTS_FILE), load_quality_results(l0.path / RESULTS_FILE)
     tables: dict[str, str] = {}
     numbers: dict[str, Any] = {}
 
-    # 1. The six contract items: a difference in any means these are not the same score.
-    contract_rows, differing = [], []
+    # 1. The six contract items: a difference in any means these are not the same score, and an
+    # item either leg does not record (unknown) cannot be shown the same: never a pass on it.
+    contract_rows, differing, unknown = [], [], []
     for (name, v1), (_, v0) in zip(c1.six_items().items(), c0.six_items().items()):
+        if v1 is None or v0 is None:
+            unknown.append(name)
+            sides = " and ".join(f"{arm} {l.path.name}" for arm, l, v in (("BI=1", l1, v1), ("BI=0", l0, v0)) if v is None)
+            findings.inconclusive(f"evaluation contract item unknown: {name} (not recorded in {sides})")
+            contract_rows.append([name, _shown(v1), _shown(v0), "unknown"])
+            continue
         same = v1 == v0
         contract_rows.append([name, json.dumps(v1), json.dumps(v0), same])
         if not same:
@@ -93,7 +115,8 @@ def judge_quality(question: Question, leg_paths: Sequence[str | Path]) -> Verdic
             findings.inconclusive(f"evaluation contract differs in {name}: BI=1 {json.dumps(v1)} vs BI=0 {json.dumps(v0)}")
     tables["evaluation contract"] = md_table(["item", "BI=1", "BI=0", "same"], contract_rows)
     numbers["contract_differs"] = differing
-    if criteria.greedy and not (c1.greedy and c0.greedy):
+    numbers["contract_unknown"] = unknown
+    if criteria.greedy and c1.greedy is not None and c0.greedy is not None and not (c1.greedy and c0.greedy):
         findings.inconclusive("the question asks about greedy decoding, the contract samples (temperature > 0)")
 
     # 2. Per-problem pairing. A problem listed twice in one arm is a retry; none are allowed.
@@ -137,7 +160,7 @@ def judge_quality(question: Question, leg_paths: Sequence[str | Path]) -> Verdic
     score0 = 100.0 * (counts["both_correct"] + counts["only_bi0"]) / n if n else float("nan")
     diff = abs(score1 - score0)
     resolution = 100.0 / n if n else float("nan")
-    greedy = criteria.greedy or (c1.greedy and c0.greedy)
+    greedy = criteria.greedy or bool(c1.greedy and c0.greedy)
     finer = greedy and criteria.threshold_points < resolution
     if finer:
         findings.note(
@@ -149,7 +172,9 @@ def judge_quality(question: Question, leg_paths: Sequence[str | Path]) -> Verdic
     basis = criteria.statistical_basis
     decision = None
     if basis is not None:
-        if total == n and n > 0:
+        if c1.repeats is None or c0.repeats is None:
+            findings.inconclusive("the statistical basis cannot decide with the number of repeats unknown: no pass")
+        elif total == n and n > 0:
             decision = threshold_test.decide(counts["only_bi1"], counts["only_bi0"], n, criteria.threshold_points,
                                              basis, (c1.repeats, c0.repeats))
             {threshold_test.PASS: findings.note, threshold_test.FAIL: findings.note,
