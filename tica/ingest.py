@@ -34,7 +34,7 @@ from tica import strict_io
 from tica.errors import InputError
 from tica.metrics import VERL_FORWARD_KEYS
 from tica.receipts import (BENCH_FILE, CONTRACT_FILE, LEG_FILE, METRICS_FILE, RESULTS_FILE, ForwardStep, LegMeta,
-                           ProblemResult, RecordedEvalContract, _validate, load_bench, load_eval_contract, load_json,
+                           ProblemResult, RecordedEvalContract, _validate, load_bench, load_json,
                            load_jsonl, load_quality_results, load_step_metrics)
 from tica.seal import seal_leg, sha256_file
 
@@ -197,7 +197,7 @@ def ingest_problems(path: str | Path, out: str | Path, arm: str, contract: str |
     files = {RESULTS_FILE: raw}
     if contract is not None:
         contract = Path(contract)
-        load_eval_contract(contract)
+        _validate(RecordedEvalContract, load_json(contract), contract)
         files[CONTRACT_FILE] = _raw(contract)
     meta = _meta(path, "quality", arm, producer, producer_version)
     return _write_leg(Path(out), path, "per-problem JSONL", {LEG_FILE: _json_bytes(meta), **files})

@@ -340,37 +340,11 @@ class Sampling(_Receipt):
     stop: tuple[str, ...] = ()
 
 
-class EvalContract(_Receipt):
-    """The six items of the evaluation contract; two scores differing in any are not one score."""
-
-    dataset_version: str = Field(..., min_length=1)
-    prompt_template: str = Field(..., min_length=1)
-    thinking_mode: str
-    sampling: Sampling
-    repeats: int = Field(..., ge=1)
-    scorer: str = Field(..., min_length=1)
-    length_cap: int = Field(..., ge=1)
-
-    def six_items(self) -> dict[str, Any]:
-        """The six items, as the practice names them."""
-        return {
-            "dataset version": self.dataset_version,
-            "prompt/chat template and thinking mode": (self.prompt_template, self.thinking_mode),
-            "sampling parameters": self.sampling.model_dump(mode="json"),
-            "number of repeats": self.repeats,
-            "scorer": self.scorer,
-            "length cap": self.length_cap,
-        }
-
-    @property
-    def greedy(self) -> bool:
-        return self.sampling.temperature == 0
-
-
 class RecordedEvalContract(_Receipt):
-    """What a contract.json records of the six items, each possibly unknown (None): an ingested
-    run states only what its producer wrote (tica.ingest). A recorded item is checked as in
-    EvalContract; an unknown one is never filled with a default, and never compared equal."""
+    """What a contract.json records of the six items of the evaluation contract (two scores
+    differing in any are not one score), each possibly unknown (None): an ingested run states
+    only what its producer wrote (tica.ingest). An unknown item is never filled with a default,
+    and never compared equal."""
 
     dataset_version: str | None = Field(None, min_length=1)
     prompt_template: str | None = Field(None, min_length=1)
@@ -381,7 +355,7 @@ class RecordedEvalContract(_Receipt):
     length_cap: int | None = Field(None, ge=1)
 
     def six_items(self) -> dict[str, Any]:
-        """The six items as EvalContract names them; None: the item is unknown (in part or whole)."""
+        """The six items, as the practice names them; None: the item is unknown (in part or whole)."""
         template = (None if self.prompt_template is None or self.thinking_mode is None
                     else (self.prompt_template, self.thinking_mode))
         return {
@@ -401,11 +375,6 @@ class RecordedEvalContract(_Receipt):
 def load_quality_results(path: str | Path) -> list[ProblemResult]:
     path = Path(path)
     return [_validate(ProblemResult, row, path, f"line {n}") for n, row in enumerate(load_jsonl(path), 1)]
-
-
-def load_eval_contract(path: str | Path) -> EvalContract:
-    path = Path(path)
-    return _validate(EvalContract, load_json(path), path)
 
 
 def load_recorded_contract(path: str | Path) -> RecordedEvalContract | None:

@@ -46,7 +46,7 @@ REGISTRY: dict[str, SchemaEntry] = {e.name: e for e in (
                 "one line per step of an update leg"),
     SchemaEntry("quality-result", "tica.receipts:ProblemResult", "results.jsonl",
                 "one line per problem of a quality leg"),
-    SchemaEntry("quality-contract", "tica.receipts:EvalContract", "contract.json",
+    SchemaEntry("quality-contract", "tica.receipts:RecordedEvalContract", "contract.json",
                 "in a quality leg: the six items of the evaluation contract"),
     SchemaEntry("bench", "tica.receipts:BenchResult", "bench.json",
                 "in a throughput leg, or a bare `vllm bench serve --save-result` file"),

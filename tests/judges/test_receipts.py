@@ -13,7 +13,7 @@ from tica.judges import judge_criteria
 from tica.receipts import (
     ForwardStep,
     load_bench_leg,
-    load_eval_contract,
+    load_recorded_contract,
     load_leg,
     load_step_arrays,
     load_step_metrics,
@@ -119,12 +119,14 @@ def test_arrays_whose_lengths_disagree_are_refused(tmp_path):
         load_step_arrays(path)
 
 
-def test_contract_missing_an_item_names_it(receipts):
+def test_a_contract_item_left_out_is_unknown_and_a_malformed_one_is_named(receipts):
     p = leg(receipts("quality"), "bi1")
     edit_json(p / "contract.json", lambda d: d.pop("scorer"), p)
+    assert load_recorded_contract(p / "contract.json").scorer is None  # unknown, never a default
+    edit_json(p / "contract.json", lambda d: d.update(repeats=0), p)
     with pytest.raises(ReceiptError) as e:
-        load_eval_contract(p / "contract.json")
-    assert e.value.field == "scorer"
+        load_recorded_contract(p / "contract.json")
+    assert e.value.field == "repeats"
 
 
 def test_bare_vllm_bench_file_reads_metadata_as_place():
