@@ -17,9 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import duckdb
-
-from tica.ledger import TABLES, Ledger
+from ledger_append import plain  # the peer: the same plain-insert loop as the append benchmark
+from tica.ledger import Ledger
 
 
 def _row(writer: int, i: int) -> dict:
@@ -37,19 +36,6 @@ def writer(path: str, w: int, n: int, out: str, start_at: float) -> None:
         ledger.append("reruns", _row(w, i))
         latencies.append(time.perf_counter() - t0)
     Path(out).write_text("\n".join(f"{x:.6f}" for x in latencies))
-
-
-def plain(path: Path, n: int) -> float:
-    con = duckdb.connect(str(path))
-    cols = ", ".join(f"{c} {t}" for c, t in TABLES["reruns"])
-    con.execute(f"CREATE TABLE reruns (seq BIGINT PRIMARY KEY, prev_hash VARCHAR, row_hash VARCHAR, "
-                f"recorded_at VARCHAR, {cols})")
-    t0 = time.perf_counter()
-    for i in range(n):
-        con.execute("INSERT INTO reruns VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", [i + 1, "p", "h", "t", *_row(0, i).values()])
-    dt = time.perf_counter() - t0
-    con.close()
-    return n / dt
 
 
 def main() -> None:
