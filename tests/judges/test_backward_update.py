@@ -252,3 +252,16 @@ def test_every_post_update_step_must_be_bitwise(receipts):
     perturb_arrays(legs[0], 5, "post_forward")  # the last of the five
     cell = judge_criteria("update", QU, legs)
     assert cell.verdict is Verdict.FAIL and "step 5" in cell.reasons[0]
+
+
+def test_a_post_update_forward_that_does_not_say_which_weights_it_ran_is_not_a_pass(receipts):
+    legs = receipts("update")
+    assert judge_criteria("update", QU, legs).verdict is Verdict.PASS  # negative control
+    p = legs[0] / "post_forward"
+    def forget(rows):
+        del rows[0]["checkpoint_version"]
+
+    edit_jsonl(p / "metrics.jsonl", forget, legs[0])
+    cell = judge_criteria("update", QU, legs)
+    assert cell.verdict is Verdict.INCONCLUSIVE
+    assert any("checkpoint_version unknown" in r for r in cell.reasons), cell.reasons
