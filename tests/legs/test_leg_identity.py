@@ -192,10 +192,12 @@ def test_vllm_kernels_legs_take_their_times_from_the_producer(tmp_path):
 # ---------------------------------------------------------------- engine exits are real processes
 
 
-def _sleep_forever() -> None:  # a stand-in EngineCore: a real child process, ended by SIGTERM
+def _sleep_forever(ready=None) -> None:  # a stand-in EngineCore: a real child process, ended by SIGTERM
     import signal
 
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not whatever handler the test process holds
+    if ready is not None:
+        ready.set()
     time.sleep(600)
 
 
@@ -220,8 +222,12 @@ class InprocClient:
 def test_an_engine_core_of_its_own_is_recorded_with_its_own_pid_and_exit(tmp_path):
     from tica.legs import engine
 
-    child = multiprocessing.get_context("fork").Process(target=_sleep_forever, name="EngineCore_DP0")
+    ctx = multiprocessing.get_context("fork")
+    ready = ctx.Event()
+    child = ctx.Process(target=_sleep_forever, args=(ready,), name="EngineCore_DP0")
     child.start()
+    # SIGTERM before the child restored the default action would meet the test process's handler
+    assert ready.wait(30)
     llm = SimpleNamespace(llm_engine=SimpleNamespace(engine_core=_MPCore([child])))
     leg = common.Leg(tmp_path / "leg", item="forward", arm="bi0", producer="test", tee_log=False)
     engine.shutdown_and_record(llm, leg)
