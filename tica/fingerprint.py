@@ -12,12 +12,14 @@ hashed; otherwise the file is hashed again.
 Leg producers record the same fingerprint of the folder their model was loaded from
 (`fingerprint_checkpoint(model_dir, persist=False)`): in memory only, never reading or writing
 the shared cache file (a GPU node's ~/.cache is not theirs, and a producer certifies the bytes it
-loaded, not a cache entry). Standard library + blake3 only (vLLM depends on blake3).
+loaded, not a cache entry). Standard library + blake3 only (vLLM depends on blake3). Progress goes
+to stderr when it is a terminal (tica.progress).
 """
 
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import tempfile
 import threading
@@ -28,7 +30,10 @@ from pathlib import Path
 
 import blake3
 
+from tica.progress import Progress
+
 PREFIX = "blake3:"
+HASH_SLICE = 64 << 20  # bytes per progress step: large enough for BLAKE3's threads to stay busy
 RACY_WINDOW_NS = 2_000_000_000
 
 
@@ -37,12 +42,24 @@ def default_cache_path() -> Path:
     return Path(root) / "fingerprints.json"
 
 
-def hash_file(path: str | Path) -> str:
-    """BLAKE3 of one file's bytes (memory-mapped, multi-threaded)."""
+def hash_file(path: str | Path, progress: Progress | None = None) -> str:
+    """BLAKE3 of one file's bytes (memory-mapped, multi-threaded); `progress` counts its bytes."""
     h = blake3.blake3(max_threads=blake3.blake3.AUTO)
-    if os.path.getsize(path) == 0:
+    size = os.path.getsize(path)
+    if size == 0:
         return PREFIX + h.hexdigest()
-    h.update_mmap(str(path))
+    if progress is None:
+        h.update_mmap(str(path))
+        return PREFIX + h.hexdigest()
+    # In slices, to report progress inside one large file; the digest is the same (BLAKE3 streams).
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        view = memoryview(m)
+        try:
+            for at in range(0, size, HASH_SLICE):
+                h.update(view[at:at + HASH_SLICE])
+                progress.update(min(HASH_SLICE, size - at))
+        finally:
+            view.release()
     return PREFIX + h.hexdigest()
 
 
@@ -74,7 +91,8 @@ class FingerprintCache:
         self.hits = 0
         self.misses = 0
 
-    def digest(self, path: Path) -> str:
+    def digest(self, path: Path, progress: Progress | None = None) -> str:
+        """The file's digest (cached, or hashed now); `progress` counts its bytes either way."""
         path = path.resolve()
         st = path.stat()
         key = _StatKey.of(st)
@@ -86,10 +104,12 @@ class FingerprintCache:
             and entry.get("hashed_at_ns", 0) - key.mtime_ns >= RACY_WINDOW_NS
         ):
             self.hits += 1
+            if progress is not None:
+                progress.update(key.size)
             return entry["digest"]
         self.misses += 1
         hashed_at_ns = time.time_ns()
-        digest = hash_file(path)
+        digest = hash_file(path, progress)
         with self._lock:
             self._entries[str(path)] = {**key.__dict__, "hashed_at_ns": hashed_at_ns, "digest": digest}
         return digest
@@ -123,8 +143,9 @@ def fingerprint_checkpoint(root: str | Path, cache: FingerprintCache | None = No
     cache = cache or FingerprintCache(persistent=persist)
     files = checkpoint_files(root)
     base = root.parent if root.is_file() else root
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        digests = list(pool.map(cache.digest, files))
+    total = sum(p.stat().st_size for p in files)
+    with Progress(f"fingerprint {root}", total, unit="B") as bar, ThreadPoolExecutor(max_workers=workers) as pool:
+        digests = list(pool.map(lambda p: cache.digest(p, bar), files))
     if own_cache:
         cache.save()
     h = blake3.blake3()

@@ -1,11 +1,16 @@
 """`tica leg ingest`: results already on disk, wrapped as sealed legs (docs/receipts.md, "Ingest").
 
-Three sources, each as its producer writes it:
+The sources, each as its producer writes it:
 
 - bench: a `vllm bench serve --save-result` JSON -> a throughput leg; bench.json is the file's
   bytes unchanged.
 - verl-metrics: verl's file logger (one JSON object per line: `step` and metric keys such as
   `training/rollout_probs_diff_max`, `actor/grad_norm`) -> a forward leg's metrics.jsonl.
+- verl-mlflow: the same metrics from an MLflow file store (`mlruns/<exp>/<run>/metrics/<key>`, one
+  `timestamp value step` line per value) -> the same forward leg; the run's params as
+  resolved_config.mlflow_params (verl logs its config there), source.json the sha256 of each file read.
+- verl-wandb: the same metrics from a W&B run-history export (JSONL, JSON or CSV rows holding
+  `_step`) -> the same forward leg. Formats: tica/ingest_trackers.py.
 - problems: per-problem JSONL (problem_id, correct, ...) -> a quality leg's results.jsonl, with
   contract.json only when one is given.
 - lm-eval: an `lm_eval --log_samples` output (results_<date>.json beside samples_<task>_<date>.jsonl)
@@ -32,10 +37,12 @@ from typing import Any
 
 from tica import strict_io
 from tica.errors import InputError
+from tica.ingest_trackers import mlflow_version_tag, read_mlflow_run, read_wandb_history
 from tica.metrics import VERL_FORWARD_KEYS
 from tica.receipts import (BENCH_FILE, CONTRACT_FILE, LEG_FILE, METRICS_FILE, RESULTS_FILE, ForwardStep, LegMeta,
                            ProblemResult, RecordedEvalContract, _validate, load_bench, load_json,
                            load_jsonl, load_quality_results, load_step_metrics)
+from tica.progress import Progress
 from tica.seal import seal_leg, sha256_file
 
 SOURCE_FILE = "source.json"
@@ -80,16 +87,31 @@ def _meta(path: Path, item: str, arm: str, producer: str | None, producer_versio
     return meta
 
 
-def _write_leg(out: Path, source: Path, kind: str, files: dict[str, bytes], **note_extra: Any) -> Path:
+def _source_note(source: Path, files: list[Path] | None) -> dict[str, Any]:
+    """Where the leg's data came from: a file and its sha256, or a folder and the sha256 of each
+    file read from it."""
+    if files is None:
+        return {"path": str(source.resolve()), "sha256": "sha256:" + sha256_file(source)}
+    with Progress(f"hash {source}", len(files)) as bar:
+        table = {}
+        for f in files:
+            table[f.relative_to(source).as_posix()] = "sha256:" + sha256_file(f)
+            bar.update()
+    return {"path": str(source.resolve()), "files": table}
+
+
+def _write_leg(out: Path, source: Path, kind: str, files: dict[str, bytes], source_files: list[Path] | None = None,
+               **note_extra: Any) -> Path:
     """Write files (leg.json among them) and source.json into a new leg at `out`, seal it, and
-    rename it into place; nothing is left behind on error."""
+    rename it into place; nothing is left behind on error. `source_files`: the files read from a
+    source folder (else `source` is the one file read)."""
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise InputError(out, "--out", "exists and is not an empty directory: a leg is written once")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.ingest-", dir=out.parent))
     try:
-        note = {"kind": kind, "path": str(source.resolve()), "sha256": "sha256:" + sha256_file(source), **note_extra}
+        note = {"kind": kind, **_source_note(source, source_files), **note_extra}
         for name, data in {**files, SOURCE_FILE: json.dumps(note, indent=1).encode()}.items():
             (tmp / name).write_bytes(data)
         seal_leg(tmp)
@@ -158,28 +180,69 @@ def _steps_file(path: Path, rows: list[dict[str, Any]], model: type) -> bytes:
     return data
 
 
-def ingest_verl_metrics(path: str | Path, out: str | Path, arm: str, producer_version: str | None = None) -> Path:
-    """verl's per-step metrics (its JSONL file logger) as a sealed forward leg. step_basis and
-    checkpoint_version are unknown (verl writes neither) unless a row states them."""
-    path = Path(path)
-    _raw(path)
-    rows, skipped = [], []
+def _forward_leg(path: Path, unit: str, rows: list[tuple[int, dict[str, Any]]], out: str | Path, arm: str,
+                 producer_version: str | None, kind: str, source_files: list[Path] | None = None,
+                 resolved_config: dict[str, Any] | None = None, **note: Any) -> Path:
+    """verl rows, each numbered where the source holds it (`unit` "line": (3, row) is line 3), as
+    a sealed forward leg. A row holding no forward metric (validation at step 0) is left out and
+    listed in source.json (`lines_without_forward_metrics`: [1])."""
+    kept, skipped = [], []
+    for n, row in rows:
+        if not any(k in row for k in VERL_FORWARD_KEYS):
+            skipped.append(n)
+            continue
+        _validate(ForwardStep, row, path, f"{unit} {n}")  # a bad row is named by where the source holds it
+        kept.append(row)
+    if not kept:
+        raise InputError(path, "<file>", f"no step holds a forward metric ({', '.join(VERL_FORWARD_KEYS)})")
+    data = _steps_file(path, kept, ForwardStep)
+    meta = _meta(path, "forward", arm, VERL_PRODUCER, producer_version, resolved_config=resolved_config)
+    return _write_leg(Path(out), path, kind, {LEG_FILE: _json_bytes(meta), METRICS_FILE: data},
+                      source_files=source_files, **note, **{f"{unit}s_without_forward_metrics": skipped})
+
+
+def _verl_file_rows(path: Path) -> list[tuple[int, dict[str, Any]]]:
+    rows = []
     for n, row in enumerate(load_jsonl(path), 1):
         if "step" not in row:
             raise InputError(path, f"line {n}.step", "missing: verl's file logger writes the step on every line")
         if isinstance(row.get("data"), dict) and set(row) == {"step", "data"}:
             row = {"step": row["step"], **row["data"]}  # verl's FileLogger: {"step": S, "data": {metric: value}}
-        if not any(k in row for k in VERL_FORWARD_KEYS):
-            skipped.append(n)  # e.g. validation before training (step 0): no forward measurement
-            continue
-        _validate(ForwardStep, row, path, f"line {n}")  # a bad row is named by its line in FILE
-        rows.append(row)
-    if not rows:
-        raise InputError(path, "<file>", f"no line holds a forward metric ({', '.join(VERL_FORWARD_KEYS)})")
-    data = _steps_file(path, rows, ForwardStep)
-    meta = _meta(path, "forward", arm, VERL_PRODUCER, producer_version)
-    return _write_leg(Path(out), path, "verl file logger (JSONL)", {LEG_FILE: _json_bytes(meta), METRICS_FILE: data},
-                      lines_without_forward_metrics=skipped)
+        rows.append((n, row))
+    return rows
+
+
+def ingest_verl_metrics(path: str | Path, out: str | Path, arm: str, producer_version: str | None = None) -> Path:
+    """verl's per-step metrics (its JSONL file logger) as a sealed forward leg. step_basis and
+    checkpoint_version are unknown (verl writes neither) unless a row states them."""
+    path = Path(path)
+    _raw(path)
+    return _forward_leg(path, "line", _verl_file_rows(path), out, arm, producer_version, "verl file logger (JSONL)")
+
+
+def ingest_verl_mlflow(path: str | Path, out: str | Path, arm: str, run_id: str | None = None,
+                       producer_version: str | None = None) -> Path:
+    """verl's per-step metrics from an MLflow file store (a run, experiment or mlruns folder) as a
+    sealed forward leg, as `ingest_verl_metrics` makes it. The verl version is the run's
+    `verl_version` tag if it has one (verl sets none), else --producer-version, else unknown."""
+    run = read_mlflow_run(Path(path), run_id)
+    stated = mlflow_version_tag(run)
+    version = _agree(run.run_dir / stated[0], "value", stated[1], producer_version, "--producer-version") \
+        if stated else producer_version
+    config = {"mlflow_params": run.params} if run.params else None  # verl logs its config as params
+    return _forward_leg(run.run_dir, "step", list(run.rows.items()), out, arm, version, "verl MLflow logger (file store)",
+                        source_files=run.files, resolved_config=config, run_id=run.meta["run_id"],
+                        experiment_id=run.meta.get("experiment_id"), run_name=run.meta.get("run_name"),
+                        producer_version_from=stated[0] if stated else None)
+
+
+def ingest_verl_wandb(path: str | Path, out: str | Path, arm: str, producer_version: str | None = None) -> Path:
+    """verl's per-step metrics from a W&B run-history export (.jsonl, .json, .csv) as a sealed
+    forward leg, as `ingest_verl_metrics` makes it; the verl version is unknown unless given."""
+    path = Path(path)
+    unit = "row" if path.suffix.lower() == ".json" else "line"
+    return _forward_leg(path, unit, read_wandb_history(path), out, arm, producer_version,
+                        f"W&B run history ({path.suffix.lstrip('.')})")
 
 
 def ingest_problems(path: str | Path, out: str | Path, arm: str, contract: str | Path | None = None,
@@ -406,5 +469,32 @@ def ingest_lm_eval(path: str | Path, out: str | Path, arm: str, task: str | None
                       contract_unknown=unknown)
 
 
+# What a bench JSON may leave out that the throughput judge compares (read from resolved_config).
+_BENCH_WORKLOAD = ("num_warmups", "input_len", "output_len", "ignore_eos")
+
+
+def leg_unknowns(leg: str | Path) -> list[str]:
+    """The fields an ingested leg leaves unknown (its source did not record them), as `--json`
+    lists them; the judge, not this list, decides which of them matter to a question."""
+    leg = Path(leg)
+    meta = json.loads((leg / LEG_FILE).read_text())
+    unknown = [k for k in ("producer", "producer_version") if meta.get(k) is None]
+    if meta["item"] == "forward":
+        rows = load_jsonl(leg / METRICS_FILE)
+        unknown += [k for k in ("step_basis", "checkpoint_version") if not any(r.get(k) is not None for r in rows)]
+    elif meta["item"] == "throughput":
+        config = meta.get("resolved_config") or {}
+        unknown += [k for k in ("round", "slot", "concurrency") if meta.get(k) is None]
+        unknown += [f"resolved_config.{k}" for k in _BENCH_WORKLOAD if k not in config]
+    elif meta["item"] == "quality":
+        if not (leg / CONTRACT_FILE).exists():
+            unknown.append("contract")
+        else:
+            contract = json.loads((leg / CONTRACT_FILE).read_text())
+            unknown += [f"contract.{k}" for k in RecordedEvalContract.model_fields if contract.get(k) is None]
+    return unknown
+
+
 INGESTERS: dict[str, Callable[..., Path]] = {"bench": ingest_bench, "verl-metrics": ingest_verl_metrics,
+                                             "verl-mlflow": ingest_verl_mlflow, "verl-wandb": ingest_verl_wandb,
                                              "problems": ingest_problems, "lm-eval": ingest_lm_eval}

@@ -15,6 +15,11 @@ every switch set, the versions of the command's own Python, the device, when the
 how it and the server ended, the files it wrote (--collect, and a `vllm bench serve` result file,
 collected as bench.json), and is sealed, also when the command fails.
 
+--json prints one JSON object on stdout and nothing else: {"leg", "item", "arm", "sealed", "exit",
+"processes", "collected", "errors"} (errors: why the leg is not clean); the command's own output
+then goes to stderr. On bad input: {"error": {"file", "field", "message", "line"}} (and the error on
+stderr).
+
 Exit code: 0 the leg is sealed and every recorded process exited 0; 1 the leg is sealed but the
 command or the server did not end cleanly, or something it names was not collected (the leg is
 evidence of that); 4 bad input (nothing ran, nothing written). `tica.cli` wires `add_parser` and
@@ -24,6 +29,7 @@ evidence of that); 4 bad input (nothing ran, nothing written). `tica.cli` wires 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -59,6 +65,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--python", help="the command's Python, when TICA cannot tell it (a shell script): its versions are recorded")
     p.add_argument("--weights", help="the model folder the leg served/trained: resolved_config.weights_hash")
     p.add_argument("--source", help="a git checkout the command ran from: leg.json source.commit")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object (the leg, or the error) only; the command's output goes to stderr")
     srv = p.add_argument_group("server (one of --server-cmd, --server-pid)")
     srv.add_argument("--server-cmd", metavar="'CMD ARGS'",
                      help="a server to start first (one shell-quoted string), stopped with SIGTERM after the command")
@@ -100,32 +108,47 @@ def spec_from(args: argparse.Namespace):
         python=path(args.python), source=path(args.source))
 
 
+def _bad_input(err: InputError, as_json: bool, out) -> int:
+    from tica.ingest_cli import error_json
+
+    print(f"tica: error: {err}", file=sys.stderr)
+    if as_json:
+        print(error_json(err), file=out)
+    return EXIT_BAD_INPUT
+
+
 def run(args: argparse.Namespace, out=None) -> int:
     """Run `tica leg run` from parsed arguments; the exit code."""
     from tica.leg_run import LegRunError, run_leg
 
     out = out or sys.stdout
+    as_json = getattr(args, "json", False)
     try:
         spec = spec_from(args)
-        echo = getattr(sys.stdout, "buffer", None)
+        # with --json, stdout holds the one JSON object: the command's output is echoed to stderr
+        echo = getattr(sys.stderr if as_json else sys.stdout, "buffer", None)
         outcome = run_leg(spec, echo=echo)
     except LegRunError as err:
-        print(f"tica: error: {InputError(CLI, err.field, err.message)}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return _bad_input(InputError(CLI, err.field, err.message), as_json, out)
     except InputError as err:
-        print(f"tica: error: {err}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return _bad_input(err, as_json, out)
     meta = outcome.meta
+    problems = outcome.problems
+    code = 0 if not problems else 1
+    collected = meta["resolved_config"].get("collected") or {}
+    if as_json:
+        print(json.dumps({"leg": str(outcome.leg_dir), "item": meta["item"], "arm": meta["arm"], "sealed": True,
+                          "exit": code, "processes": meta["processes"], "collected": collected,
+                          "errors": problems}, indent=1, default=str), file=out)
+        return code
     print(f"leg {outcome.leg_dir} sealed: {meta['item']} {meta['arm']}", file=out)
     for p in meta["processes"]:
         print(f"  {p['role']:<11} pid {p['pid']}: {p['end_state']} (exit code {p['exit_code']})", file=out)
-    collected = meta["resolved_config"].get("collected") or {}
     for name, src in collected.items():
         print(f"  collected {name} <- {src}", file=out)
-    problems = outcome.problems
     for why in problems:
         print(f"  problem: {why}", file=out)
-    return 0 if not problems else 1
+    return code
 
 
 def build_parser() -> argparse.ArgumentParser:

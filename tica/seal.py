@@ -1,7 +1,8 @@
 """Sealing a leg directory: `seal.json` names every file of the leg with its sha256.
 
 Standard library only: leg producers on GPU nodes call `seal_leg` as their last step, and
-judges call `check_seal` before reading anything.
+judges call `check_seal` before reading anything. Sealing a large leg shows its progress on
+stderr when that is a terminal (tica.progress, standard library too).
 """
 
 from __future__ import annotations
@@ -12,15 +13,19 @@ import json
 import os
 from pathlib import Path
 
+from tica.progress import Progress
+
 SEAL_FILE = "seal.json"
 SEAL_SCHEMA = "tica.seal/1"
 
 
-def sha256_file(path: Path) -> str:
+def sha256_file(path: Path, progress: Progress | None = None) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
+            if progress is not None:
+                progress.update(len(chunk))
     return h.hexdigest()
 
 
@@ -55,7 +60,9 @@ def _read_seal(seal_path: Path) -> dict:
 def seal_leg(leg_dir: str | Path) -> dict:
     """Write seal.json over every file under leg_dir; return the seal."""
     leg_dir = Path(leg_dir)
-    files = {p.relative_to(leg_dir).as_posix(): sha256_file(p) for p in _leg_files(leg_dir)}
+    paths = _leg_files(leg_dir)
+    with Progress(f"seal {leg_dir}", sum(p.stat().st_size for p in paths), unit="B") as bar:
+        files = {p.relative_to(leg_dir).as_posix(): sha256_file(p, bar) for p in paths}
     seal = {
         "schema": SEAL_SCHEMA,
         "algorithm": "sha256",

@@ -8,7 +8,8 @@ cd "$(dirname "$0")/../.."
 G=$(.venv/bin/python -c "from tica.models.smollm2 import gguf_path; print(gguf_path())")
 rm -rf .devstage/q1 .devstage/q2 .devstage/q3 && mkdir -p .devstage/q1 .devstage/q2 .devstage/q3
 head -c 20000000 "$G" > .devstage/q1/smollm2.gguf.part1
-tail -c +20000001 "$G" | head -c 58000000 > .devstage/q2/smollm2.gguf.part2
+# dd, not `tail | head`: under pipefail head's early close (SIGPIPE to tail) fails the script
+dd if="$G" of=.devstage/q2/smollm2.gguf.part2 bs=1M iflag=skip_bytes,count_bytes skip=20000000 count=58000000 status=none
 tail -c +78000001 "$G" > .devstage/q3/smollm2.gguf.part3
 sha256sum "$G" | cut -d' ' -f1 > .devstage/q3/smollm2.gguf.sha256
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \

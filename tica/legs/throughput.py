@@ -41,7 +41,8 @@ class Server:
     """The API server process and what became of it and of its engine processes."""
 
     def __init__(self, model: str, log_path: Path, *, port: int, max_model_len: int, gpu_memory_utilization: float,
-                 seed: int, shutdown_timeout: int, extra: list[str] | None = None) -> None:
+                 seed: int, shutdown_timeout: int, extra: list[str] | None = None,
+                 env: dict[str, str] | None = None) -> None:
         self.port = port
         self.log_path = log_path
         self.shutdown_timeout = shutdown_timeout
@@ -52,7 +53,8 @@ class Server:
                      "--shutdown-timeout", str(shutdown_timeout), *(extra or [])]
         self.cmd = [sys.executable, "-m", "tica.legs.api_server", *self.args]
         self._log = open(log_path, "ab")
-        self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
+                                     env=env)
         self.engine_pids: list[int] = []
         self.worker_pids: list[int] = []
         self.names: dict[int, str] = {}  # pid -> the OS's name for it while it ran

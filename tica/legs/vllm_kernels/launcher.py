@@ -15,11 +15,13 @@ import tarfile
 import time
 from pathlib import Path
 
+from tica.legs.common import SHUTDOWN_TIMEOUT_S
+
 from .bi1 import cmd_bi1
 from .forward_leg import FAULTS, cmd_bi0, cmd_bi0_megatron
 from .legio import log
 from .seeded_model import SHAPES, make_model
-from .server import cmd_bench_client, cmd_throughput
+from .server import CONCURRENCIES, STOP_MARGIN_S, cmd_bench_client, cmd_throughput
 
 
 def cmd_all(a) -> int:
@@ -116,8 +118,9 @@ def cmd_all(a) -> int:
         if rc == 0:
             for arm in ("bi1", "bi0"):
                 leg = f"quality_{arm}"
-                child(leg, ["--out", str(legs / leg), "--arm", arm, "--model", str(smol), "--passes", "greedy,sampled",
-                            "--gpu-memory-utilization", "0.2"] + (["--limit", "4"] if a.dry_run else []),
+                child(leg, ["--out", str(legs / leg), "--arm", arm, "--model", str(smol), "--passes", a.quality_passes,
+                            "--problems", a.quality_problems, "--gpu-memory-utilization", "0.2",
+                            "--shutdown-timeout", str(a.shutdown_timeout)] + (["--limit", "4"] if a.dry_run else []),
                       # the engine in its own process, so the leg records how EngineCore ended
                       {**{k: v for k, v in base_env.items() if k != "VLLM_BATCH_INVARIANT"},
                        "VLLM_ENABLE_V1_MULTIPROCESSING": "1"},
@@ -129,8 +132,10 @@ def cmd_all(a) -> int:
         if rc == 0 and not a.dry_run:
             t = time.time()
             cmd_throughput(argparse.Namespace(legs=str(legs), work=str(work / "tp"), model=str(mt),
-                                              deadline=deadline - 50, input_len=a.input_len, output_len=a.output_len,
-                                              rounds=a.rounds, util=0.4, prompts_mult=1, shrink_note=a.shrink_note))
+                                              deadline=deadline - 50 - a.shutdown_timeout - STOP_MARGIN_S, input_len=a.input_len,
+                                              output_len=a.output_len, rounds=a.rounds, util=0.4, prompts_mult=1,
+                                              shrink_note=a.shrink_note, concurrencies=a.concurrencies,
+                                              shutdown_timeout=a.shutdown_timeout))
             status["children"]["throughput"] = {"seconds": round(time.time() - t, 1)}
             for f in (work / "tp").glob("*.log"):
                 shutil.copy(f, logs / f"tp_{f.name}")
@@ -141,6 +146,13 @@ def cmd_all(a) -> int:
     pack_out()
     log(f"all done in {time.time() - t0:.1f}s")
     return 0
+
+
+def _concurrencies(text: str) -> tuple[int, ...]:
+    values = tuple(int(x) for x in text.split(",") if x.strip())
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"positive integers, comma-separated: {text!r}")
+    return values
 
 
 def main(argv=None) -> int:
@@ -182,6 +194,12 @@ def main(argv=None) -> int:
     p.add_argument("--tp", type=int, default=1, help="2: the forward at tensor-parallel 2 (bi1-tp, bi0 --tp 2) "
                    "instead of the TP=1 bi1/bi0 legs")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--concurrencies", type=_concurrencies, default=CONCURRENCIES,
+                   help="throughput: comma-separated, e.g. 1,64 (default %(default)s)")
+    p.add_argument("--shutdown-timeout", type=int, default=SHUTDOWN_TIMEOUT_S,
+                   help="the recipe's engine shutdown grace (vLLM's --shutdown-timeout), seconds")
+    p.add_argument("--quality-problems", default="arith30", help="quality: a shipped set (tica/problems) or a .jsonl")
+    p.add_argument("--quality-passes", default="greedy,sampled")
     p.add_argument("--input-len", type=int, default=8192)
     p.add_argument("--output-len", type=int, default=1024)
     p.add_argument("--shrink-note", default="none: the recipe's 8192 in / 1024 out, c=1/8/32/64, AB/BA/AB")

@@ -1,7 +1,9 @@
-"""The throughput legs (``producers throughput``, run by ``all --throughput``): `vllm serve` BI=0 and
-BI=1 side by side on one GPU, one client process running every leg's `vllm bench serve` in the
-crossed order AB/BA/AB (``producers bench-client``) until the device-time deadline, the servers
-stopped with SIGTERM and their ends recorded; legs past the deadline are written as not run, with why.
+"""The throughput legs (``producers throughput``, run by ``all --throughput``): vLLM's API server BI=0
+and BI=1 side by side on one GPU (``tica.legs.api_server``, with the recipe's ``--shutdown-timeout``,
+so the EngineCore's exit code is reported), one client process running every leg's `vllm bench
+serve` in the crossed order AB/BA/AB (``producers bench-client``) until the device-time deadline,
+the servers stopped with SIGTERM and their ends recorded; legs past the deadline are written as
+not run, with why.
 """
 
 from __future__ import annotations
@@ -9,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -18,58 +19,36 @@ from pathlib import Path
 # the core fingerprint of a model folder, as the manifest's checkpoint.path hashes (no cache file)
 from tica.models.hashing import weights_hash
 
+from tica.legs.common import SHUTDOWN_TIMEOUT_S
+
 from .legio import log
 
 CONCURRENCIES = (1, 8, 32, 64)
+STOP_MARGIN_S = 15  # past the EngineCore's shutdown grace before the producer SIGKILLs a server (launcher budgets it)
 
 
-def _healthy(port: int) -> bool:
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-            return r.status == 200
-    except Exception:  # noqa: BLE001
-        return False
+def _server_extra(attention_backend: str | None) -> list[str]:
+    """What the H200 recipe adds to the API server `tica.legs.throughput.Server` starts (None: the
+    platform's default backend, for a CPU smoke run)."""
+    backend = ["--attention-backend", attention_backend] if attention_backend else []
+    return ["--dtype", "bfloat16", *backend, "--served-model-name", "tput"]
 
 
-def _descendants(pid: int) -> list[tuple[int, str]]:
-    """(pid, comm) of every live descendant of pid, from /proc."""
-    parent = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:
-            continue
-        rest = text[text.rfind(")") + 2:].split()
-        comm = text[text.find("(") + 1:text.rfind(")")]
-        parent[int(stat.parent.name)] = (int(rest[1]), comm)
-    out, todo = [], [pid]
-    while todo:
-        cur = todo.pop()
-        for k, (pp, comm) in parent.items():
-            if pp == cur:
-                out.append((k, comm))
-                todo.append(k)
-    return sorted(out)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        st = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return st[st.rfind(")") + 2:].split()[0] != "Z"
-
-
-def _server_cmd(model: Path, port: int, max_len: int, util: float) -> list[str]:
-    return [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", str(model), "--host", "127.0.0.1",
-            "--port", str(port), "--dtype", "bfloat16", "--max-model-len", str(max_len),
-            "--gpu-memory-utilization", str(util), "--enforce-eager", "--no-enable-prefix-caching",
-            "--attention-backend", "FLASH_ATTN", "--seed", "0", "--served-model-name", "tput"]
+def _plan(rounds: int, concurrencies: tuple[int, ...], prompts_mult: int) -> list[dict]:
+    """The crossed order AB/BA/AB...: odd rounds BI=0 first, even rounds BI=1 first."""
+    plan = []
+    for r in range(1, rounds + 1):
+        order = ["bi0", "bi1"] if r % 2 == 1 else ["bi1", "bi0"]
+        for slot, arm in enumerate(order, 1):
+            for c in concurrencies:
+                plan.append({"arm": arm, "round": r, "slot": slot, "c": c, "num_prompts": max(2, c) * prompts_mult,
+                             "num_warmups": 1})
+    return plan
 
 
 def cmd_throughput(a) -> int:
+    from tica.legs.throughput import Server
+
     from . import legio
 
     legs = Path(a.legs)
@@ -79,37 +58,40 @@ def cmd_throughput(a) -> int:
     deadline = float(a.deadline)
     in_len, out_len = a.input_len, a.output_len
     max_len = in_len + out_len + 64
-    servers = {}
+    concurrencies = tuple(getattr(a, "concurrencies", None) or CONCURRENCIES)
+    shutdown_timeout = int(getattr(a, "shutdown_timeout", SHUTDOWN_TIMEOUT_S))
+    attention_backend = getattr(a, "attention_backend", "FLASH_ATTN")
+    servers: dict[str, Server] = {}
+    healthy: dict[str, bool] = {}
+    start_s: dict[str, float] = {}
     ports = {"bi0": 8100, "bi1": 8101}
-    plan = []
-    for r in range(1, a.rounds + 1):
-        order = ["bi0", "bi1"] if r % 2 == 1 else ["bi1", "bi0"]
-        for slot, arm in enumerate(order, 1):
-            for c in CONCURRENCIES:
-                plan.append({"arm": arm, "round": r, "slot": slot, "c": c, "num_prompts": max(2, c) * a.prompts_mult,
-                             "num_warmups": 1})
-    summary = {"plan": plan, "servers": {}, "legs": [], "not_run": []}
-    # servers one after the other (two starting at once confuse each other's memory profiling)
+    plan = _plan(a.rounds, concurrencies, a.prompts_mult)
+    summary = {"plan": plan, "servers": {}, "legs": [], "not_run": [], "shutdown_timeout": shutdown_timeout}
+    # servers one after the other (two starting at once confuse each other's memory profiling); each
+    # through tica.legs.api_server (vLLM's server, unchanged) so the EngineCore's exit code is reported
     for arm in ("bi0", "bi1"):
         env = dict(os.environ, VLLM_BATCH_INVARIANT="1" if arm == "bi1" else "0")
-        logf = open(work / f"server-{arm}.log", "wb")
         t = time.time()
-        p = subprocess.Popen(_server_cmd(model, ports[arm], max_len, a.util), env=env, stdout=logf,
-                             stderr=subprocess.STDOUT, start_new_session=True)
-        while time.time() - t < 240 and p.poll() is None and not _healthy(ports[arm]):
-            time.sleep(1)
-        ok = _healthy(ports[arm])
-        time.sleep(0.5)
-        kids = _descendants(p.pid)
-        servers[arm] = {"children": kids, "proc": p, "log": work / f"server-{arm}.log", "env": {k: v for k, v in env.items()
-                        if k.startswith(legio.RECORDED_ENV_PREFIXES)}, "start_s": time.time() - t, "healthy": ok}
-        log(f"server {arm} pid {p.pid} healthy={ok} after {time.time() - t:.1f}s")
-        if not ok:
+        servers[arm] = Server(str(model), work / f"server-{arm}.log", port=ports[arm], max_model_len=max_len,
+                              gpu_memory_utilization=a.util, seed=0, shutdown_timeout=shutdown_timeout,
+                              extra=_server_extra(attention_backend), env=env)
+        try:
+            servers[arm].wait_healthy(240)
+            healthy[arm] = True
+        except RuntimeError as err:
+            healthy[arm] = False
+            log(f"server {arm}: {err}")
+        start_s[arm] = time.time() - t
+        log(f"server {arm} pid {servers[arm].proc.pid} healthy={healthy[arm]} after {start_s[arm]:.1f}s "
+            f"(engine {servers[arm].engine_pids}, workers {servers[arm].worker_pids})")
+        if not healthy[arm]:
             break
+    server_env = {arm: {k: v for k, v in dict(os.environ, VLLM_BATCH_INVARIANT="1" if arm == "bi1" else "0").items()
+                        if k.startswith(legio.RECORDED_ENV_PREFIXES)} for arm in ("bi0", "bi1")}
     client_env = dict(os.environ)
     client_env.pop("VLLM_BATCH_INVARIANT", None)
     spec = work / "bench_plan.json"
-    ready = all(s["healthy"] for s in servers.values()) and len(servers) == 2
+    ready = len(healthy) == 2 and all(healthy.values())
     run_plan = plan if ready else []
     spec.write_text(json.dumps({"plan": run_plan, "ports": ports, "model": str(model), "tokenizer": str(model),
                                 "in": in_len, "out": out_len, "deadline": deadline, "results": str(work / "bench")}))
@@ -124,37 +106,21 @@ def cmd_throughput(a) -> int:
         except subprocess.TimeoutExpired:
             cp.kill()
             client_rc = cp.wait()
-    # stop servers: SIGTERM, 40 s grace, then SIGKILL (recorded)
-    ends = {}
+    # stop each: one SIGTERM (a second would make uvicorn skip its graceful path), then vLLM's own
+    # shutdown (the EngineCore gets --shutdown-timeout) plus a margin before the producer's SIGKILL
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(len(servers) or 1) as pool:  # both at once: the device-time deadline counts the slower
+        list(pool.map(lambda srv: srv.stop(grace=shutdown_timeout + STOP_MARGIN_S), servers.values()))
+    ends: dict[str, list[dict]] = {}
     for arm, s in servers.items():
-        if s["proc"].poll() is None:
-            s["proc"].send_signal(signal.SIGTERM)
-    for arm, s in servers.items():
-        p = s["proc"]
-        try:
-            rc = p.wait(timeout=40)
-            how = "SIGTERM, exited on its own"
-        except subprocess.TimeoutExpired:
-            p.kill()
-            rc = p.wait()
-            how = "did not exit within 40 s of SIGTERM: SIGKILL"
-        text = Path(s["log"]).read_text(errors="replace")
-        ends[arm] = [legio.process_record("api_server", p.pid, rc, text, how)]
-        for kpid, comm in s["children"]:
-            gone = not _alive(kpid)
-            fk = legio.FORCE_KILL_RE.search(text)
-            role = "engine_core" if "engine" in comm.lower() or "core" in comm.lower() else "worker"
-            ends[arm].append({"role": role, "pid": kpid, "exit_code": None,
-                              "end_state": ("force_killed" if fk else "exited") if gone else "running",
-                              "signal": None,
-                              "evidence": (f"child {comm!r} of the API server; " +
-                                           (fk.group(0) if fk else "gone after the API server's exit, no 'force "
-                                            "killing' line in its log") +
-                                           "; its exit code went to its parent (the API server) and is not "
-                                           "observable from the launcher")})
-        summary["servers"][arm] = {"pid": p.pid, "exit_code": rc, "start_s": s["start_s"], "healthy": s["healthy"],
-                                   "end": ends[arm]}
-        log(f"server {arm} exit {rc} ({how})")
+        ends[arm] = s.records()
+        left = s.reap_leftovers()
+        summary["servers"][arm] = {"pid": s.proc.pid, "exit_code": s.proc.returncode, "start_s": start_s.get(arm),
+                                   "healthy": healthy.get(arm), "stop": s.stop_evidence, "end": ends[arm],
+                                   "reaped_after_records": left}
+        log(f"server {arm} exit {s.proc.returncode} ({s.stop_evidence}); "
+            + ", ".join(f"{r['role']} {r.get('pid')}: {r.get('end_state')} {r.get('exit_code')}" for r in ends[arm]))
     clog_text = (work / "client.log").read_text(errors="replace") if (work / "client.log").exists() else ""
     client_rec = legio.process_record("client", client_pid, client_rc, clog_text,
                                       "one client process ran every leg's `vllm bench serve` in order "
@@ -169,16 +135,17 @@ def cmd_throughput(a) -> int:
         meta = legio.new_meta("throughput", leg["arm"], trainer=None, round=leg["round"], slot=leg["slot"],
                               concurrency=leg["c"], started_at=ran.get("started_at"))
         meta["ended_at"] = ran.get("ended_at")
-        s = servers.get(leg["arm"])
-        meta["env"] = dict((s or {}).get("env") or {}, VLLM_BATCH_INVARIANT="1" if leg["arm"] == "bi1" else "0")
-        meta["kernels"] = {"attention": "FLASH_ATTN", "matmul": "vLLM BI Triton persistent matmul" if leg["arm"] == "bi1"
+        meta["env"] = server_env[leg["arm"]]
+        meta["kernels"] = {"attention": attention_backend, "matmul": "vLLM BI Triton persistent matmul" if leg["arm"] == "bi1"
                            else "vLLM default (cuBLAS)", "cuda_graphs": "off (--enforce-eager, both arms)"}
+        s = servers.get(leg["arm"])
         meta["resolved_config"] = {"model": str(model), "weights_hash": w_hash, "model_shape": "tput",
                                    "num_prompts": leg["num_prompts"], "num_warmups": leg["num_warmups"],
                                    "input_len": in_len, "output_len": out_len, "ignore_eos": True,
                                    "random_range_ratio": 0, "max_model_len": max_len, "enforce_eager": True,
                                    "prefix_caching": False, "gpu_memory_utilization": a.util,
-                                   "server_cmd": " ".join(_server_cmd(model, ports[leg["arm"]], max_len, a.util)),
+                                   "shutdown_timeout": shutdown_timeout,
+                                   "server_cmd": " ".join(s.cmd) if s else None,
                                    "warmup_policy": "every leg sends its own warm-up request (full length) before "
                                                     "its measured requests (the workload fixes 1 per leg)",
                                    "co_resident": "both arms' servers stay up on the one GPU for the whole run "
@@ -196,6 +163,8 @@ def cmd_throughput(a) -> int:
             meta["not_run_reason"] = why
             meta["processes"] = list(ends.get(leg["arm"]) or []) + ([client_rec] if client_pid else [])
             summary["not_run"].append({"leg": name, "why": why})
+        if s is not None and s.log_path.is_file():
+            shutil.copy(s.log_path, d / "server.log")
         legio.write_meta(d, meta)
         legio.finalize_leg(d, [])
     (legs.parent / "throughput_summary.json").write_text(json.dumps(summary, indent=1, default=str))
