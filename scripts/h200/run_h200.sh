@@ -16,6 +16,8 @@
 #   the statistical-basis track (run7, issue 12): calls 1-3, then
 #     4 run("bash scripts/h200/run_h200.sh quality", carry=[".devstage/kit", ".devstage/q3"], timeout_s=600)
 #     5 run("bash scripts/h200/run_h200.sh throughput", carry=[".devstage/kit"], timeout_s=600)
+#   one call holds 3 crossed rounds of this workload (run7); run8's 6 rounds are two back-to-back calls on
+#   one warm machine: stage1, then `throughput --rounds 3`, then `throughput --rounds 3 --first-round 4`
 #     give_back()
 #   two H200s (nvidia-h200-x2): calls 1, then
 #     2 run("bash scripts/h200/run_h200.sh tp2", carry=[".devstage/c2", ".devstage/kit"], timeout_s=600)
@@ -69,11 +71,12 @@ case "$1" in
   throughput)
     # vLLM's API server BI=0 and BI=1 (tica.legs.api_server: EngineCore exits reported; both up, started
     # one after the other, --shutdown-timeout 30) + vllm bench serve, random 8192 in / 1024 out, ignore
+    nvidia-smi -L | tee -a "$OUT/run.log"  # the GPU's UUID: rounds continued by a later call ran on this one
     # EOS, c=1 and 64, crossed rounds AB/BA/... (6 asked; whole rounds only, until the deadline):
     # the question demo/questions/h200-basis/throughput.yaml freezes 5 (tica plan on run6)
     python3 -m tica.legs.vllm_kernels.producers all --no-forward --throughput --out "$OUT" \
       --work /tmp/tica_h200_tp --budget 585 --rounds 6 --concurrencies 1,64 --shutdown-timeout 30 \
-      --input-len 8192 --output-len 1024 \
+      --input-len 8192 --output-len 1024 "${@:2}" \
       --shrink-note "c=1 and 64 only (the planned pair), 8192 in / 1024 out" 2>&1 | tee -a "$OUT/run.log"
     ;;
   quality)

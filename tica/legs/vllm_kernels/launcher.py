@@ -134,7 +134,7 @@ def cmd_all(a) -> int:
             cmd_throughput(argparse.Namespace(legs=str(legs), work=str(work / "tp"), model=str(mt),
                                               deadline=deadline - 50 - a.shutdown_timeout - STOP_MARGIN_S, input_len=a.input_len,
                                               output_len=a.output_len, rounds=a.rounds, util=0.4, prompts_mult=1,
-                                              shrink_note=a.shrink_note, concurrencies=a.concurrencies,
+                                              shrink_note=a.shrink_note, concurrencies=a.concurrencies, first_round=a.first_round,
                                               shutdown_timeout=a.shutdown_timeout))
             status["children"]["throughput"] = {"seconds": round(time.time() - t, 1)}
             for f in (work / "tp").glob("*.log"):
@@ -194,6 +194,8 @@ def main(argv=None) -> int:
     p.add_argument("--tp", type=int, default=1, help="2: the forward at tensor-parallel 2 (bi1-tp, bi0 --tp 2) "
                    "instead of the TP=1 bi1/bi0 legs")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--first-round", type=int, default=1,
+                   help="throughput: number the rounds from here (continuing an earlier call's rounds on the same machine)")
     p.add_argument("--concurrencies", type=_concurrencies, default=CONCURRENCIES,
                    help="throughput: comma-separated, e.g. 1,64 (default %(default)s)")
     p.add_argument("--shutdown-timeout", type=int, default=SHUTDOWN_TIMEOUT_S,

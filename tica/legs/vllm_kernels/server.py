@@ -34,10 +34,11 @@ def _server_extra(attention_backend: str | None) -> list[str]:
     return ["--dtype", "bfloat16", *backend, "--served-model-name", "tput"]
 
 
-def _plan(rounds: int, concurrencies: tuple[int, ...], prompts_mult: int) -> list[dict]:
-    """The crossed order AB/BA/AB...: odd rounds BI=0 first, even rounds BI=1 first."""
+def _plan(rounds: int, concurrencies: tuple[int, ...], prompts_mult: int, first_round: int = 1) -> list[dict]:
+    """The crossed order AB/BA/AB...: odd rounds BI=0 first, even rounds BI=1 first. first_round > 1
+    continues a run whose earlier rounds an earlier call on the same machine ran."""
     plan = []
-    for r in range(1, rounds + 1):
+    for r in range(first_round, first_round + rounds):
         order = ["bi0", "bi1"] if r % 2 == 1 else ["bi1", "bi0"]
         for slot, arm in enumerate(order, 1):
             for c in concurrencies:
@@ -65,7 +66,7 @@ def cmd_throughput(a) -> int:
     healthy: dict[str, bool] = {}
     start_s: dict[str, float] = {}
     ports = {"bi0": 8100, "bi1": 8101}
-    plan = _plan(a.rounds, concurrencies, a.prompts_mult)
+    plan = _plan(a.rounds, concurrencies, a.prompts_mult, int(getattr(a, "first_round", 1)))
     summary = {"plan": plan, "servers": {}, "legs": [], "not_run": [], "shutdown_timeout": shutdown_timeout}
     # servers one after the other (two starting at once confuse each other's memory profiling); each
     # through tica.legs.api_server (vLLM's server, unchanged) so the EngineCore's exit code is reported
