@@ -71,9 +71,9 @@ case "$1" in
   throughput)
     # vLLM's API server BI=0 and BI=1 (tica.legs.api_server: EngineCore exits reported; both up, started
     # one after the other, --shutdown-timeout 30) + vllm bench serve, random 8192 in / 1024 out, ignore
-    nvidia-smi -L | tee -a "$OUT/run.log"  # the GPU's UUID: rounds continued by a later call ran on this one
     # EOS, c=1 and 64, crossed rounds AB/BA/... (6 asked; whole rounds only, until the deadline):
     # the question demo/questions/h200-basis/throughput.yaml freezes 5 (tica plan on run6)
+    nvidia-smi -L | tee -a "$OUT/run.log"  # the GPU's UUID: rounds continued by a later call ran on this one
     python3 -m tica.legs.vllm_kernels.producers all --no-forward --throughput --out "$OUT" \
       --work /tmp/tica_h200_tp --budget 585 --rounds 6 --concurrencies 1,64 --shutdown-timeout 30 \
       --input-len 8192 --output-len 1024 "${@:2}" \
