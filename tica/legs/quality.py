@@ -38,6 +38,9 @@ def render_prompts(tokenizer, problems: list[dict]) -> tuple[list[str], str]:
     return prompts, ident
 
 
+SUMMARY_FILE = "summary.json"  # per pass: correct, n, score, truncated
+
+
 def run_pass(llm, problems, prompts, *, sampling: dict, seed: int, length_cap: int, stop: list[str]):
     from vllm import SamplingParams
 
@@ -104,8 +107,12 @@ def main(argv: list[str] | None = None) -> int:
                 summary[name] = {"correct": n_ok, "n": len(rows), "score": n_ok / len(rows),
                                  "truncated": sum(r["truncated"] for r in rows)}
                 pipes.log.info(f"quality {name}: {n_ok}/{len(rows)} correct, {summary[name]['truncated']} truncated")
+            # The outcomes go beside the receipt, not into resolved_config: what describes an arm
+            # is compared across the arms (confounders), and a score differs by design.
+            (leg.dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=1))
             leg.meta["resolved_config"] = {"model": str(Path(args.model).resolve()), "weights_hash": weights,
-                                           **eargs, "problems": version, "passes": summary, "primary_pass": args.passes.split(",")[0]}
+                                           **eargs, "problems": version, "passes": list(summary),
+                                           "primary_pass": args.passes.split(",")[0]}
             leg.meta["kernels"] = {"rollout": engine.engine_kernels(llm, leg.log_text())}
             engine.shutdown_and_record(llm, leg)
             leg.end()
