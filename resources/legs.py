@@ -31,6 +31,7 @@ from tica.errors import ReceiptError
 from tica.evidence import EvidenceItem
 from tica.manifest import LoadedManifest
 from tica.question import Question, ThroughputCriteria
+from tica.receipt_archive import is_archive, unpacked
 from tica.seal import SEAL_FILE
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -164,10 +165,13 @@ class ReplayLegRunner(LegRunner):
     any layout (`<item>/<leg>/` or flat `<item>_<arm>_r1_c8/`). Nothing re-runs; a broken seal
     is caught by the receipt-integrity check and the judge, not hidden here."""
 
-    receipts_dir: str = Field(description="folder of committed sealed receipts")
+    receipts_dir: str = Field(description="folder of committed sealed receipts, or an archive of one "
+                                          "(.tar.xz/.tgz: unpacked once into $TICA_RECEIPTS_CACHE, tica.receipt_archive)")
 
     def track_folder(self, track: str) -> Path:
         root = Path(self.receipts_dir)
+        if is_archive(root):
+            root = unpacked(root)
         return root / track if (root / track).is_dir() else root
 
     def run_legs(self, context: AssetExecutionContext, request: LegRequest) -> list[Path]:

@@ -24,7 +24,8 @@ DEFAULT_ENV = {
     "DAGSTER_HOME": "data/dagster",
     "TICA_LEDGER": "data/ledger.duckdb",
     "TICA_DATA_DIR": "data",
-    "TICA_REPLAY": "h200-mid4=tests/fixtures/h200,h200-mid4-tp2=tests/fixtures/h200/run5",
+    "TICA_REPLAY": "h200-mid4=tests/fixtures/h200,h200-mid4-tp2=tests/fixtures/h200/run5,h200-tput=tests/fixtures/h200/basis.tar.xz,h200-smollm2=tests/fixtures/h200/basis.tar.xz",
+    "TICA_RECEIPTS_CACHE": "data/receipts",  # where archived receipts (basis.tar.xz) are unpacked
 }
 DEMO_MODELS = {"tiny": "tiny-llama", "smollm2": "smollm2-135m-instruct"}
 

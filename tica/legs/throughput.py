@@ -37,6 +37,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def recorded_command(cmd: list[str]) -> list[str]:
+    """A server command as a leg records it: the value of `--port` (a free loopback port, so it
+    differs between the arms' servers) as `{port}`, not to be read as a difference of the arms."""
+    return [("{port}" if i and cmd[i - 1] == "--port" else a) for i, a in enumerate(cmd)]
+
+
 class Server:
     """The API server process and what became of it and of its engine processes."""
 
@@ -59,6 +65,10 @@ class Server:
         self.worker_pids: list[int] = []
         self.names: dict[int, str] = {}  # pid -> the OS's name for it while it ran
         self.stop_evidence = ""
+
+    @property
+    def recorded_cmd(self) -> list[str]:
+        return recorded_command(self.cmd)
 
     @property
     def url(self) -> str:
@@ -231,7 +241,7 @@ def resolved_workload(args, c: int, num_prompts: int, server: Server | None, wei
             "num_warmups": args.num_warmups, "seed": args.seed, "max_model_len": args.max_model_len,
             "gpu_memory_utilization": args.gpu_memory_utilization, "enforce_eager": True, "enable_prefix_caching": False,
             # what the server was given (its command carries it); no server started: None
-            "shutdown_timeout": server.shutdown_timeout if server else None, "server_command": server.cmd if server else None}
+            "shutdown_timeout": server.shutdown_timeout if server else None, "server_command": server.recorded_cmd if server else None}
 
 
 def main(argv: list[str] | None = None) -> int:

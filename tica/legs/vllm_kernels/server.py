@@ -20,6 +20,7 @@ from pathlib import Path
 from tica.models.hashing import weights_hash
 
 from tica.legs.common import SHUTDOWN_TIMEOUT_S
+from tica.legs.engine import logged_engine_config
 
 from .legio import log
 
@@ -137,16 +138,18 @@ def cmd_throughput(a) -> int:
                               concurrency=leg["c"], started_at=ran.get("started_at"))
         meta["ended_at"] = ran.get("ended_at")
         meta["env"] = server_env[leg["arm"]]
-        meta["kernels"] = {"attention": attention_backend, "matmul": "vLLM BI Triton persistent matmul" if leg["arm"] == "bi1"
-                           else "vLLM default (cuBLAS)", "cuda_graphs": "off (--enforce-eager, both arms)"}
         s = servers.get(leg["arm"])
+        # what the arm's server logged resolving (parallel sizes, dtypes, caching, shutdown), never a label
+        # written by arm: the kernels the switch selects are its consequence, not a second difference
+        logged = logged_engine_config(s.log_path.read_text(errors="replace")) if s and s.log_path.is_file() else {}
+        meta["kernels"] = {"rollout": {"server": "vllm.entrypoints.openai.api_server", **logged}}
         meta["resolved_config"] = {"model": str(model), "weights_hash": w_hash, "model_shape": "tput",
                                    "num_prompts": leg["num_prompts"], "num_warmups": leg["num_warmups"],
                                    "input_len": in_len, "output_len": out_len, "ignore_eos": True,
                                    "random_range_ratio": 0, "max_model_len": max_len, "enforce_eager": True,
                                    "prefix_caching": False, "gpu_memory_utilization": a.util,
-                                   "shutdown_timeout": shutdown_timeout,
-                                   "server_cmd": " ".join(s.cmd) if s else None,
+                                   "shutdown_timeout": shutdown_timeout, "attention_backend": attention_backend,
+                                   "server_cmd": " ".join(s.recorded_cmd) if s else None,
                                    "warmup_policy": "every leg sends its own warm-up request (full length) before "
                                                     "its measured requests (the workload fixes 1 per leg)",
                                    "co_resident": "both arms' servers stay up on the one GPU for the whole run "

@@ -1,0 +1,80 @@
+"""Sealed receipts that travel as one archive (`receipts.tgz` as a GPU run returns it, or a
+committed `.tar.xz`), unpacked once into a cache folder named by the archive's sha256.
+
+The archive is transport only: every leg inside still carries its seal, and a judge checks it.
+Unpacking is strict: regular files and folders only (no links, devices or FIFOs), no absolute
+path and no `..`; anything else is refused naming the archive and the member (exit 4), and
+nothing is left behind. A cache folder is written whole (a temporary folder renamed into place),
+so a reader never sees half an archive.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tarfile
+import tempfile
+from pathlib import Path, PurePosixPath
+
+from tica.errors import InputError
+
+SUFFIXES = (".tar.xz", ".txz", ".tar.gz", ".tgz", ".tar")
+CACHE_ENV = "TICA_RECEIPTS_CACHE"
+
+
+def is_archive(path: Path) -> bool:
+    return path.name.endswith(SUFFIXES)
+
+
+def default_cache() -> Path:
+    """$TICA_RECEIPTS_CACHE, else ~/.cache/tica/receipts."""
+    env = os.environ.get(CACHE_ENV)
+    return Path(env) if env else Path.home() / ".cache" / "tica" / "receipts"
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _checked_members(archive: Path, tar: tarfile.TarFile) -> list[tarfile.TarInfo]:
+    members = []
+    for m in tar.getmembers():
+        name = PurePosixPath(m.name)
+        if name.is_absolute() or ".." in name.parts:
+            raise InputError(archive, m.name, "a member outside the archive's folder (absolute or '..')")
+        if not (m.isfile() or m.isdir()):
+            raise InputError(archive, m.name, "not a regular file or folder (links, devices and FIFOs are refused)")
+        members.append(m)
+    return members
+
+
+def unpacked(archive: str | Path, cache: str | Path | None = None) -> Path:
+    """The folder holding `archive`'s contents, unpacking it on first use."""
+    archive = Path(archive)
+    if not archive.is_file():
+        raise InputError(archive, "<file>", "no such archive")
+    root = Path(cache) if cache is not None else default_cache()
+    target = root / _sha256(archive)[:24]
+    if target.is_dir():
+        return target
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".unpacking-", dir=root))
+    try:
+        try:
+            with tarfile.open(archive) as tar:
+                tar.extractall(tmp, members=_checked_members(archive, tar), filter="data")
+        except (tarfile.TarError, EOFError, OSError) as err:
+            raise InputError(archive, "<archive>", f"not a readable tar archive: {err}") from None
+        try:
+            tmp.rename(target)
+        except OSError:
+            if not target.is_dir():  # another process did not win the race: a real failure
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
