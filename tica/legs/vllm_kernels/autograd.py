@@ -2,9 +2,9 @@
 analytic gradient written here in torch, in fp32 (or float64 when the inputs are float64).
 
 No vLLM kernel has a backward; FA3 in vLLM's wheel is forward-only. The attention backward is
-a reference recompute: softmax(scale QK^T) is rebuilt in fp32 per sequence and head from the
-saved bf16 q, k, v (not FA3's own statistics), then the standard formulas. Its gradient is
-therefore the gradient of exact attention at the saved inputs, not of FA3's rounding.
+a tiled recompute: softmax(scale QK^T) is rebuilt in fp32 from the saved bf16 q, k, v (not FA3's
+own statistics), tile by tile, then the standard formulas. Its gradient is therefore the
+gradient of exact attention at the saved inputs, not of FA3's rounding.
 
 ``planted_backward_error(op)`` makes one op's backward deliberately wrong: the negative control
 that proves the gradient check can fail.
@@ -17,7 +17,7 @@ from contextlib import contextmanager
 import torch
 
 _WRONG: set[str] = set()
-OPS = ("linear", "rms_norm", "fused_add_rms_norm", "rotary", "silu_and_mul", "attention", "logprob")
+OPS = ("linear", "rms_norm", "fused_add_rms_norm", "rotary", "silu_and_mul", "attention", "logprob", "lm_head_logprob")
 
 
 @contextmanager
@@ -158,8 +158,34 @@ class SiluAndMulFn(torch.autograd.Function):
         return None, torch.cat((dg, du), dim=-1).to(x.dtype)
 
 
+ATTN_BLOCK = 256  # query/key tile of the attention backward: [Hq, ATTN_BLOCK, ATTN_BLOCK] wide scores at a time
+
+
+def _tiles(cu_seqlens, total: int, block: int):
+    """(q0, q1, [(k0, k1), ...]) over the packed tokens: for each query tile, the key tiles that
+    hold a key some query of it attends to (same sequence, not later): the causal block diagonal."""
+    cu = [int(c) for c in cu_seqlens.tolist()]
+    seq_start = torch.empty(total, dtype=torch.long)
+    for s, e in zip(cu[:-1], cu[1:]):
+        seq_start[s:e] = s
+    for q0 in range(0, total, block):
+        q1 = min(total, q0 + block)
+        first_key = int(seq_start[q0])  # the earliest key any query of this tile can see
+        yield q0, q1, [(k0, min(q1, k0 + block)) for k0 in range(first_key - first_key % block, q1, block)]
+
+
+def _tile_scores(qg, kb, pos_q, pos_k, seq_q, seq_k, scale):
+    """Scaled scores of one tile, [Hk, rep, Bq, Bk], -inf where a query may not see a key."""
+    s = torch.einsum("qgrd,kgd->grqk", qg, kb) * scale
+    allowed = (seq_q[:, None] == seq_k[None, :]) & (pos_k[None, :] <= pos_q[:, None])
+    return s.masked_fill(~allowed, float("-inf"))
+
+
 class AttentionFn(torch.autograd.Function):
-    """Causal varlen attention; backward by fp32 reference recompute (see module docstring)."""
+    """Causal varlen attention; backward by a tiled fp32 recompute (see module docstring): per
+    query tile, the softmax statistics and the output are rebuilt online over its key tiles
+    (as FlashAttention's backward does), then dq, dk, dv tile by tile. All heads at once (GQA
+    groups as a tensor axis); no [L, L] matrix for a whole sequence is ever formed."""
 
     @staticmethod
     def forward(ctx, kernels, q, k, v, cu_seqlens, max_seqlen, scale):
@@ -172,35 +198,48 @@ class AttentionFn(torch.autograd.Function):
         q, k, v, cu_seqlens = ctx.saved_tensors
         scale = ctx.scale
         wd = _wide(q.dtype)
-        hq, hk = q.shape[1], k.shape[1]
+        T, hq, D = q.shape
+        hk = k.shape[1]
         rep = hq // hk
-        dq = torch.zeros(q.shape, dtype=wd, device=q.device)
-        dk = torch.zeros(k.shape, dtype=wd, device=q.device)
-        dv = torch.zeros(v.shape, dtype=wd, device=q.device)
-        cu = [int(c) for c in cu_seqlens.tolist()]
-        for s, e in zip(cu[:-1], cu[1:]):
-            L = e - s
-            causal = torch.ones(L, L, dtype=torch.bool, device=q.device).triu(1)
-            for h in range(hq):
-                kh = h // rep
-                qh = q[s:e, h].to(wd)
-                khd = k[s:e, kh].to(wd)
-                vh = v[s:e, kh].to(wd)
-                gh = go[s:e, h].to(wd)
-                sc = (qh @ khd.t()) * scale
-                sc = sc.masked_fill(causal, float("-inf"))
-                m = sc.amax(-1, keepdim=True)
-                p = torch.exp(sc - m)
-                p = p / p.sum(-1, keepdim=True)
-                dp = gh @ vh.t()
-                if "attention" in _WRONG:
-                    ds = p * dp  # planted: drops the softmax normaliser term
-                else:
-                    ds = p * (dp - (dp * p).sum(-1, keepdim=True))
-                dv[s:e, kh] += p.t() @ gh
-                dq[s:e, h] = (ds @ khd) * scale
-                dk[s:e, kh] += (ds.t() @ qh) * scale
-        return None, dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None
+        qw = q.to(wd).view(T, hk, rep, D)
+        kw, vw = k.to(wd), v.to(wd)
+        gw = go.to(wd).view(T, hk, rep, D)
+        dq = torch.zeros_like(qw)
+        dk = torch.zeros_like(kw)
+        dv = torch.zeros_like(vw)
+        pos = torch.arange(T, device=q.device)
+        seq = torch.zeros(T, dtype=torch.long, device=q.device)
+        seq[cu_seqlens[1:-1].long()] = 1
+        seq = seq.cumsum(0)  # which packed sequence each token belongs to
+        for q0, q1, keys in _tiles(cu_seqlens.cpu(), T, ATTN_BLOCK):
+            qg, gg, pos_q, seq_q = qw[q0:q1], gw[q0:q1], pos[q0:q1], seq[q0:q1]
+            # pass 1: row max m, normaliser l and output o over the key tiles (online softmax)
+            m = torch.full((hk, rep, q1 - q0), float("-inf"), dtype=wd, device=q.device)
+            l = torch.zeros_like(m)
+            o = torch.zeros((hk, rep, q1 - q0, D), dtype=wd, device=q.device)
+            for k0, k1 in keys:
+                s = _tile_scores(qg, kw[k0:k1], pos_q, pos[k0:k1], seq_q, seq[k0:k1], scale)
+                m_new = torch.maximum(m, s.amax(-1))
+                base = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+                p = torch.exp(s - base[..., None])
+                alpha = torch.exp(m - base)
+                l = l * alpha + p.sum(-1)
+                o = o * alpha[..., None] + torch.einsum("grqk,kgd->grqd", p, vw[k0:k1])
+                m = m_new
+            lse = m + torch.log(l)
+            o = o / l[..., None]
+            # D_i = dO_i . O_i = sum_j P_ij dP_ij: the softmax normaliser term of dS
+            delta = torch.einsum("qgrd,grqd->grq", gg, o)
+            # pass 2: the gradients, tile by tile
+            for k0, k1 in keys:
+                s = _tile_scores(qg, kw[k0:k1], pos_q, pos[k0:k1], seq_q, seq[k0:k1], scale)
+                p = torch.exp(s - lse[..., None])
+                dp = torch.einsum("qgrd,kgd->grqk", gg, vw[k0:k1])
+                ds = p * dp if "attention" in _WRONG else p * (dp - delta[..., None])  # planted: drops the normaliser
+                dv[k0:k1] += torch.einsum("grqk,qgrd->kgd", p, gg)
+                dq[q0:q1] += torch.einsum("grqk,kgd->qgrd", ds, kw[k0:k1]) * scale
+                dk[k0:k1] += torch.einsum("grqk,qgrd->kgd", ds, qg) * scale
+        return None, dq.view(T, hq, D).to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None
 
 
 class TokenLogprobFn(torch.autograd.Function):
@@ -226,6 +265,51 @@ class TokenLogprobFn(torch.autograd.Function):
                 d.scatter_add_(-1, targets[s:s + step].long().reshape(-1, 1), gs)
             out[s:s + step] = d.to(logits.dtype)
         return None, out, None
+
+
+LOGPROB_CHUNK_ELEMS = 1 << 26  # a vocabulary chunk of the fused backward holds at most this many wide logits
+
+
+class LmHeadLogprobFn(torch.autograd.Function):
+    """lm_head and the sampled-token logprob in one: forward is the kernels' linear then their
+    logprob (as vLLM computes them); backward never forms the [T, V] gradient of the logits. It
+    walks the vocabulary in chunks, recomputing each chunk's logits in wide precision: pass 1 the
+    row log-sum-exp, pass 2 dlogits = g (onehot - softmax) chunk by chunk, folded at once into
+    d(hidden) and that chunk's rows of d(weight)."""
+
+    @staticmethod
+    def forward(ctx, kernels, h, w, targets):
+        ctx.save_for_backward(h, w, targets)
+        return kernels.token_logprobs(kernels.linear(h, w, None), targets)
+
+    @staticmethod
+    def backward(ctx, g):
+        h, w, targets = ctx.saved_tensors
+        wd = _wide(h.dtype)
+        T, V = h.shape[0], w.shape[0]
+        hw, gw = h.to(wd), g.to(wd)
+        step = max(1, LOGPROB_CHUNK_ELEMS // max(1, T))
+        chunks = [(v0, min(V, v0 + step)) for v0 in range(0, V, step)]
+        lse = torch.full((T,), float("-inf"), dtype=wd, device=h.device)
+        for v0, v1 in chunks:
+            lse = torch.logaddexp(lse, torch.logsumexp(hw @ w[v0:v1].to(wd).t(), dim=-1))
+        dh = torch.zeros_like(hw)
+        dw = torch.empty(w.shape, dtype=w.dtype, device=w.device)
+        tgt = targets.long()
+        for v0, v1 in chunks:
+            wc = w[v0:v1].to(wd)
+            dlogits = -torch.exp(hw @ wc.t() - lse[:, None]) * gw[:, None]
+            if "lm_head_logprob" not in _WRONG:  # planted: the target's own term dropped
+                inside = (tgt >= v0) & (tgt < v1)
+                rows = inside.nonzero().squeeze(-1)
+                dlogits[rows, tgt[rows] - v0] += gw[rows]
+            dh += dlogits @ wc
+            dw[v0:v1] = (dlogits.t() @ hw).to(w.dtype)
+        return None, dh.to(h.dtype), dw, None
+
+
+def lm_head_logprobs(kernels, h, w, targets):
+    return LmHeadLogprobFn.apply(kernels, h, w, targets)
 
 
 def linear(kernels, x, w, b=None):

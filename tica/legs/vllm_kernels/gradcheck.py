@@ -44,6 +44,7 @@ def _cases(device, dtype, gen, kernel_dtype=None):
         "silu_and_mul": (lambda K, x: A.silu_and_mul(K, x), [rn(T, 2 * Hd)], [0]),
         "attention": (lambda K, q, k, v: A.attention(K, q, k, v, cu, 40, D ** -0.5), [rn(T, Hq, D), rn(T, Hk, D), rn(T, Hk, D)], [0, 1, 2]),
         "logprob": (lambda K, lg: A.token_logprobs(K, lg, tg), [rn(T, V, scale=2.0)], [0]),
+        "lm_head_logprob": (lambda K, h, w: A.lm_head_logprobs(K, h, w, tg), [rn(T, Hd), rn(V, Hd, scale=0.1)], [0, 1]),
     }, {"pos": pos, "cache": cache, "cu": cu, "tg": tg}
 
 
@@ -93,6 +94,7 @@ def _direct(op):
         "silu_and_mul": lambda K, x: R.silu_and_mul(x),
         "attention": lambda K, q, k, v, cu, m, s: R.attention(q, k, v, cu, m, s),
         "logprob": lambda K, lg, tg: R.token_logprobs(lg, tg),
+        "lm_head_logprob": lambda K, h, w, tg: R.token_logprobs(R.linear(h, w, None), tg),
     }[op]
 
 
@@ -103,7 +105,7 @@ class _Patched:
         self.saved = {}
         for name, op in (("linear", "linear"), ("rms_norm", "rms_norm"), ("fused_add_rms_norm", "fused_add_rms_norm"),
                          ("rotary", "rotary"), ("silu_and_mul", "silu_and_mul"), ("attention", "attention"),
-                         ("token_logprobs", "logprob")):
+                         ("token_logprobs", "logprob"), ("lm_head_logprobs", "lm_head_logprob")):
             orig = getattr(A, name)
             self.saved[name] = orig
 

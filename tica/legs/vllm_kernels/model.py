@@ -258,6 +258,9 @@ class KernelLlama(torch.nn.Module):
             max_seqlen = int((cu[1:] - cu[:-1]).max())
         h = self.hidden(ids, cu, max_seqlen)
         rows, tgt = scored_rows(ids, cu)
+        if self.tp == 1 and self.fault not in ("lm_head", FAULT_LOGPROB):
+            # forward: the kernels' lm_head then logprob; backward chunked over the vocabulary
+            return A.lm_head_logprobs(self.kernels, h[rows], self.lm_head_weight(), tgt)
         if self.tp > 1:
             logits = self._tp_lm_head(h[rows])
         else:
