@@ -77,6 +77,30 @@ def _strict_yaml_loader():
     return StrictLoader
 
 
+def input_bytes(path: str | Path, exc_cls: type[InputError] = InputError) -> bytes:
+    """A regular file's bytes (tica.strict_io); failures name the file (exit 4)."""
+    from tica import strict_io
+
+    try:
+        return strict_io.regular_file_bytes(path)
+    except FileNotFoundError:
+        raise exc_cls(path, "<file>", "no such file") from None
+    except OSError as err:
+        raise exc_cls(path, "<file>", f"cannot read: {err.strerror}") from None
+    except strict_io.StrictInputError as err:
+        raise exc_cls(path, "<file>", str(err)) from None
+
+
+def input_text(path: str | Path, exc_cls: type[InputError] = InputError) -> str:
+    """A regular file's UTF-8 text; failures name the file (exit 4)."""
+    from tica import strict_io
+
+    try:
+        return strict_io.text_of(input_bytes(path, exc_cls))
+    except strict_io.StrictInputError as err:
+        raise exc_cls(path, "<file>", str(err)) from None
+
+
 def read_yaml_mapping(path: str | Path, exc_cls: type[InputError]) -> tuple[bytes, dict]:
     """A YAML file's bytes and its top-level mapping; failures name the file and what broke.
     Only a regular file is read; duplicate keys and nesting past strict_io.MAX_DEPTH are refused."""

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from tica import strict_io
-from tica.errors import InputError
+from tica.errors import InputError, input_bytes
 from tica.ingest_trackers import mlflow_version_tag, read_mlflow_run, read_wandb_history
 from tica.metrics import VERL_FORWARD_KEYS
 from tica.receipts import (BENCH_FILE, CONTRACT_FILE, LEG_FILE, METRICS_FILE, RESULTS_FILE, ForwardStep, LegMeta,
@@ -57,14 +57,7 @@ ARMS = ("bi1", "bi0")
 
 
 def _raw(path: Path) -> bytes:
-    try:
-        return strict_io.regular_file_bytes(path)
-    except FileNotFoundError:
-        raise InputError(path, "<file>", "no such file") from None
-    except OSError as err:
-        raise InputError(path, "<file>", f"cannot read: {err.strerror}") from None
-    except strict_io.StrictInputError as err:
-        raise InputError(path, "<file>", str(err)) from None
+    return input_bytes(path)
 
 
 def _agree(path: Path, field: str, stated: Any, given: Any, flag: str) -> Any:

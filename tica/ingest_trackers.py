@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from tica import strict_io
-from tica.errors import InputError, read_yaml_mapping
+from tica.errors import InputError, input_text, read_yaml_mapping
 from tica.progress import Progress
 
 META = "meta.yaml"
@@ -48,14 +48,7 @@ VERSION_TAGS = ("verl_version", "verl.version")
 
 
 def _text(path: Path) -> str:
-    try:
-        return strict_io.text_of(strict_io.regular_file_bytes(path))
-    except FileNotFoundError:
-        raise InputError(path, "<file>", "no such file") from None
-    except OSError as err:
-        raise InputError(path, "<file>", f"cannot read: {err.strerror}") from None
-    except strict_io.StrictInputError as err:
-        raise InputError(path, "<file>", str(err)) from None
+    return input_text(path)
 
 
 # ---------------------------------------------------------------- MLflow file store
