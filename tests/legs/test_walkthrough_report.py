@@ -1,0 +1,174 @@
+"""Issue 13, "Bring your own runs": judge runs you already have, together, in the track's report.
+
+Real files from the real tools on this machine (tests/legs/walkthrough_project.py makes them, as
+docs/leg-run.md "Judge them together" tells a user to): `vllm bench serve` against a CPU vLLM
+server under `tica leg run` (one crossed round, both arms), `lm_eval --model hf` on the tiny
+model under `tica leg run` and ingested, verl's per-step metrics as its file logger and its MLflow
+logger store them, ingested. The folder (with its `replay.yaml`), a candidate manifest for the
+tiny model and frozen questions are judged by the real Dagster job (`python -m tica_assets.demo
+--tracks mytrack`, TICA_REPLAY=mytrack=FOLDER), and the verdicts are read where a user reads them:
+`tica ledger query` on `track_verdicts` and the report asset's metadata.
+
+What must hold: every format gives a verdict cell with its reasons; what a tool did not record is
+listed as unknown; nothing passes that cannot (a CPU BI=1 vLLM server has no batch invariance, so
+its bench arm fails; the hf lm_eval "bi1" run only had VLLM_BATCH_INVARIANT=1 in its environment).
+Negative control: an ingested leg edited after sealing is named in the report, never accepted."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.legs import walkthrough_project as W
+from tica.evidence import EvidenceItem
+from tica.seal import check_seal
+
+# who may have written a judged leg.json: the tools' own producers, never this test
+PRODUCERS = {"tica leg run", "lm_eval", "verl"}
+
+
+def _ledger_query(env: dict, sql: str) -> list[dict]:
+    run = subprocess.run([str(W.BIN / "tica"), "ledger", "query", sql, "--json"], env={**os.environ, **env},
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    data = json.loads(run.stdout)
+    return [dict(zip(data["columns"], row)) for row in data["rows"]]
+
+
+def _materializations(home: Path):
+    from dagster import DagsterInstance
+
+    from tica_assets.keys import evidence_key, report_key
+
+    instance = DagsterInstance.from_config(str(home))
+    evidence = {i.value: instance.get_latest_materialization_event(evidence_key(W.TRACK, i)).asset_materialization.metadata
+                for i in EvidenceItem}
+    report = instance.get_latest_materialization_event(report_key(W.TRACK)).asset_materialization.metadata
+    return instance, evidence, report
+
+
+@pytest.mark.slow
+def test_runs_you_already_have_are_judged_together_in_the_tracks_report(tiny_model, tmp_path, monkeypatch):
+    t0 = time.time()
+    folder = tmp_path / "runs" / W.TRACK  # what TICA_REPLAY names for the track
+    work = tmp_path / "work"  # where the tools wrote their own output
+    work.mkdir()
+
+    # ---- the runs, by the real tools, each sealed by `tica leg run` / `tica leg ingest`
+    bench = W.bench_legs(folder, tiny_model, work / "bench-results")
+    for arm, run in bench.items():
+        leg = json.loads(run.stdout)  # --json: one object, the leg
+        assert leg["sealed"] and leg["item"] == "throughput", run.stderr[-3000:]
+    assert json.loads(bench["bi0"].stdout)["exit"] == 0, bench["bi0"].stderr[-3000:]  # a clean BI=0 leg
+    t_bench = time.time() - t0
+    quality = W.lm_eval_legs(folder, tiny_model, work)
+    for arm, run in quality.items():
+        assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    W.verl_legs(folder, work)
+    (folder / "replay.yaml").write_text(W.REPLAY_YAML)
+    W.write_manifest(tmp_path / "candidates", tiny_model)
+    W.write_questions(tmp_path / "questions")
+    t_legs = time.time() - t0
+
+    # ---- the real Dagster job, as a user runs it
+    env = W.project_env(tmp_path, folder)
+    demo = subprocess.run([sys.executable, "-m", "tica_assets.demo", "--tracks", W.TRACK, "--models", ""],
+                          cwd=W.REPO, env={**os.environ, **env}, capture_output=True, text=True, timeout=300)
+    assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-5000:]
+    assert f"{W.TRACK}: run" in demo.stdout and "succeeded" in demo.stdout
+
+    # ---- the verdicts, where a user reads them
+    rows = {r["item"]: r for r in _ledger_query(env, f"SELECT * FROM track_verdicts WHERE track='{W.TRACK}'")}
+    assert set(rows) == {i.value for i in EvidenceItem}, rows
+    home = Path(env["DAGSTER_HOME"])
+    instance, evidence, report = _materializations(home)
+    reasons = {item: meta["reasons"].value for item, meta in evidence.items()}
+    for item, row in rows.items():
+        assert row["verdict"] == evidence[item]["verdict"].value  # the ledger and the asset agree
+        assert report[f"cell: {item}"].value  # every item shows in the report
+        assert reasons[item].startswith("- "), (item, reasons[item])  # a cell with its reasons
+
+    # nothing passes, nothing is accepted: these runs cannot support a pass
+    assert not [i for i, r in rows.items() if r["verdict"] == "pass"], rows
+    assert report["acceptance"].value.startswith("not accepted")
+    judged = {"forward", "quality", "throughput", "clean_exit", "artifacts"}
+    assert {i for i, r in rows.items() if r["after_the_fact"]} == judged  # recorded before the questions were frozen
+    assert set(report["after_the_fact"].value.split(", ")) == judged
+    assert rows["backward"]["verdict"] == rows["update"]["verdict"] == "not run"  # no legs named: nothing invented
+
+    # every judged leg was sealed by a tool, reads as sealed, and is one replay.yaml names
+    legs = _ledger_query(env, "SELECT DISTINCT leg_dir, item, status FROM legs")
+    assert {Path(r["leg_dir"]).relative_to(folder).as_posix() for r in legs} == {
+        "throughput/r1-bi1-c2", "throughput/r1-bi0-c2", "quality/bi1", "quality/bi0",
+        "forward/file-bi1", "forward/file-bi0", "forward/mlflow-bi1", "forward/mlflow-bi0"}
+    for r in legs:
+        meta = json.loads((Path(r["leg_dir"]) / "leg.json").read_text())
+        assert meta["producer"] in PRODUCERS and r["status"] == "sealed", (r, meta["producer"])
+        assert check_seal(Path(r["leg_dir"])) == []
+
+    # throughput (`vllm bench serve` under `tica leg run`): the CPU BI=1 server has no batch
+    # invariance: its requests failed, the round is invalid, no loss is computed, nothing passes
+    assert rows["throughput"]["verdict"] != "pass"
+    assert "completed 0 of 4 requests" in reasons["throughput"] and "0 valid round(s)" in reasons["throughput"]
+    assert "device.name not recorded (unknown)" in reasons["throughput"]  # no nvidia-smi: no name invented
+    assert "workload_receipts" in rows["throughput"]["checks"]
+
+    # quality (lm_eval hf, ingested): the bi1 run only had the switch in its environment; lm_eval
+    # records no device, versions, kernels or weights hash: listed unknown, never a pass
+    assert rows["quality"]["verdict"] != "pass"
+    assert "N=8" in rows["quality"]["summary"]
+    assert any("not recorded (unknown)" in r and "device.name" in r and "kernels" in r and "bi1" in r
+               for r in reasons["quality"].splitlines()), reasons["quality"]
+    run_bi1 = json.loads((folder / "quality" / "lm_eval-run-bi1" / "leg.json").read_text())
+    assert run_bi1["env"]["VLLM_BATCH_INVARIANT"] == "1"  # all the hf "bi1" run had
+    ingested = json.loads((folder / "quality" / "bi1" / "leg.json").read_text())
+    assert not ingested.get("env") and not ingested.get("device") and not ingested.get("kernels")  # not invented
+
+    # forward (verl's file logger, then its MLflow store as a second run): each judged, with unknowns
+    verdicts = _ledger_query(env, "SELECT verdict_id, verdict, rerun_of FROM verdicts WHERE item = 'forward' ORDER BY seq")
+    assert len(verdicts) == 2 and verdicts[1]["rerun_of"] == verdicts[0]["verdict_id"]
+    assert rows["forward"]["verdict_id"] == verdicts[1]["verdict_id"] and rows["forward"]["verdict"] != "pass"
+    earlier = evidence["forward"]["earlier_runs"].value
+    assert earlier.startswith("- verl-file-logger: inconclusive"), earlier
+    assert "unknown: step_basis, checkpoint_version" in reasons["forward"]
+    assert "mlflow-bi1" in reasons["forward"]
+    for leg in ("file-bi1", "mlflow-bi1"):
+        meta = json.loads((folder / "forward" / leg / "leg.json").read_text())
+        assert meta["producer"] == "verl" and meta["producer_version"] is None  # verl tags no version: unknown
+
+    # clean exit: the BI=1 server did not exit cleanly; ingested legs record no exits (unknown)
+    assert rows["clean_exit"]["verdict"] == "fail"
+    assert "r1-bi1-c2: api_server" in reasons["clean_exit"]
+    assert "quality bi1 bi1: no exit receipt (processes is empty)" in reasons["clean_exit"]
+    # artifacts: the ingested legs record no weights hash
+    assert rows["artifacts"]["verdict"] != "pass"
+    assert "bi1: resolved_config.weights_hash not recorded" in reasons["artifacts"]
+    t_judged = time.time() - t0
+
+    # ---- negative control: an ingested leg edited after sealing (BI=1 made to look bitwise equal)
+    edited = folder / "forward" / "mlflow-bi0" / "metrics.jsonl"
+    edited.write_text(edited.read_text().replace("0.02", "0.0"))
+    assert check_seal(edited.parent)  # the seal no longer matches
+    from tests.dagster.dagster_helpers import build_defs, materialize_track
+    from tica_assets.keys import evidence_key
+    from tica_assets.settings import Settings
+
+    monkeypatch.setenv("TICA_CACHE_DIR", env["TICA_CACHE_DIR"])
+    defs = build_defs(Settings.from_env(env))
+    forward = materialize_track(defs, instance, W.TRACK, keys=[evidence_key(W.TRACK, EvidenceItem.FORWARD)])
+    assert not forward.success  # the blocking receipts check failed
+    assert materialize_track(defs, instance, W.TRACK, job="report").success
+    _, evidence, report = _materializations(home)
+    assert "receipts_sealed" in report["cell: forward"].value, report["cell: forward"].value
+    assert report["acceptance"].value.startswith("not accepted") and "receipts_sealed" in report["acceptance"].value
+    row = _ledger_query(env, f"SELECT * FROM track_verdicts WHERE track='{W.TRACK}' AND item='forward'")[0]
+    assert "receipts_sealed" in row["failed_checks"] and row["verdict"] != "pass"
+    assert "mlflow-bi0" in evidence["forward"]["reasons"].value
+    print(f"[walkthrough] bench {t_bench:.0f} s, all legs {t_legs:.0f} s, judged {t_judged:.0f} s, "
+          f"total {time.time() - t0:.0f} s")
