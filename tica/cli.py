@@ -190,6 +190,32 @@ def cmd_ledger_head(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_ledger_export(args: argparse.Namespace) -> int:
+    """The verified chain as JSON Lines (tica.ledger_transfer); a chain that does not verify is refused."""
+    from tica.ledger_transfer import export_chain
+
+    ledger = _ledger(args).require_exists()
+    report = ledger.verify()
+    if not report.ok:
+        for problem in report.problems:
+            print(f"FAIL {problem}", file=sys.stderr)
+        return 1
+    head = export_chain(ledger, args.out)
+    if not _json_out(args, {"out": args.out, "rows": head.seq, "head": json.loads(head.to_json())}):
+        print(f"exported {head.seq} rows to {args.out}, head {head.row_hash}")
+    return 0
+
+
+def cmd_ledger_import(args: argparse.Namespace) -> int:
+    """Rebuild an exported chain in an empty ledger, every hash preserved."""
+    from tica.ledger_transfer import import_chain
+
+    head = import_chain(_ledger(args), args.file)
+    if not _json_out(args, {"file": args.file, "rows": head.seq, "head": json.loads(head.to_json())}):
+        print(f"imported {head.seq} rows from {args.file}, head {head.row_hash} (verified)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = UsageParser(prog="tica", description=__doc__)
     parser.add_argument("--ledger", help="DuckDB ledger file (default: $TICA_LEDGER or data/ledger.duckdb)")
@@ -232,6 +258,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the head JSON (also with --out)")
     p.add_argument("--sign-key", help="Ed25519 private key (PEM, e.g. from `openssl genpkey -algorithm ed25519`): sign the head")
     p.set_defaults(func=cmd_ledger_head)
+
+    p = led.add_parser("export", help="write the verified chain as JSON Lines, every hash kept (to import elsewhere)")
+    p.add_argument("--out", required=True, help="the export file (JSON Lines)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_ledger_export)
+    p = led.add_parser("import", help="rebuild an exported chain in an empty ledger (--ledger), every hash checked")
+    p.add_argument("file", help="a file written by `tica ledger export`")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_ledger_import)
 
     from tica import ingest_cli, leg_run_cli, plan_cli, schema_cli
 

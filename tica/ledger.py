@@ -464,6 +464,31 @@ class Ledger:
                 raise
         return wanted, seqs
 
+    def insert_chain(self, rows: Sequence[tuple[str, Mapping[str, Any], Mapping[str, Any]]]) -> None:
+        """Write a whole chain checked elsewhere (tica.ledger_transfer: (table, chain columns,
+        payload) in seq order) into this ledger, which must hold no rows: one transaction."""
+        from tica.errors import InputError
+
+        with self._writer() as con:
+            if not self._has_schema(con):
+                self._ensure_schema(con)
+            self._schema_checked = True
+            held = con.execute("SELECT count(*) FROM ledger_chain").fetchone()[0]
+            if held:
+                raise InputError(self.path, "<ledger>", f"holds {held} rows: a chain is imported whole into an empty "
+                                 "ledger, never merged into another")
+            con.execute("BEGIN TRANSACTION")
+            try:
+                for table, chain, payload in rows:
+                    names = [*CHAIN_COLUMNS, *payload]
+                    con.execute(f"INSERT INTO {table} ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})",
+                                [*(chain[c] for c in CHAIN_COLUMNS), *payload.values()])
+                con.execute("COMMIT")
+            except BaseException:
+                con.execute("ROLLBACK")
+                raise
+            self._head = None
+
     @staticmethod
     def _payload(table: str, row: Mapping[str, Any]) -> dict[str, Any]:
         if table not in TABLES:
@@ -502,15 +527,9 @@ class Ledger:
         whose definition is not the code's, and, given a published head, a chain that no longer
         holds it (truncated, or rewritten up to it)."""
         problems: list[str] = []
-        # (seq, table, prev_hash, row_hash, recorded_at, payload values in TABLES order)
-        entries: list[tuple[int, str, str, str, str, tuple]] = []
         with self.reader() as con:
-            for table, columns in TABLES.items():
-                names = [n for n, _ in columns]
-                cur = con.execute(f"SELECT {', '.join((*CHAIN_COLUMNS, *names))} FROM {table}")
-                entries += [(r[0], table, r[1], r[2], r[3], r[4:]) for r in cur.fetchall()]
+            entries = self.chain_entries(con)
             problems += self._view_problems(con)
-        entries.sort(key=lambda e: e[0])
         names_of = {t: [n for n, _ in cols] for t, cols in TABLES.items()}
         prev, at_seq = GENESIS, {0: GENESIS}
         for expected_seq, (seq, table, prev_hash, digest, recorded_at, values) in enumerate(entries, start=1):
@@ -532,6 +551,18 @@ class Ledger:
                                 f"{expect.row_hash[:16]} (rewritten up to the head)")
         return VerifyReport(rows=len(entries), head_hash=prev, problems=tuple(problems),
                             head_seq=len(entries), head_recorded_at=entries[-1][4] if entries else "")
+
+    @staticmethod
+    def chain_entries(con: duckdb.DuckDBPyConnection) -> list[tuple[int, str, str, str, str, tuple]]:
+        """Every row as (seq, table, prev_hash, row_hash, recorded_at, payload values in TABLES
+        order), in seq order."""
+        entries: list[tuple[int, str, str, str, str, tuple]] = []
+        for table, columns in TABLES.items():
+            names = [n for n, _ in columns]
+            cur = con.execute(f"SELECT {', '.join((*CHAIN_COLUMNS, *names))} FROM {table}")
+            entries += [(r[0], table, r[1], r[2], r[3], r[4:]) for r in cur.fetchall()]
+        entries.sort(key=lambda e: e[0])
+        return entries
 
     @staticmethod
     def _view_problems(con: duckdb.DuckDBPyConnection) -> list[str]:

@@ -144,7 +144,8 @@ def test_runs_you_already_have_are_judged_together_in_the_tracks_report(tiny_mod
 
     # clean exit: the BI=1 server did not exit cleanly; ingested legs record no exits (unknown)
     assert rows["clean_exit"]["verdict"] == "fail"
-    assert "r1-bi1-c2: api_server" in reasons["clean_exit"]
+    # (which of its processes was signalled varies with how the failed engine shut down)
+    assert any(r.startswith("- fail: server: throughput bi1 r1-bi1-c2") for r in reasons["clean_exit"].splitlines())
     assert "quality bi1 bi1: no exit receipt (processes is empty)" in reasons["clean_exit"]
     # artifacts: the ingested legs record no weights hash
     assert rows["artifacts"]["verdict"] != "pass"
@@ -165,10 +166,11 @@ def test_runs_you_already_have_are_judged_together_in_the_tracks_report(tiny_mod
     assert not forward.success  # the blocking receipts check failed
     assert materialize_track(defs, instance, W.TRACK, job="report").success
     _, evidence, report = _materializations(home)
-    assert "receipts_sealed" in report["cell: forward"].value, report["cell: forward"].value
+    broken = "mlflow-bi0/metrics.jsonl: changed after sealing"
+    assert "check receipts_sealed failed" in report["cell: forward"].value and broken in report["cell: forward"].value
     assert report["acceptance"].value.startswith("not accepted") and "receipts_sealed" in report["acceptance"].value
     row = _ledger_query(env, f"SELECT * FROM track_verdicts WHERE track='{W.TRACK}' AND item='forward'")[0]
     assert "receipts_sealed" in row["failed_checks"] and row["verdict"] != "pass"
-    assert "mlflow-bi0" in evidence["forward"]["reasons"].value
+    assert broken in evidence["forward"]["reasons"].value  # the judge names it too
     print(f"[walkthrough] bench {t_bench:.0f} s, all legs {t_legs:.0f} s, judged {t_judged:.0f} s, "
           f"total {time.time() - t0:.0f} s")

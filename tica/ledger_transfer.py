@@ -1,0 +1,124 @@
+"""Moving a chain between ledgers with every hash preserved: `tica ledger export` writes a
+verified chain as JSON Lines, `tica ledger import` rebuilds it in an empty ledger.
+
+    {"format": "tica.ledger-export/1", "rows": N, "head": {"seq": N, "row_hash": "..."}}
+    {"seq": 1, "table": "questions", "prev_hash": "genesis", "row_hash": "...", "recorded_at": "...", "payload": {...}}
+    ...
+
+Import checks everything before it writes anything: the header, each line's table and columns,
+value types, the link to the row before it, and each row's hash recomputed from its content; the
+last row must be the header's head. A file that fails any of these is refused naming its line and
+field (exit 4) and the target is untouched; a target that already holds rows is refused too (a
+chain is moved whole, never merged).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from tica import strict_io
+from tica.errors import InputError, LedgerIntegrityError, input_text
+from tica.ledger import GENESIS, TABLES, Head, Ledger, row_hash
+
+FORMAT = "tica.ledger-export/1"
+_ROW_KEYS = {"seq", "table", "prev_hash", "row_hash", "recorded_at", "payload"}
+
+
+def chain_rows(ledger: Ledger) -> Iterator[dict[str, Any]]:
+    """Every row of the chain in seq order, as the export writes it."""
+    with ledger.reader() as con:
+        entries = Ledger.chain_entries(con)
+    for seq, table, prev, digest, at, values in entries:
+        payload = dict(zip((n for n, _ in TABLES[table]), values))
+        yield {"seq": seq, "table": table, "prev_hash": prev, "row_hash": digest, "recorded_at": at, "payload": payload}
+
+
+def export_chain(ledger: Ledger, out: str | Path) -> Head:
+    """Write the verified chain to `out` (a chain that does not verify is not exported)."""
+    report = ledger.verify_or_raise()
+    head = report.head
+    tmp = Path(f"{out}.partial")
+    with tmp.open("w") as f:
+        f.write(json.dumps({"format": FORMAT, "rows": report.rows,
+                            "head": {"seq": head.seq, "row_hash": head.row_hash}}, sort_keys=True) + "\n")
+        for row in chain_rows(ledger):
+            f.write(json.dumps(row, sort_keys=True, separators=(",", ":")) + "\n")
+    tmp.replace(out)
+    return head
+
+
+def _checked_value(path: Path, line: int, field: str, kind: str, value: Any) -> Any:
+    if value is None:
+        return None
+    if kind == "BIGINT" and (type(value) is not int):
+        raise InputError(path, field, f"must be an integer or null, got {value!r}", line)
+    if kind == "VARCHAR" and not isinstance(value, str):
+        raise InputError(path, field, f"must be a string or null, got {value!r}", line)
+    return value
+
+
+def _checked_row(path: Path, line: int, data: Any, seq: int, prev: str) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    if not isinstance(data, dict) or set(data) != _ROW_KEYS:
+        raise InputError(path, "<row>", f"a row has exactly the keys {sorted(_ROW_KEYS)}", line)
+    table = data["table"]
+    if table not in TABLES:
+        raise InputError(path, "table", f"no ledger table {table!r}", line)
+    if data["seq"] != seq:
+        raise InputError(path, "seq", f"{data['seq']!r}, expected {seq} (rows out of order, missing or repeated)", line)
+    if data["prev_hash"] != prev:
+        raise InputError(path, "prev_hash", "does not link to the row before it", line)
+    if not isinstance(data["recorded_at"], str) or not isinstance(data["row_hash"], str):
+        raise InputError(path, "recorded_at", "recorded_at and row_hash must be strings", line)
+    payload = data["payload"]
+    columns = dict(TABLES[table])
+    if not isinstance(payload, dict) or set(payload) != set(columns):
+        raise InputError(path, "payload", f"the columns of {table} are exactly {sorted(columns)}", line)
+    checked = {n: _checked_value(path, line, f"payload.{n}", columns[n], payload[n]) for n, _ in TABLES[table]}
+    if row_hash(prev, table, seq, data["recorded_at"], checked) != data["row_hash"]:
+        raise InputError(path, "row_hash", "does not match the row's content (edited after export)", line)
+    return table, data, checked
+
+
+def read_export(path: str | Path) -> tuple[Head, list[tuple[str, dict[str, Any], dict[str, Any]]]]:
+    """The export's head and its rows, every one checked; InputError on the first problem."""
+    path = Path(path)
+    lines = input_text(path).splitlines()
+    if not lines:
+        raise InputError(path, "<header>", "empty file: not a ledger export")
+    try:
+        header = strict_io.loads(lines[0])
+    except strict_io.StrictInputError as err:
+        raise InputError(path, "<header>", f"not JSON: {err}", 1) from None
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        raise InputError(path, "format", f"not a {FORMAT} file", 1)
+    head = header.get("head")
+    if not (isinstance(head, dict) and type(head.get("seq")) is int and isinstance(head.get("row_hash"), str)
+            and type(header.get("rows")) is int):
+        raise InputError(path, "head", "the header names the chain's rows and head {seq, row_hash}", 1)
+    rows, prev = [], GENESIS
+    for n, text in enumerate(lines[1:], start=2):
+        try:
+            data = strict_io.loads(text)
+        except strict_io.StrictInputError as err:
+            raise InputError(path, "<row>", f"not JSON: {err}", n) from None
+        table, data, payload = _checked_row(path, n, data, len(rows) + 1, prev)
+        rows.append((table, data, payload))
+        prev = data["row_hash"]
+    if len(rows) != header["rows"]:
+        raise InputError(path, "rows", f"the header says {header['rows']} rows, the file holds {len(rows)} (truncated?)")
+    if rows and (rows[-1][1]["seq"], prev) != (head["seq"], head["row_hash"]) or not rows and head["seq"] != 0:
+        raise InputError(path, "head", "the last row is not the header's head")
+    return Head(seq=head["seq"], row_hash=head["row_hash"], recorded_at=rows[-1][1]["recorded_at"] if rows else ""), rows
+
+
+def import_chain(ledger: Ledger, path: str | Path) -> Head:
+    """Rebuild the exported chain in `ledger`, which must hold no rows; every hash preserved."""
+    head, rows = read_export(path)
+    ledger.insert_chain([(table, data, payload) for table, data, payload in rows])
+    report = ledger.verify()
+    if not report.ok or (report.head_seq, report.head_hash) != (head.seq, head.row_hash):
+        raise LedgerIntegrityError("imported chain does not verify to the export's head: " + "; ".join(report.problems))
+    return report.head
