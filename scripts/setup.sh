@@ -26,5 +26,10 @@ if ! command -v chromium >/dev/null || ! command -v b3sum >/dev/null; then
       || echo "setup: could not install chromium/b3sum with apt-get; browser tests will be skipped"
   fi
 fi
+# The scale profile's tests start a real Postgres 15 server (Debian's; initdb and pg_ctl).
+if [ ! -x /usr/lib/postgresql/15/bin/initdb ] && command -v apt-get >/dev/null; then
+  (apt-get install -y -q postgresql >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q postgresql >/dev/null; }) \
+    || echo "setup: could not install postgresql with apt-get; the scale tests will fail"
+fi
 echo "$want" > "$STAMP"
 echo "== setup: done"

@@ -28,9 +28,11 @@ def format_table(columns: Sequence[str], rows: Sequence[Sequence[object]]) -> st
 
 
 def _ledger(args: argparse.Namespace) -> "Ledger":
-    from tica.ledger import Ledger, default_ledger_path
+    """The ledger --ledger (or TICA_LEDGER) names: a DuckDB file, or a postgresql:// address."""
+    from tica.ledger import default_ledger_path
+    from tica.ledger_pg import open_ledger
 
-    return Ledger(args.ledger or default_ledger_path())
+    return open_ledger(str(args.ledger or default_ledger_path()))  # type: ignore[return-value]
 
 
 def _json_out(args: argparse.Namespace, data: object) -> bool:
@@ -218,7 +220,8 @@ def cmd_ledger_import(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = UsageParser(prog="tica", description=__doc__)
-    parser.add_argument("--ledger", help="DuckDB ledger file (default: $TICA_LEDGER or data/ledger.duckdb)")
+    parser.add_argument("--ledger", help="DuckDB ledger file or postgresql:// address (default: $TICA_LEDGER or "
+                                         "data/ledger.duckdb)")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("judge", help="judge sealed receipts under a frozen question: tica judge ITEM -q Q.yaml LEG...")
 

@@ -260,6 +260,34 @@ class VerifyReport:
         return not self.problems
 
 
+def verify_entries(entries: Sequence[tuple[int, str, str, str, str, tuple]], expect: Head | None = None,
+                   problems: Sequence[str] = ()) -> VerifyReport:
+    """Recompute a chain read as `Ledger.chain_entries` gives it (any store): name every row whose
+    content or link does not match and, given a published head, a chain that no longer holds it."""
+    found = list(problems)
+    names_of = {t: [n for n, _ in cols] for t, cols in TABLES.items()}
+    prev, at_seq = GENESIS, {0: GENESIS}
+    for expected_seq, (seq, table, prev_hash, digest, recorded_at, values) in enumerate(entries, start=1):
+        if seq != expected_seq:
+            found.append(f"{table} seq={seq}: expected seq {expected_seq} (a row was removed or inserted)")
+        if prev_hash != prev:
+            found.append(f"{table} seq={seq}: prev_hash does not match the row before it")
+        if row_hash(prev_hash, table, seq, recorded_at, dict(zip(names_of[table], values))) != digest:
+            found.append(f"{table} seq={seq}: content does not match its row_hash (edited behind the ledger)")
+        prev = digest
+        at_seq[seq] = prev
+    if expect is not None:
+        held = at_seq.get(expect.seq)
+        if held is None:
+            found.append(f"the published head seq={expect.seq} is gone: the chain ends at seq={len(entries)} "
+                         "(truncated)")
+        elif held != expect.row_hash:
+            found.append(f"row seq={expect.seq} has hash {held[:16]}, the published head says "
+                         f"{expect.row_hash[:16]} (rewritten up to the head)")
+    return VerifyReport(rows=len(entries), head_hash=prev, problems=tuple(found),
+                        head_seq=len(entries), head_recorded_at=entries[-1][4] if entries else "")
+
+
 class Ledger:
     """Append-only access to one DuckDB ledger file."""
 
@@ -526,31 +554,10 @@ class Ledger:
         """Recompute the chain; name every row whose content or link does not match, every view
         whose definition is not the code's, and, given a published head, a chain that no longer
         holds it (truncated, or rewritten up to it)."""
-        problems: list[str] = []
         with self.reader() as con:
             entries = self.chain_entries(con)
-            problems += self._view_problems(con)
-        names_of = {t: [n for n, _ in cols] for t, cols in TABLES.items()}
-        prev, at_seq = GENESIS, {0: GENESIS}
-        for expected_seq, (seq, table, prev_hash, digest, recorded_at, values) in enumerate(entries, start=1):
-            if seq != expected_seq:
-                problems.append(f"{table} seq={seq}: expected seq {expected_seq} (a row was removed or inserted)")
-            if prev_hash != prev:
-                problems.append(f"{table} seq={seq}: prev_hash does not match the row before it")
-            if row_hash(prev_hash, table, seq, recorded_at, dict(zip(names_of[table], values))) != digest:
-                problems.append(f"{table} seq={seq}: content does not match its row_hash (edited behind the ledger)")
-            prev = digest
-            at_seq[seq] = prev
-        if expect is not None:
-            held = at_seq.get(expect.seq)
-            if held is None:
-                problems.append(f"the published head seq={expect.seq} is gone: the chain ends at seq={len(entries)} "
-                                "(truncated)")
-            elif held != expect.row_hash:
-                problems.append(f"row seq={expect.seq} has hash {held[:16]}, the published head says "
-                                f"{expect.row_hash[:16]} (rewritten up to the head)")
-        return VerifyReport(rows=len(entries), head_hash=prev, problems=tuple(problems),
-                            head_seq=len(entries), head_recorded_at=entries[-1][4] if entries else "")
+            views = self._view_problems(con)
+        return verify_entries(entries, expect, views)
 
     @staticmethod
     def chain_entries(con: duckdb.DuckDBPyConnection) -> list[tuple[int, str, str, str, str, tuple]]:

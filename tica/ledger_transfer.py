@@ -30,7 +30,7 @@ _ROW_KEYS = {"seq", "table", "prev_hash", "row_hash", "recorded_at", "payload"}
 def chain_rows(ledger: Ledger) -> Iterator[dict[str, Any]]:
     """Every row of the chain in seq order, as the export writes it."""
     with ledger.reader() as con:
-        entries = Ledger.chain_entries(con)
+        entries = ledger.chain_entries(con)
     for seq, table, prev, digest, at, values in entries:
         payload = dict(zip((n for n, _ in TABLES[table]), values))
         yield {"seq": seq, "table": table, "prev_hash": prev, "row_hash": digest, "recorded_at": at, "payload": payload}

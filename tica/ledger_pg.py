@@ -1,0 +1,236 @@
+"""The ledger on a Postgres server, for runs on many nodes: the same tables, hash chain, views and
+verbs as the DuckDB ledger (tica.ledger), selected by a `postgresql://` address wherever a ledger
+path is taken (`--ledger`, TICA_LEDGER).
+
+- Appends: one transaction each, holding a transaction-level advisory lock on the chain's head,
+  so writers on any number of hosts extend one chain in turn (bounded wait, LedgerLockTimeout).
+- Reads a person types (`tica ledger query`) run in a read-only transaction as the role
+  `tica_reader` (SELECT on the ledger's tables and views, nothing else: no server file access),
+  which `init` creates.
+- Verify recomputes the chain (tica.ledger.verify_entries) and compares each view's stored
+  definition with the definition Postgres gives the code's SQL, made as temporary views in a
+  transaction that is rolled back.
+
+Rows hash exactly as in DuckDB (text and integer columns only), so `tica ledger export/import`
+moves a chain between the two stores with every hash kept.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from tica.errors import InputError, TicaError
+from tica.ledger import (CHAIN_COLUMNS, GENESIS, TABLES, VIEWS, Head, Ledger, LedgerLockTimeout, LedgerMissing,
+                         VerifyReport, _now, row_hash, verify_entries)
+
+SCHEMES = ("postgresql://", "postgres://")
+READER_ROLE = "tica_reader"
+_LOCK_KEY = 7_315_063_431  # the advisory lock every writer takes before it reads the head
+
+# DuckDB's dialect where Postgres has none: any_value (Postgres 16+) and SELECT * EXCLUDE.
+_TRACK_VERDICT_COLUMNS = ("track, candidate_id, item, verdict, summary, question_hash, judge_version, verdict_seq, "
+                          "verdict_id, stale_cause, failed_checks, after_the_fact, checks, stale")
+PG_VIEWS: dict[str, str] = dict(VIEWS) | {
+    "candidate_tracks": """
+        SELECT candidate_id, (array_agg(track ORDER BY seq))[1] AS track, min(seq) AS first_seq
+        FROM candidates GROUP BY candidate_id""",
+    "track_verdicts": f"""
+        SELECT {_TRACK_VERDICT_COLUMNS} FROM (
+            SELECT c.*, row_number() OVER (PARTITION BY track, item ORDER BY verdict_seq DESC) AS rn
+            FROM current_verdicts c) latest WHERE rn = 1""",
+}
+_PG_TYPES = {"VARCHAR": "TEXT", "BIGINT": "BIGINT"}
+
+
+def is_postgres(target: str) -> bool:
+    return str(target).startswith(SCHEMES)
+
+
+def _psycopg():
+    try:
+        import psycopg
+    except ImportError:  # pragma: no cover - the scale profile's dependency
+        raise TicaError("a postgresql:// ledger needs psycopg: pip install 'psycopg[binary]'") from None
+    return psycopg
+
+
+class PostgresLedger:
+    """Append-only access to the ledger in one Postgres database (its `public` schema)."""
+
+    def __init__(self, dsn: str, lock_timeout_s: float = 30.0) -> None:
+        self.dsn = dsn
+        self.path = dsn  # what messages name (the DuckDB ledger's file)
+        self.lock_timeout_s = lock_timeout_s
+
+    # -- connections -----------------------------------------------------------------
+    def _connect(self, **kw):
+        psycopg = _psycopg()
+        delay = 0.05
+        for attempt in range(8):
+            try:
+                return psycopg.connect(self.dsn, **kw)
+            except psycopg.OperationalError as err:
+                if attempt == 7:
+                    raise TicaError(f"{self.dsn}: cannot connect to the ledger: {str(err).strip()}") from None
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
+
+    @contextmanager
+    def reader(self, sandboxed: bool = False) -> Iterator[Any]:
+        """A read-only transaction; `sandboxed` runs it as the role tica_reader."""
+        con = self._connect(**({"user": READER_ROLE} if sandboxed else {}))
+        try:
+            con.execute("SET TRANSACTION READ ONLY")
+            yield con
+        finally:
+            con.rollback()
+            con.close()
+
+    # -- schema ----------------------------------------------------------------------
+    def _has_schema(self, con) -> bool:
+        found = con.execute("SELECT count(*) FROM information_schema.views WHERE table_schema = 'public' "
+                            "AND table_name = ANY(%s)", [list(PG_VIEWS)]).fetchone()[0]
+        return found == len(PG_VIEWS)
+
+    def init(self) -> "PostgresLedger":
+        with self._connect() as con:
+            con.execute("SELECT pg_advisory_xact_lock(%s)", [_LOCK_KEY])
+            for table, columns in TABLES.items():
+                cols = ", ".join(f"{n} {_PG_TYPES[t]}" for n, t in columns)
+                con.execute(f"CREATE TABLE IF NOT EXISTS {table} (seq BIGINT PRIMARY KEY, prev_hash TEXT NOT NULL, "
+                            f"row_hash TEXT NOT NULL, recorded_at TEXT NOT NULL, {cols})")
+            for name, sql in PG_VIEWS.items():
+                con.execute(f"CREATE OR REPLACE VIEW {name} AS {sql}")
+            if not con.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", [READER_ROLE]).fetchone():
+                con.execute(f"CREATE ROLE {READER_ROLE} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE")
+            con.execute(f"GRANT USAGE ON SCHEMA public TO {READER_ROLE}")
+            con.execute(f"GRANT SELECT ON ALL TABLES IN SCHEMA public TO {READER_ROLE}")
+        return self
+
+    def require_exists(self) -> "PostgresLedger":
+        with self._connect() as con:
+            if not self._has_schema(con):
+                raise LedgerMissing(f"{self.dsn}: no ledger in this database (run a writer or `init` first)")
+        return self
+
+    # -- appending -------------------------------------------------------------------
+    def append(self, table: str, row: Mapping[str, Any]) -> int:
+        return self.append_many([(table, row)])[0]
+
+    def append_many(self, rows: Sequence[tuple[str, Mapping[str, Any]]]) -> list[int]:
+        return self.check_and_append(lambda _: list(rows))[1]
+
+    def check_and_append(self, decide: Callable[[Callable[..., list[dict[str, Any]]]], Sequence[tuple[str, Mapping[str, Any]]]]
+                         ) -> tuple[Any, list[int]]:
+        """As Ledger.check_and_append: `decide(rows)` reads and returns the rows to append, in one
+        transaction under the head's lock."""
+        psycopg = _psycopg()
+        with self._connect() as con:
+            if not self._has_schema(con):
+                con.commit()
+                self.init()
+            con.execute(f"SET LOCAL lock_timeout = '{int(self.lock_timeout_s * 1000)}ms'")
+            try:
+                con.execute("SELECT pg_advisory_xact_lock(%s)", [_LOCK_KEY])
+            except psycopg.errors.LockNotAvailable:
+                raise LedgerLockTimeout(f"{self.dsn}: another writer has held the ledger for more than "
+                                        f"{self.lock_timeout_s:g} s; nothing was written") from None
+
+            def rows(sql: str, params: Sequence[Any] | None = None) -> list[dict[str, Any]]:
+                cur = con.execute(sql, params or None)
+                cols = [d.name for d in cur.description] if cur.description else []
+                return [dict(zip(cols, r)) for r in cur.fetchall()]
+
+            wanted = decide(rows)
+            prepared = [(table, Ledger._payload(table, row)) for table, row in wanted]
+            head = con.execute("SELECT seq, row_hash FROM ledger_chain ORDER BY seq DESC LIMIT 1").fetchone()
+            seq, prev = (head[0], head[1]) if head else (0, GENESIS)
+            seqs = []
+            for table, payload in prepared:
+                seq += 1
+                at = _now()
+                digest = row_hash(prev, table, seq, at, payload)
+                _insert(con, table, {"seq": seq, "prev_hash": prev, "row_hash": digest, "recorded_at": at}, payload)
+                prev = digest
+                seqs.append(seq)
+        return wanted, seqs
+
+    def insert_chain(self, rows: Sequence[tuple[str, Mapping[str, Any], Mapping[str, Any]]]) -> None:
+        """As Ledger.insert_chain: a whole chain checked elsewhere, into a ledger with no rows."""
+        self.init()
+        with self._connect() as con:
+            con.execute("SELECT pg_advisory_xact_lock(%s)", [_LOCK_KEY])
+            held = con.execute("SELECT count(*) FROM ledger_chain").fetchone()[0]
+            if held:
+                raise InputError(self.dsn, "<ledger>", f"holds {held} rows: a chain is imported whole into an empty "
+                                 "ledger, never merged into another")
+            for table, chain, payload in rows:
+                _insert(con, table, chain, payload)
+
+    # -- reading ---------------------------------------------------------------------
+    def query(self, sql: str, params: Sequence[Any] | None = None, sandboxed: bool = False) -> tuple[list[str], list[tuple]]:
+        with self.reader(sandboxed=sandboxed) as con:
+            cur = con.execute(sql, params or None)
+            columns = [d.name for d in cur.description] if cur.description else []
+            return columns, cur.fetchall()
+
+    def rows(self, sql: str, params: Sequence[Any] | None = None) -> list[dict[str, Any]]:
+        columns, rows = self.query(sql, params)
+        return [dict(zip(columns, r)) for r in rows]
+
+    @staticmethod
+    def chain_entries(con) -> list[tuple[int, str, str, str, str, tuple]]:
+        entries: list[tuple[int, str, str, str, str, tuple]] = []
+        for table, columns in TABLES.items():
+            names = [n for n, _ in columns]
+            cur = con.execute(f"SELECT {', '.join((*CHAIN_COLUMNS, *names))} FROM {table}")
+            entries += [(r[0], table, r[1], r[2], r[3], tuple(r[4:])) for r in cur.fetchall()]
+        entries.sort(key=lambda e: e[0])
+        return entries
+
+    def verify(self, expect: Head | None = None) -> VerifyReport:
+        with self._connect() as con:
+            entries = self.chain_entries(con)
+            views = _view_problems(con)
+            con.rollback()
+        return verify_entries(entries, expect, views)
+
+    def verify_or_raise(self, expect: Head | None = None) -> VerifyReport:
+        return Ledger.verify_or_raise(self, expect)  # type: ignore[arg-type]
+
+    @contextmanager
+    def session(self) -> Iterator["PostgresLedger"]:
+        """Each append is its own locked transaction here: a session needs no connection of its own."""
+        yield self
+
+
+def _insert(con, table: str, chain: Mapping[str, Any], payload: Mapping[str, Any]) -> None:
+    names = [*CHAIN_COLUMNS, *payload]
+    con.execute(f"INSERT INTO {table} ({', '.join(names)}) VALUES ({', '.join(['%s'] * len(names))})",
+                [*(chain[c] for c in CHAIN_COLUMNS), *payload.values()])
+
+
+def _view_problems(con) -> list[str]:
+    """Each view must be defined as the code defines it: its stored definition against the one
+    Postgres gives the code's SQL as a temporary view (rolled back by the caller)."""
+    found = dict(con.execute("SELECT viewname, definition FROM pg_views WHERE schemaname = 'public'").fetchall())
+    out = []
+    for name, sql in PG_VIEWS.items():
+        if name not in found:
+            out.append(f"view {name} is missing")
+            continue
+        con.execute(f"CREATE TEMP VIEW tica_expected_{name} AS {sql}")
+        expected = con.execute("SELECT pg_get_viewdef(%s::regclass)", [f"tica_expected_{name}"]).fetchone()[0]
+        if found[name] != expected:
+            out.append(f"view {name} is not defined as the code defines it (changed behind the ledger)")
+    return out
+
+
+def open_ledger(target: str, lock_timeout_s: float = 30.0) -> "Ledger | PostgresLedger":
+    """The ledger at `target`: a postgresql:// address or a DuckDB file path."""
+    if is_postgres(target):
+        return PostgresLedger(target, lock_timeout_s=lock_timeout_s)
+    return Ledger(target, lock_timeout_s=lock_timeout_s)
