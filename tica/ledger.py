@@ -178,6 +178,27 @@ def row_hash(prev_hash: str, table: str, seq: int, recorded_at: str, payload: Ma
     return hashlib.sha256(f"{prev_hash}\n{_body(table, seq, recorded_at, payload)}".encode()).hexdigest()
 
 
+def extend_chain(head: tuple[int, str], prepared: Sequence[tuple[str, Mapping[str, Any]]]
+                 ) -> list[tuple[str, dict[str, Any], Mapping[str, Any]]]:
+    """(table, chain columns, payload) for rows appended after `head` (seq, row_hash): each
+    numbered, timed and hashed onto the one before it. Any store inserts them as they are."""
+    seq, prev = head
+    out = []
+    for table, payload in prepared:
+        seq += 1
+        at = _now()
+        digest = row_hash(prev, table, seq, at, payload)
+        out.append((table, {"seq": seq, "prev_hash": prev, "row_hash": digest, "recorded_at": at}, payload))
+        prev = digest
+    return out
+
+
+def insert_sql(table: str, payload: Mapping[str, Any], placeholder: str) -> str:
+    """INSERT of the chain columns then the payload's, with the driver's placeholder (? or %s)."""
+    names = [*CHAIN_COLUMNS, *payload]
+    return f"INSERT INTO {table} ({', '.join(names)}) VALUES ({', '.join([placeholder] * len(names))})"
+
+
 def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:16]}"
 
@@ -470,22 +491,13 @@ class Ledger:
                 prepared = [(table, self._payload(table, row)) for table, row in wanted]
                 head = self._head or con.execute(
                     "SELECT seq, row_hash FROM ledger_chain ORDER BY seq DESC LIMIT 1").fetchone()
-                seq, prev = (head[0], head[1]) if head else (0, GENESIS)
-                seqs = []
-                for table, payload in prepared:
-                    seq += 1
-                    at = _now()
-                    digest = row_hash(prev, table, seq, at, payload)
-                    names = [*CHAIN_COLUMNS, *payload]
-                    con.execute(
-                        f"INSERT INTO {table} ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})",
-                        [seq, prev, digest, at, *payload.values()],
-                    )
-                    prev = digest
-                    seqs.append(seq)
+                chained = extend_chain((head[0], head[1]) if head else (0, GENESIS), prepared)
+                for table, chain, payload in chained:
+                    con.execute(insert_sql(table, payload, "?"), [*(chain[c] for c in CHAIN_COLUMNS), *payload.values()])
+                seqs = [chain["seq"] for _, chain, _ in chained]
                 con.execute("COMMIT")
-                if self._session is not None:  # the lock is held: nobody else moves the head
-                    self._head = (seq, prev)
+                if self._session is not None and chained:  # the lock is held: nobody else moves the head
+                    self._head = (chained[-1][1]["seq"], chained[-1][1]["row_hash"])
             except BaseException:
                 con.execute("ROLLBACK")
                 self._head = None
@@ -508,9 +520,7 @@ class Ledger:
             con.execute("BEGIN TRANSACTION")
             try:
                 for table, chain, payload in rows:
-                    names = [*CHAIN_COLUMNS, *payload]
-                    con.execute(f"INSERT INTO {table} ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})",
-                                [*(chain[c] for c in CHAIN_COLUMNS), *payload.values()])
+                    con.execute(insert_sql(table, payload, "?"), [*(chain[c] for c in CHAIN_COLUMNS), *payload.values()])
                 con.execute("COMMIT")
             except BaseException:
                 con.execute("ROLLBACK")

@@ -24,7 +24,7 @@ from typing import Any
 
 from tica.errors import InputError, TicaError
 from tica.ledger import (CHAIN_COLUMNS, GENESIS, TABLES, VIEWS, Head, Ledger, LedgerLockTimeout, LedgerMissing,
-                         VerifyReport, _now, row_hash, verify_entries)
+                         VerifyReport, extend_chain, insert_sql, verify_entries)
 
 SCHEMES = ("postgresql://", "postgres://")
 READER_ROLE = "tica_reader"
@@ -147,16 +147,10 @@ class PostgresLedger:
             wanted = decide(rows)
             prepared = [(table, Ledger._payload(table, row)) for table, row in wanted]
             head = con.execute("SELECT seq, row_hash FROM ledger_chain ORDER BY seq DESC LIMIT 1").fetchone()
-            seq, prev = (head[0], head[1]) if head else (0, GENESIS)
-            seqs = []
-            for table, payload in prepared:
-                seq += 1
-                at = _now()
-                digest = row_hash(prev, table, seq, at, payload)
-                _insert(con, table, {"seq": seq, "prev_hash": prev, "row_hash": digest, "recorded_at": at}, payload)
-                prev = digest
-                seqs.append(seq)
-        return wanted, seqs
+            chained = extend_chain((head[0], head[1]) if head else (0, GENESIS), prepared)
+            for table, chain, payload in chained:
+                _insert(con, table, chain, payload)
+        return wanted, [chain["seq"] for _, chain, _ in chained]
 
     def insert_chain(self, rows: Sequence[tuple[str, Mapping[str, Any], Mapping[str, Any]]]) -> None:
         """As Ledger.insert_chain: a whole chain checked elsewhere, into a ledger with no rows."""
@@ -208,9 +202,7 @@ class PostgresLedger:
 
 
 def _insert(con, table: str, chain: Mapping[str, Any], payload: Mapping[str, Any]) -> None:
-    names = [*CHAIN_COLUMNS, *payload]
-    con.execute(f"INSERT INTO {table} ({', '.join(names)}) VALUES ({', '.join(['%s'] * len(names))})",
-                [*(chain[c] for c in CHAIN_COLUMNS), *payload.values()])
+    con.execute(insert_sql(table, payload, "%s"), [*(chain[c] for c in CHAIN_COLUMNS), *payload.values()])
 
 
 def _view_problems(con) -> list[str]:
