@@ -14,16 +14,23 @@ from pathlib import Path
 from dagster import ConfigurableResource
 from pydantic import Field
 
-from tica.ledger import Ledger
+from tica.ledger import Ledger, LedgerMissing
+from tica.ledger_pg import PostgresLedger, is_postgres
 
 
 class LedgerResource(ConfigurableResource):
-    """The DuckDB ledger (TICA_LEDGER)."""
+    """The ledger (TICA_LEDGER): a DuckDB file, or a Postgres database for many nodes."""
 
-    path: str = Field(description="DuckDB file of the append-only ledger")
+    path: str = Field(description="DuckDB file of the append-only ledger, or a postgresql:// address")
     lock_timeout_s: float = 120.0
 
-    def ledger(self) -> Ledger:
+    def ledger(self) -> "Ledger | PostgresLedger":
+        if is_postgres(self.path):
+            pg = PostgresLedger(self.path, lock_timeout_s=self.lock_timeout_s)
+            try:
+                return pg.require_exists()
+            except LedgerMissing:
+                return pg.init()
         ledger = Ledger(Path(self.path), lock_timeout_s=self.lock_timeout_s)
         if not ledger.path.exists():
             ledger.init()

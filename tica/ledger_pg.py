@@ -45,6 +45,35 @@ PG_VIEWS: dict[str, str] = dict(VIEWS) | {
 _PG_TYPES = {"VARCHAR": "TEXT", "BIGINT": "BIGINT"}
 
 
+def portable(sql: str, params: Sequence[Any] | None) -> tuple[str, Sequence[Any] | None]:
+    """TICA's SQL takes DuckDB's `?` placeholders; psycopg takes `%s` (and `%` doubled) when
+    there are parameters. Quoted text and identifiers are left as they are."""
+    if not params:
+        return sql, None
+    out, quote = [], None
+    for ch in sql:
+        if quote:
+            quote = None if ch == quote else quote
+            out.append("%%" if ch == "%" else ch)
+        elif ch in "'\"":
+            quote = ch
+            out.append(ch)
+        else:
+            out.append("%s" if ch == "?" else "%%" if ch == "%" else ch)
+    return "".join(out), params
+
+
+def redacted(dsn: str) -> str:
+    """The address without its password (`postgresql://user:***@host/db`)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(dsn)
+    if parts.password is None:
+        return dsn
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
 def is_postgres(target: str) -> bool:
     return str(target).startswith(SCHEMES)
 
@@ -62,7 +91,7 @@ class PostgresLedger:
 
     def __init__(self, dsn: str, lock_timeout_s: float = 30.0) -> None:
         self.dsn = dsn
-        self.path = dsn  # what messages name (the DuckDB ledger's file)
+        self.path = redacted(dsn)  # what messages and Dagster metadata name: never a password
         self.lock_timeout_s = lock_timeout_s
 
     # -- connections -----------------------------------------------------------------
@@ -74,7 +103,7 @@ class PostgresLedger:
                 return psycopg.connect(self.dsn, **kw)
             except psycopg.OperationalError as err:
                 if attempt == 7:
-                    raise TicaError(f"{self.dsn}: cannot connect to the ledger: {str(err).strip()}") from None
+                    raise TicaError(f"{self.path}: cannot connect to the ledger: {str(err).strip()}") from None
                 time.sleep(delay)
                 delay = min(delay * 2, 1.0)
 
@@ -113,7 +142,7 @@ class PostgresLedger:
     def require_exists(self) -> "PostgresLedger":
         with self._connect() as con:
             if not self._has_schema(con):
-                raise LedgerMissing(f"{self.dsn}: no ledger in this database (run a writer or `init` first)")
+                raise LedgerMissing(f"{self.path}: no ledger in this database (run a writer or `init` first)")
         return self
 
     # -- appending -------------------------------------------------------------------
@@ -136,11 +165,11 @@ class PostgresLedger:
             try:
                 con.execute("SELECT pg_advisory_xact_lock(%s)", [_LOCK_KEY])
             except psycopg.errors.LockNotAvailable:
-                raise LedgerLockTimeout(f"{self.dsn}: another writer has held the ledger for more than "
+                raise LedgerLockTimeout(f"{self.path}: another writer has held the ledger for more than "
                                         f"{self.lock_timeout_s:g} s; nothing was written") from None
 
             def rows(sql: str, params: Sequence[Any] | None = None) -> list[dict[str, Any]]:
-                cur = con.execute(sql, params or None)
+                cur = con.execute(*portable(sql, params))
                 cols = [d.name for d in cur.description] if cur.description else []
                 return [dict(zip(cols, r)) for r in cur.fetchall()]
 
@@ -159,7 +188,7 @@ class PostgresLedger:
             con.execute("SELECT pg_advisory_xact_lock(%s)", [_LOCK_KEY])
             held = con.execute("SELECT count(*) FROM ledger_chain").fetchone()[0]
             if held:
-                raise InputError(self.dsn, "<ledger>", f"holds {held} rows: a chain is imported whole into an empty "
+                raise InputError(self.path, "<ledger>", f"holds {held} rows: a chain is imported whole into an empty "
                                  "ledger, never merged into another")
             for table, chain, payload in rows:
                 _insert(con, table, chain, payload)
@@ -167,7 +196,7 @@ class PostgresLedger:
     # -- reading ---------------------------------------------------------------------
     def query(self, sql: str, params: Sequence[Any] | None = None, sandboxed: bool = False) -> tuple[list[str], list[tuple]]:
         with self.reader(sandboxed=sandboxed) as con:
-            cur = con.execute(sql, params or None)
+            cur = con.execute(*portable(sql, params))
             columns = [d.name for d in cur.description] if cur.description else []
             return columns, cur.fetchall()
 

@@ -35,7 +35,8 @@ def demo_env() -> dict[str, str]:
     env = {}
     for key, value in DEFAULT_ENV.items():
         v = os.environ.get(key, value)
-        env[key] = str(PROJECT_ROOT / v) if key != "TICA_REPLAY" and not os.path.isabs(v) else v
+        as_is = key == "TICA_REPLAY" or os.path.isabs(v) or v.startswith(("postgresql://", "postgres://"))
+        env[key] = v if as_is else str(PROJECT_ROOT / v)
     return env
 
 
@@ -85,9 +86,9 @@ def materialize_tracks(defs, instance, tracks, wanted: set[str] | None) -> list[
 
 def print_report(settings, home: Path) -> None:
     from tica.cli import format_table
-    from tica.ledger import Ledger
+    from tica.ledger_pg import open_ledger
 
-    columns, rows = Ledger(settings.ledger_path).query(
+    columns, rows = open_ledger(str(settings.ledger_path)).query(
         "SELECT track, item, verdict, stale, summary FROM track_verdicts ORDER BY track, item"
     )
     print("\n" + format_table(columns, [(*r[:4], (r[4] or "")[:110]) for r in rows]), flush=True)

@@ -5,7 +5,7 @@ environment once, so no asset or sensor reads `os.environ` itself.
 | --- | --- | --- |
 | TICA_CANDIDATES_DIR | demo/candidates | folder of candidate manifests, one YAML file per track |
 | TICA_QUESTIONS_DIR | demo/questions | frozen questions: `<dir>/<track>/*.yaml` first, then `<dir>/*.yaml` |
-| TICA_LEDGER | data/ledger.duckdb | the DuckDB ledger |
+| TICA_LEDGER | data/ledger.duckdb | the ledger: a DuckDB file, or a `postgresql://` address (tica/ledger_pg.py) |
 | TICA_DATA_DIR | data | legs written by the CPU runner, plots, fingerprint cache |
 | TICA_REPLAY | (none) | `track=folder[,track=folder]`: tracks whose legs replay committed sealed receipts (a folder, or a .tar.xz/.tgz of one); `*=folder` for every track |
 | TICA_RECEIPTS_CACHE | ~/.cache/tica/receipts | where a replayed archive of receipts is unpacked, once per archive digest |
@@ -31,6 +31,13 @@ def _path(value: str | None, default: str) -> Path:
     return p if p.is_absolute() else (PROJECT_ROOT / p)
 
 
+def _ledger_target(value: str | None, default: str) -> Path | str:
+    """A DuckDB file (a path, resolved as the others) or a postgresql:// address (kept as text)."""
+    from tica.ledger_pg import is_postgres
+
+    return value if value and is_postgres(value) else _path(value, default)
+
+
 def _mapping(value: str | None, var: str) -> dict[str, Path]:
     out: dict[str, Path] = {}
     for part in (value or "").split(","):
@@ -52,7 +59,7 @@ def _tracks(value: str | None) -> frozenset[str]:
 class Settings:
     candidates_dir: Path
     questions_dir: Path
-    ledger_path: Path
+    ledger_path: Path | str  # a DuckDB file, or a postgresql:// address
     data_dir: Path
     replay: dict[str, Path] = field(default_factory=dict)
     autorun: frozenset[str] = frozenset()
@@ -65,7 +72,7 @@ class Settings:
         return cls(
             candidates_dir=_path(env.get("TICA_CANDIDATES_DIR"), "demo/candidates"),
             questions_dir=_path(env.get("TICA_QUESTIONS_DIR"), "demo/questions"),
-            ledger_path=_path(env.get("TICA_LEDGER"), "data/ledger.duckdb"),
+            ledger_path=_ledger_target(env.get("TICA_LEDGER"), "data/ledger.duckdb"),
             data_dir=_path(env.get("TICA_DATA_DIR"), "data"),
             replay=_mapping(env.get("TICA_REPLAY"), "TICA_REPLAY"),
             autorun=_tracks(env.get("TICA_AUTORUN_TRACKS")),

@@ -4,6 +4,8 @@ import pytest
 
 from dagster_project import Project, build_project
 
+from tests.postgres_server import pg_dsn, postgres_server  # noqa: F401  (fixtures)
+
 
 @pytest.fixture
 def project(tmp_path, monkeypatch) -> Project:

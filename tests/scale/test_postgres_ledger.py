@@ -126,3 +126,11 @@ def test_concurrent_writers_lose_nothing_and_the_chain_verifies(pg_dsn, writers,
     assert report.ok and report.rows == writers * appends
     ids = {r[0] for r in PostgresLedger(pg_dsn).query("SELECT rerun_id FROM reruns")[1]}
     assert ids == {f"w{w}-{i}" for w in range(writers) for i in range(appends)}
+
+
+def test_duckdb_placeholders_become_psycopgs_outside_quotes_only():
+    from tica.ledger_pg import portable
+
+    sql, params = portable("SELECT '?%' AS q FROM t WHERE a = ? AND b LIKE 'x%' AND c IN (?, ?)", [1, 2, 3])
+    assert sql == "SELECT '?%%' AS q FROM t WHERE a = %s AND b LIKE 'x%%' AND c IN (%s, %s)" and params == [1, 2, 3]
+    assert portable("SELECT '?' FROM t", None) == ("SELECT '?' FROM t", None)  # no parameters: untouched
