@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from tica.errors import InputError, TicaError
+from tica.errors import InputError, LedgerIntegrityError, TicaError
 from tica.ledger import (CHAIN_COLUMNS, GENESIS, TABLES, VIEWS, Head, Ledger, LedgerLockTimeout, LedgerMissing,
                          VerifyReport, extend_chain, insert_sql, verify_entries)
 
@@ -222,7 +222,10 @@ class PostgresLedger:
         return verify_entries(entries, expect, views)
 
     def verify_or_raise(self, expect: Head | None = None) -> VerifyReport:
-        return Ledger.verify_or_raise(self, expect)  # type: ignore[arg-type]
+        report = self.verify(expect)
+        if not report.ok:
+            raise LedgerIntegrityError("; ".join(report.problems))
+        return report
 
     @contextmanager
     def session(self) -> Iterator["PostgresLedger"]:
