@@ -86,5 +86,19 @@ case "$1" in
     python3 -m tica.legs.vllm_kernels.producers all --no-forward --quality --quality-problems arith1000 \
       --shutdown-timeout 30 --out "$OUT" --work /tmp/tica_h200_q --budget 560 2>&1 | tee -a "$OUT/run.log"
     ;;
-  *) echo "usage: $0 recv|forward|tp2|throughput|quality"; exit 2 ;;
+  matrix)
+    # the shape/load matrix (issue 14): every (candidate, shape) in its own process, three at a time;
+    # stock vLLM 0.26 and 0.26 + the RMSNorm overlay (a vLLM general plugin); extra args go to `matrix`,
+    # e.g. --shapes a,b to continue an earlier call's shapes
+    nvidia-smi -L | tee -a "$OUT/run.log"
+    python3 -m tica.legs.vllm_kernels.producers matrix --out "$OUT" --work /tmp/tica_matrix --budget 560 \
+      "${@:2}" 2>&1 | tee -a "$OUT/run.log"
+    ;;
+  bench)
+    # the trainer's forward+backward vs HF transformers on the same GPU, ~1B shape (README's ratio)
+    nvidia-smi -L | tee -a "$OUT/run.log"
+    VLLM_BATCH_INVARIANT=1 python3 benchmarks/trainer_backward.py --device cuda --shape 1b --dtype bfloat16 \
+      "${@:2}" 2>&1 | tee -a "$OUT/run.log"
+    ;;
+  *) echo "usage: $0 recv|forward|tp2|throughput|quality|matrix|bench"; exit 2 ;;
 esac

@@ -278,9 +278,14 @@ class LmHeadLogprobFn(torch.autograd.Function):
     d(hidden) and that chunk's rows of d(weight)."""
 
     @staticmethod
-    def forward(ctx, kernels, h, w, targets):
+    def forward(ctx, kernels, h, w, targets, pad_to=1):
         ctx.save_for_backward(h, w, targets)
-        return kernels.token_logprobs(kernels.linear(h, w, None), targets)
+        V = w.shape[0]
+        if pad_to > 1 and V % pad_to:
+            # vLLM's ParallelLMHead holds the vocabulary padded to a multiple of 64 (zero rows) and
+            # slices the logits back before the logprobs: the matmul runs on the padded shape
+            w = torch.cat([w, w.new_zeros(pad_to - V % pad_to, w.shape[1])])
+        return kernels.token_logprobs(kernels.linear(h, w, None)[:, :V].contiguous(), targets)
 
     @staticmethod
     def backward(ctx, g):
@@ -305,11 +310,11 @@ class LmHeadLogprobFn(torch.autograd.Function):
                 dlogits[rows, tgt[rows] - v0] += gw[rows]
             dh += dlogits @ wc
             dw[v0:v1] = (dlogits.t() @ hw).to(w.dtype)
-        return None, dh.to(h.dtype), dw, None
+        return None, dh.to(h.dtype), dw, None, None
 
 
-def lm_head_logprobs(kernels, h, w, targets):
-    return LmHeadLogprobFn.apply(kernels, h, w, targets)
+def lm_head_logprobs(kernels, h, w, targets, pad_to=1):
+    return LmHeadLogprobFn.apply(kernels, h, w, targets, pad_to)
 
 
 def linear(kernels, x, w, b=None):

@@ -104,11 +104,25 @@ class TorchReference:
 
 
 class VllmKernels:
-    """vLLM 0.26's kernels (GPU). Construct after VLLM_BATCH_INVARIANT is set in the env."""
+    """vLLM 0.26's kernels (GPU). Construct after VLLM_BATCH_INVARIANT is set in the env.
+
+    Three choices are attributes, so one process can compare them on the same rollouts:
+
+    * ``linear``: "triton" (batch_invariant.linear_batch_invariant, the Triton persistent matmul)
+      or "dispatch" (what vLLM's UnquantizedLinearMethod calls on this GPU,
+      ``dispatch_unquantized_gemm()``: torch's F.linear on cuBLASLt on Hopper, where vLLM's
+      batch-invariant mode only turns split-k off);
+    * ``norm``: "stock" (``_C.fused_add_rms_norm``, whose launch depends on the rows in the call)
+      or "overlay" (the residual add in bf16, then the Triton rms_norm: overlay.py);
+    * ``attention_layout``: "contiguous" (FA3 varlen over packed K/V) or "paged" (FA3 over a
+      paged cache of ``block_size`` tokens per block with a block table and seqused_k, the way
+      vLLM's FlashAttentionImpl calls it for prefill and decode alike).
+    """
 
     name = "vllm_kernels"
 
-    def __init__(self) -> None:
+    def __init__(self, *, linear: str = "triton", norm: str = "stock", attention_layout: str = "contiguous",
+                 block_size: int = 16) -> None:
         from .pin import check_symbols
 
         k = check_symbols()
@@ -119,14 +133,29 @@ class VllmKernels:
         self._silu_and_mul = k["silu_and_mul"]
         self._fa = k["attention"]
         self._lp = k["logprob"]
+        self.linear_impl, self.norm, self.attention_layout, self.block_size = linear, norm, attention_layout, block_size
+        self._dispatch = None
+
+    def describe(self) -> dict:
+        return {"linear": self.linear_impl, "norm": self.norm, "attention_layout": self.attention_layout,
+                "block_size": self.block_size}
 
     def linear(self, x, w, b=None):
+        if self.linear_impl == "dispatch":
+            if self._dispatch is None:
+                from vllm.model_executor.layers.utils import dispatch_unquantized_gemm
+
+                self._dispatch = dispatch_unquantized_gemm()
+            return self._dispatch(None, x, w, b)
         return self._linear(x, w, b)
 
     def rms_norm(self, x, w, eps):
         return self._rms(x, w, eps)
 
     def fused_add_rms_norm(self, x, residual, w, eps):
+        if self.norm == "overlay":
+            new_res = x + residual  # bf16 + bf16: one rounding, as the overlay computes it
+            return self._rms(new_res, w, eps), new_res
         y = x.contiguous().clone()
         r = residual.contiguous().clone()
         self._fused_add(y, r, w, eps)
@@ -146,6 +175,12 @@ class VllmKernels:
 
     def attention(self, q, k, v, cu_seqlens, max_seqlen, scale):
         out = torch.empty_like(q)
+        if self.attention_layout == "paged":
+            kc, vc, table, lens = paged_cache(k, v, cu_seqlens, self.block_size)
+            self._fa(q=q.contiguous(), k=kc, v=vc, out=out, cu_seqlens_q=cu_seqlens, max_seqlen_q=max_seqlen,
+                     seqused_k=lens, max_seqlen_k=max_seqlen, softmax_scale=scale, causal=True,
+                     block_table=table, fa_version=3, num_splits=1)
+            return out
         self._fa(q=q.contiguous(), k=k.contiguous(), v=v.contiguous(), out=out,
                  cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens,
                  max_seqlen_q=max_seqlen, max_seqlen_k=max_seqlen,
@@ -154,3 +189,26 @@ class VllmKernels:
 
     def token_logprobs(self, logits, targets):
         return self._lp(logits.contiguous(), targets.reshape(-1, 1).contiguous())[:, 0]
+
+
+def paged_cache(k, v, cu_seqlens, block_size: int):
+    """Packed K/V [T, Hk, D] laid out as vLLM's FlashAttention KV cache: [blocks, block_size, Hk, D]
+    (each sequence from the start of a block of its own), its block table [n, max_blocks] and
+    lengths (seqused_k)."""
+    cu = [int(c) for c in cu_seqlens.tolist()]
+    lens = [e - s for s, e in zip(cu[:-1], cu[1:])]
+    nblk = [-(-n // block_size) for n in lens]
+    first = [0]
+    for b in nblk:
+        first.append(first[-1] + b)
+    dev = k.device
+    shape = (first[-1], block_size) + tuple(k.shape[1:])
+    kc = torch.zeros(shape, dtype=k.dtype, device=dev)
+    vc = torch.zeros(shape, dtype=v.dtype, device=dev)
+    table = torch.zeros(len(lens), max(nblk), dtype=torch.int32, device=dev)
+    for i, (s, n) in enumerate(zip(cu[:-1], lens)):
+        slots = torch.arange(n, device=dev)
+        kc[first[i] + slots // block_size, slots % block_size] = k[s:s + n]
+        vc[first[i] + slots // block_size, slots % block_size] = v[s:s + n]
+        table[i, :nblk[i]] = torch.arange(first[i], first[i] + nblk[i], dtype=torch.int32, device=dev)
+    return kc, vc, table, torch.tensor(lens, dtype=torch.int32, device=dev)

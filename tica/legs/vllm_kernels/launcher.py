@@ -20,6 +20,7 @@ from tica.legs.common import SHUTDOWN_TIMEOUT_S
 from .bi1 import cmd_bi1
 from .forward_leg import FAULTS, cmd_bi0, cmd_bi0_megatron
 from .legio import log
+from .matrix import CANDIDATES, MATRIX_SHAPES, cmd_matrix, cmd_matrix_cell
 from .seeded_model import SHAPES, make_model
 from .server import CONCURRENCIES, STOP_MARGIN_S, cmd_bench_client, cmd_throughput
 
@@ -178,6 +179,19 @@ def main(argv=None) -> int:
     p.add_argument("--legs", required=True)
     p.add_argument("--rollouts", required=True)
     p.add_argument("--dry-run", action="store_true")
+    p = sub.add_parser("matrix", help="the shape/load matrix: every (candidate, shape) in its own process")
+    p.add_argument("--out", required=True)
+    p.add_argument("--work", default="/tmp/tica_matrix")
+    p.add_argument("--shapes", default=",".join(MATRIX_SHAPES))
+    p.add_argument("--candidates", default=",".join(CANDIDATES))
+    p.add_argument("--budget", type=float, default=560)
+    p.add_argument("--parallel", type=int, default=3, help="cells at once on the one GPU")
+    p.add_argument("--min-cell-s", type=float, default=90, help="start no cell later than this before the deadline")
+    p.add_argument("--dry-run", action="store_true")
+    p = sub.add_parser("matrix-cell")
+    for x in ("--candidate", "--shape", "--model", "--legs", "--work", "--summary", "--lock"):
+        p.add_argument(x, required=True)
+    p.add_argument("--dry-run", action="store_true")
     p = sub.add_parser("bench-client")
     p.add_argument("spec")
     p = sub.add_parser("all")
@@ -221,6 +235,10 @@ def main(argv=None) -> int:
         from .tp import cmd_bi1_tp
 
         return cmd_bi1_tp(a)
+    if a.cmd == "matrix":
+        return cmd_matrix(a)
+    if a.cmd == "matrix-cell":
+        return cmd_matrix_cell(a)
     if a.cmd == "bench-client":
         return cmd_bench_client(a)
     if a.cmd == "all":

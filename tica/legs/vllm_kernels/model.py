@@ -84,6 +84,8 @@ class KernelLlama(torch.nn.Module):
         self.decode_rows: torch.Tensor | None = None
         # tensor-parallel layout the rollout engine ran (see _tp_layer): 1, or 2 sharded as vLLM shards
         self.tp: int = 1
+        # lm_head rows padded to a multiple of this before the matmul (vLLM's ParallelLMHead: 64)
+        self.vocab_pad: int = 1
         # rotary cache as vLLM builds it (fp32 math on the device, cast to the model dtype)
         self.register_buffer("cos_sin", _cache(self.max_pos, self.D, self.theta, dev, self.compute_dtype),
                              persistent=False)
@@ -260,7 +262,7 @@ class KernelLlama(torch.nn.Module):
         rows, tgt = scored_rows(ids, cu)
         if self.tp == 1 and self.fault not in ("lm_head", FAULT_LOGPROB):
             # forward: the kernels' lm_head then logprob; backward chunked over the vocabulary
-            return A.lm_head_logprobs(self.kernels, h[rows], self.lm_head_weight(), tgt)
+            return A.lm_head_logprobs(self.kernels, h[rows], self.lm_head_weight(), tgt, self.vocab_pad)
         if self.tp > 1:
             logits = self._tp_lm_head(h[rows])
         else:

@@ -19,23 +19,47 @@ SHAPES = {
     "tput": dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=8, num_attention_heads=32,
                  num_key_value_heads=8, head_dim=128, vocab_size=32000, max_position_embeddings=10240,
                  std=0.02, lm_head_std=0.02),
+    # the shape/load matrix (issue 14): real models' widths, head dims, GQA ratios, vocabularies
+    # and architectures, with fewer layers (named model_layers), random weights
+    "llama3.2-1b_l4": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=4, num_attention_heads=32,
+                           num_key_value_heads=8, head_dim=64, vocab_size=128256, max_position_embeddings=4096,
+                           std=0.02, lm_head_std=0.08),
+    "qwen2.5-0.5b_l4": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=4, num_attention_heads=14,
+                            num_key_value_heads=2, head_dim=64, vocab_size=151936, max_position_embeddings=4096,
+                            std=0.02, lm_head_std=0.08, arch="qwen2", tie=True),
+    "smollm2-135m_l16": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=16, num_attention_heads=9,
+                             num_key_value_heads=3, head_dim=64, vocab_size=49152, max_position_embeddings=4096,
+                             std=0.02, lm_head_std=0.08, tie=True),
+    "qwen2.5-1.5b_l8": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=8, num_attention_heads=12,
+                            num_key_value_heads=2, head_dim=128, vocab_size=151936, max_position_embeddings=4096,
+                            std=0.02, lm_head_std=0.08, arch="qwen2"),
+    "gpt2vocab-mha_l2": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=2, num_attention_heads=16,
+                             num_key_value_heads=16, head_dim=128, vocab_size=50257, max_position_embeddings=4096,
+                             std=0.02, lm_head_std=0.08),
+    "gqa8-v32001_l4": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=4, num_attention_heads=32,
+                           num_key_value_heads=4, head_dim=128, vocab_size=32001, max_position_embeddings=4096,
+                           std=0.02, lm_head_std=0.08),
     # CPU dry runs
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, head_dim=16, vocab_size=512, max_position_embeddings=4096,
                  std=0.05, lm_head_std=0.2),
+    "tiny_qwen": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=1, head_dim=16, vocab_size=500, max_position_embeddings=4096,
+                      std=0.05, lm_head_std=0.2, arch="qwen2", tie=True),
 }
 
 
 def model_config(shape: str) -> dict:
     s = SHAPES[shape]
+    qwen = s.get("arch") == "qwen2"
     return {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "architectures": ["Qwen2ForCausalLM" if qwen else "LlamaForCausalLM"], "model_type": "qwen2" if qwen else "llama",
         "hidden_size": s["hidden_size"], "intermediate_size": s["intermediate_size"],
         "num_hidden_layers": s["num_hidden_layers"], "num_attention_heads": s["num_attention_heads"],
         "num_key_value_heads": s["num_key_value_heads"], "head_dim": s["head_dim"],
         "vocab_size": s["vocab_size"], "max_position_embeddings": s["max_position_embeddings"],
-        "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "hidden_act": "silu", "tie_word_embeddings": False,
-        "attention_bias": False, "mlp_bias": False, "torch_dtype": "bfloat16", "initializer_range": s["std"],
+        "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "hidden_act": "silu", "tie_word_embeddings": bool(s.get("tie")),
+        "attention_bias": qwen, "mlp_bias": False, "torch_dtype": "bfloat16", "initializer_range": s["std"],
         "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0,
     }
 
@@ -63,13 +87,19 @@ def make_model(out: Path, shape: str, seed: int, device: str, tokenizer: bool = 
         sd[p + "self_attn.q_proj.weight"] = rn(nq * D, H, std=s["std"])
         sd[p + "self_attn.k_proj.weight"] = rn(nkv * D, H, std=s["std"])
         sd[p + "self_attn.v_proj.weight"] = rn(nkv * D, H, std=s["std"])
+        if cfg["attention_bias"]:  # Qwen2: q/k/v biases
+            for x, n in (("q", nq), ("k", nkv), ("v", nkv)):
+                sd[p + f"self_attn.{x}_proj.bias"] = rn(n * D, std=0.1)
         sd[p + "self_attn.o_proj.weight"] = rn(H, nq * D, std=s["std"])
         sd[p + "post_attention_layernorm.weight"] = norm(H)
         sd[p + "mlp.gate_proj.weight"] = rn(I, H, std=s["std"])
         sd[p + "mlp.up_proj.weight"] = rn(I, H, std=s["std"])
         sd[p + "mlp.down_proj.weight"] = rn(H, I, std=s["std"])
     sd["model.norm.weight"] = norm(H)
-    sd["lm_head.weight"] = rn(V, H, std=s["lm_head_std"])
+    if cfg["tie_word_embeddings"]:  # the embedding is the lm_head: scaled so sampled tokens carry probability
+        sd["model.embed_tokens.weight"] = rn(V, H, std=s["lm_head_std"])
+    else:
+        sd["lm_head.weight"] = rn(V, H, std=s["lm_head_std"])
     out.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous().cpu() for k, v in sd.items()}, str(out / "model.safetensors"),
               metadata={"format": "pt"})

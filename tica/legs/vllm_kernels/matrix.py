@@ -1,0 +1,509 @@
+"""The shape and load matrix (issue 14): for each model shape and candidate (stock vLLM 0.26, or
+0.26 with the RMSNorm overlay), one process holds vLLM BI=1 and the trainer and runs every load:
+
+* loads: ``c1`` (one sequence), ``c64`` and ``c320`` (that many sequences at once, of mixed prompt
+  and response lengths: engine steps that mix decode rows with prefill chunks, and decode steps of
+  256 rows or more), ``chunked`` (a prompt longer than ``max_num_batched_tokens``, split over
+  steps, beside two short ones);
+* per load two cells, each a sealed leg of one step: ``decode`` (the trainer on the generated
+  tokens vs vLLM's sampled-token logprobs, verl's rollout_log_probs) and ``prefill`` (the trainer
+  vs vLLM's prompt_logprobs scoring of prompt + response);
+* the trainer is one batched forward over the packed sequences, with no knowledge of the steps
+  the engine ran (the product trainer: vLLM's linear dispatch, its paged FA3 layout, its padded
+  lm_head); beside it, on the same rollouts, variants that each change one thing (the Triton
+  matmul, contiguous K/V, an unpadded lm_head, the old rule that computes decode rows in calls of
+  at most 255), whose counts name the cause of a failing cell;
+* planted faults (torch log_softmax, HF's final norm) on the decode rows, judged beside their
+  control (tica.judges.planted);
+* then one AdamW step on the c64 batch, reloaded into vLLM, and c64 again on the new weights.
+
+The orchestrator (``matrix``) builds the models, runs the (candidate, shape) processes two at a
+time on the one GPU (engine starts one at a time: a file lock), seals every leg with its
+process's exit and packs the receipts.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tica.models.hashing import weights_hash
+
+from .legio import log
+from .rollout import FORWARD_CFG
+
+CANDIDATES = ("stock", "overlay")
+MATRIX_SHAPES = ("llama3.2-1b_l4", "qwen2.5-0.5b_l4", "smollm2-135m_l16", "qwen2.5-1.5b_l8", "gpt2vocab-mha_l2",
+                 "gqa8-v32001_l4")
+MATRIX_CFG = dict(FORWARD_CFG, max_num_batched_tokens=2048, max_num_seqs=512, gpu_memory_utilization=0.12)
+SEED = 20261201
+VARIANTS = {  # name: (what it changes from the product trainer, kernel attributes, model attributes)
+    "product": ("nothing", {}, {}),
+    "triton_linear": ("every linear on vLLM's Triton persistent matmul instead of its dispatch", {"linear_impl": "triton"}, {}),
+    "contiguous_kv": ("FA3 over packed contiguous K/V instead of vLLM's paged cache", {"attention_layout": "contiguous"}, {}),
+    "unpadded_lm_head": ("lm_head on the vocabulary as is, not padded to 64 rows", {}, {"vocab_pad": 1}),
+    "decode_rows_255": ("generated-token rows through fused_add_rms_norm in calls of <= 255 rows", {}, {"decode255": True}),
+}
+FAULTS = (("fault_log_softmax", "logprob:torch.log_softmax",
+           "torch.log_softmax on fp32 logits instead of the V2 runner's logprob kernel"),
+          ("fault_hf_final_norm", "model.norm:hf_rmsnorm",
+           "HF transformers' LlamaRMSNorm for the final norm instead of vLLM's"))
+
+
+@dataclass(frozen=True)
+class Load:
+    n: int
+    prompt: tuple[int, int]  # length range [lo, hi)
+    gen: tuple[int, int]
+    fixed_prompts: tuple[int, ...] = ()  # lengths, in order, instead of the range
+
+
+LOADS = {
+    "c1": Load(1, (600, 601), (64, 65)),
+    "c64": Load(64, (32, 256), (16, 64)),
+    "c320": Load(320, (8, 32), (4, 32)),
+    # short prompts first, so the long one's second chunk shares a step with their decode rows
+    "chunked": Load(3, (0, 0), (32, 64), fixed_prompts=(150, 120, 2300)),
+}
+UPDATE_LOAD = "c64"
+FAULT_LOAD = "c64"
+LR = 5e-3
+
+
+def leg_name(candidate: str, shape: str, load: str, kind: str) -> str:
+    return f"mx-{candidate}-{shape}-{load}-{kind}"
+
+
+def workload(load: str, vocab: int, salt: int = 0) -> tuple[list[list[int]], list[int], list[int]]:
+    """(prompts, generated lengths, sampling seeds) of one load: fixed by the load's name."""
+    spec = LOADS[load]
+    r = random.Random(f"{SEED}-{load}-{salt}")
+    lens = list(spec.fixed_prompts) or [r.randrange(*spec.prompt) for _ in range(spec.n)]
+    prompts = [[r.randrange(3, vocab) for _ in range(n)] for n in lens]
+    gens = [r.randrange(*spec.gen) for _ in lens]
+    return prompts, gens, [SEED % 100000 + 1000 * salt + i for i in range(len(lens))]
+
+
+# ------------------------------------------------------------------------------- the rollout side
+def vllm_rollout(llm, prompts, gens, seeds) -> dict:
+    """Generate (all sequences submitted at once), then score prompt + response with
+    prompt_logprobs=0 in one batch, the sequences reversed."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    sps = [SamplingParams(temperature=1.0, seed=s, logprobs=0, max_tokens=g, ignore_eos=True, detokenize=False)
+           for s, g in zip(seeds, gens)]
+    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sps, use_tqdm=False)
+    gen_tok = [list(o.outputs[0].token_ids) for o in outs]
+    dec = [[d[t].logprob for d, t in zip(o.outputs[0].logprobs, toks)] for o, toks in zip(outs, gen_tok)]
+    fulls = [p + g for p, g in zip(prompts, gen_tok)]
+    order = list(reversed(range(len(fulls))))
+    sp = SamplingParams(temperature=1.0, max_tokens=1, prompt_logprobs=0, detokenize=False, seed=7)
+    pouts = llm.generate([TokensPrompt(prompt_token_ids=fulls[j]) for j in order], sp, use_tqdm=False)
+    prefill: list = [None] * len(fulls)
+    for j, o in zip(order, pouts):
+        prefill[j] = [pl[t].logprob for pl, t in zip(o.prompt_logprobs[1:], fulls[j][1:])]
+    return {"fulls": fulls, "gens": gen_tok, "decode": dec, "prefill": prefill}
+
+
+def fake_rollout(model, prompts, gens, seeds) -> dict:
+    """CPU dry run: tokens drawn at random, both logprob kinds from the reference model."""
+    import torch
+
+    from .forward_leg import trainer_logprobs
+
+    g = torch.Generator().manual_seed(seeds[0])
+    V = model.config["vocab_size"]
+    gen_tok = [[int(x) for x in torch.randint(3, V, (n,), generator=g)] for n in gens]
+    fulls = [p + t for p, t in zip(prompts, gen_tok)]
+    lp = trainer_logprobs(model, fulls, "cpu")
+    prefill, dec, o = [], [], 0
+    for f, t in zip(fulls, gen_tok):
+        n = len(f) - 1
+        prefill.append([float(x) for x in lp[o:o + n]])
+        dec.append([float(x) for x in lp[o + n - len(t):o + n]])
+        o += n
+    return {"fulls": fulls, "gens": gen_tok, "decode": dec, "prefill": prefill}
+
+
+# ------------------------------------------------------------------------------- the trainer side
+def trainer_rows(model, ro: dict, device, *, decode255: bool = False):
+    """The trainer's logprob of every scored token (packed, one forward) and the decode mask."""
+    import numpy as np
+    import torch
+
+    from .model import pack
+
+    ids, cu, mx = pack(ro["fulls"], device)
+    if decode255:
+        mask = torch.zeros(ids.numel(), dtype=torch.bool, device=device)
+        for s, f, g in zip(cu[:-1].tolist(), ro["fulls"], ro["gens"]):
+            mask[s + len(f) - len(g): s + len(f)] = True
+        model.decode_rows = mask
+    try:
+        with torch.no_grad():
+            lp = model.logprobs(ids, cu, mx).float().cpu().numpy()
+    finally:
+        model.decode_rows = None
+    dmask = np.concatenate([[False] * (len(f) - 1 - len(g)) + [True] * len(g) for f, g in zip(ro["fulls"], ro["gens"])])
+    return lp.astype(np.float32), dmask.astype(bool)
+
+
+def with_variant(model, kernels, name: str):
+    """Set one variant's attributes; returns the undo."""
+    _, kattrs, mattrs = VARIANTS[name]
+    saved_k = {k: getattr(kernels, k) for k in kattrs if hasattr(kernels, k)}
+    saved_m = {k: getattr(model, k) for k in mattrs if k != "decode255"}
+    for k, v in kattrs.items():
+        if hasattr(kernels, k):
+            setattr(kernels, k, v)
+    for k, v in mattrs.items():
+        if k != "decode255":
+            setattr(model, k, v)
+
+    def undo():
+        for k, v in saved_k.items():
+            setattr(kernels, k, v)
+        for k, v in saved_m.items():
+            setattr(model, k, v)
+    return undo
+
+
+def nbits(a, b) -> int:
+    import numpy as np
+
+    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+    return int(np.count_nonzero(a.view(np.uint32) != b.view(np.uint32)))
+
+
+def run_load(legs: Path, cand: str, shape: str, load: str, ro: dict, model, kernels, dev: str, ck: str,
+             common: dict, started: str, *, kind_suffix: str = "", probe: dict | None = None) -> dict:
+    """Every variant on this load's rollouts; writes the decode and prefill legs (the product
+    trainer's arrays) and the planted-fault legs. Returns the summary row."""
+    import numpy as np
+
+    from . import legio
+
+    dec_roll = np.asarray([x for d in ro["decode"] for x in d], np.float32)
+    pre_roll = np.asarray([x for p in ro["prefill"] for x in p], np.float32)
+    variants: dict[str, dict] = {}
+    product = None
+    for name, (what, _, mattrs) in VARIANTS.items():
+        if name == "decode_rows_255" and kernels_norm(kernels) == "overlay":
+            continue  # the overlay's norm has no launch shape to follow
+        undo = with_variant(model, kernels, name)
+        try:
+            lp, dmask = trainer_rows(model, ro, dev, decode255=bool(mattrs.get("decode255")))
+        finally:
+            undo()
+        variants[name] = {"changes": what, "decode_n_diff": nbits(lp[dmask], dec_roll),
+                          "prefill_n_diff": nbits(lp, pre_roll)}
+        if name == "product":
+            product = (lp, dmask)
+    lp, dmask = product
+    vllm_self = nbits(dec_roll, pre_roll[dmask])
+    shape_rec = {"tica/load": load, "tica/load_spec": LOADS[load].__dict__ | {"n_sequences": len(ro["fulls"])},
+                 "tica/variants": variants, "tica/vllm_decode_vs_prefill_n_bitwise_diff": vllm_self,
+                 "tica/seq_len_max": max(len(f) for f in ro["fulls"]), "tica/n_generated": int(dmask.sum())}
+    kern = {"trainer": kernels_describe(kernels), "rollout": common["rollout_kernels"]}
+    for kind, tr, roll, tok, lens in (
+            ("decode", lp[dmask], dec_roll, [t for g in ro["gens"] for t in g], [len(g) for g in ro["gens"]]),
+            ("prefill", lp, pre_roll, [t for f in ro["fulls"] for t in f[1:]], [len(f) - 1 for f in ro["fulls"]])):
+        d = legs / leg_name(cand, shape, load, kind + kind_suffix)
+        legio.write_step_arrays(d, 1, token_ids=tok, seq_lens=lens, trainer_logprobs=tr, rollout_logprobs=roll)
+        row = legio.step_row(1, ck, tr, roll, dict(shape_rec, **{"tica/scored": kind}))
+        legio.write_jsonl(d / "metrics.jsonl", [row])
+        if probe is not None and kind == "prefill":
+            (d / "kernel_probe.json").write_text(json.dumps(probe, indent=1))
+        meta = legio.new_meta("forward", "bi1", trainer="vllm_kernels", started_at=started)
+        meta["ended_at"] = legio.now()
+        meta["kernels"] = kern
+        meta["resolved_config"] = dict(common["config"], load=load, scored=kind, weights_hash=ck,
+                                       rollout_logprobs="vLLM sampled-token logprobs (SamplingParams.logprobs=0)"
+                                       if kind == "decode" else "vLLM prompt_logprobs=0 over prompt + response")
+        legio.write_meta(d, meta)
+    if load == FAULT_LOAD and not kind_suffix:  # per shape, beside its control (tica.judges.planted)
+        for fname, target, what in FAULTS:
+            model.fault = target
+            try:
+                flp, fmask = trainer_rows(model, ro, dev)
+            finally:
+                model.fault = None
+            d = legs / leg_name(cand, shape, load, fname)
+            legio.write_step_arrays(d, 1, token_ids=[t for g in ro["gens"] for t in g], seq_lens=[len(g) for g in ro["gens"]],
+                                    trainer_logprobs=flp[fmask], rollout_logprobs=dec_roll)
+            legio.write_jsonl(d / "metrics.jsonl", [legio.step_row(1, ck, flp[fmask], dec_roll, {"tica/planted_fault": target})])
+            meta = legio.new_meta("forward", "bi1", trainer="vllm_kernels", started_at=started)
+            meta["ended_at"] = legio.now()
+            meta["kernels"] = dict(kern, planted_fault={target: what})
+            meta["resolved_config"] = dict(common["config"], load=load, scored="decode", weights_hash=ck, canary=True,
+                                           control=leg_name(cand, shape, load, "decode"),
+                                           planted_fault={"target": target, "replacement": what,
+                                                          "expect": "nonzero diff: the criterion must fail"})
+            legio.write_meta(d, meta)
+    log(f"{cand} {shape} {load}{kind_suffix}: " + " ".join(
+        f"{k}={v['decode_n_diff']}/{v['prefill_n_diff']}" for k, v in variants.items())
+        + f" (of {int(dmask.sum())}/{lp.size}); vLLM decode vs prefill {vllm_self}")
+    return {"load": load + kind_suffix, "variants": variants, "vllm_decode_vs_prefill": vllm_self,
+            "n_decode": int(dmask.sum()), "n_prefill": int(lp.size)}
+
+
+def kernels_norm(kernels) -> str:
+    return getattr(kernels, "norm", "reference")
+
+
+def kernels_describe(kernels) -> dict:
+    d = kernels.describe() if hasattr(kernels, "describe") else {"kernels": getattr(kernels, "name", "?")}
+    return dict(d, lm_head="padded to 64 rows (vLLM's ParallelLMHead)", logprob="V2 runner compute_token_logprobs")
+
+
+# ------------------------------------------------------------------------------- one process
+def cmd_matrix_cell(a) -> int:
+    """One (candidate, shape): vLLM BI=1 in this process, every load, the update, c64 again."""
+    import torch
+
+    from . import legio
+
+    dry = a.dry_run
+    if not dry and os.environ.get("VLLM_BATCH_INVARIANT") != "1":
+        raise SystemExit("matrix-cell needs VLLM_BATCH_INVARIANT=1 in its environment")
+    legs, m0 = Path(a.legs), Path(a.model)
+    cfg = json.loads((m0 / "config.json").read_text())
+    ck0 = weights_hash(m0)
+    dev = "cpu" if dry else "cuda"
+    started = legio.now()
+    from .model import from_dir
+
+    if dry:
+        from .kernels import TorchReference
+
+        kernels = TorchReference
+        model = from_dir(m0, kernels, device=dev)
+        roll = lambda p, g, s: fake_rollout(model, p, g, s)  # noqa: E731
+        rollout_kernels = {"fake": "CPU dry run: the reference model"}
+        overlay_on = a.candidate == "overlay"
+        pin = {"dry_run": True}
+        llm = None
+    else:
+        from .rollout import VllmRollout
+
+        with engine_start_lock(Path(a.lock)):
+            t = time.time()
+            rollout = VllmRollout(m0, **MATRIX_CFG)  # the overlay, if any, came in as vLLM's general plugin
+            log(f"{a.candidate} {a.shape}: engine up in {time.time() - t:.1f}s")
+        llm = rollout.llm
+        from . import overlay
+        from .kernels import VllmKernels
+        from .pin import check_vllm
+
+        overlay_on = overlay.active()
+        if (a.candidate == "overlay") != overlay_on:
+            raise SystemExit(f"candidate {a.candidate} but the overlay is {'active' if overlay_on else 'not active'} "
+                             "in vLLM: refusing to record it")
+        pin = check_vllm()
+        kernels = VllmKernels(linear="dispatch", norm="overlay" if overlay_on else "stock", attention_layout="paged",
+                              block_size=int(llm.llm_engine.vllm_config.cache_config.block_size))
+        model = from_dir(m0, kernels, device=dev)
+        model.vocab_pad = 64
+        roll = lambda p, g, s: vllm_rollout(llm, p, g, s)  # noqa: E731
+        rollout_kernels = {"attention": "FLASH_ATTN", **rollout.selected(), "block_size": kernels.block_size,
+                           "rms_norm_residual": "overlay: bf16 add + Triton rms_norm" if overlay_on
+                           else "_C.fused_add_rms_norm (stock 0.26)"}
+    from .overlay import overlay_record
+
+    common = {"rollout_kernels": rollout_kernels,
+              "config": {"model": str(m0), "model_shape": a.shape, "architecture": cfg["architectures"][0],
+                         "hidden_size": cfg["hidden_size"], "num_hidden_layers": cfg["num_hidden_layers"],
+                         "num_attention_heads": cfg["num_attention_heads"],
+                         "num_key_value_heads": cfg["num_key_value_heads"], "head_dim": cfg["head_dim"],
+                         "vocab_size": cfg["vocab_size"], "tie_word_embeddings": cfg["tie_word_embeddings"],
+                         "attention_bias": cfg["attention_bias"], "weights": "random, seeded, built on the device",
+                         "candidate": a.candidate, "source_overlay": overlay_record() if a.candidate == "overlay" else None,
+                         **MATRIX_CFG, "matrix_seed": SEED, "vllm_check": pin,
+                         "trainer_packing": "all sequences of a load in one varlen batch; no knowledge of engine steps"}}
+    probe = None
+    if not dry:
+        try:
+            from .probe import probe as run_probe
+
+            probe = run_probe(kernels, hidden=cfg["hidden_size"], inter=cfg["intermediate_size"],
+                              heads=cfg["num_attention_heads"], kv_heads=cfg["num_key_value_heads"],
+                              head_dim=cfg["head_dim"], vocab=cfg["vocab_size"])
+        except Exception as err:  # noqa: BLE001
+            probe = {"error": repr(err)[:1000]}
+    summary = {"candidate": a.candidate, "shape": a.shape, "loads": []}
+    kept = {}
+    for load in LOADS:
+        t = time.time()
+        prompts, gens, seeds = workload(load, cfg["vocab_size"])
+        ro = roll(prompts, gens, seeds)
+        kept[load] = ro
+        summary["loads"].append(run_load(legs, a.candidate, a.shape, load, ro, model, kernels, dev, ck0, common,
+                                         started, probe=probe if load == "c1" else None))
+        log(f"  {load} in {time.time() - t:.1f}s")
+    # one update on the c64 batch, reloaded into vLLM, then c64 again (new prompts) on the new weights
+    ro = kept[UPDATE_LOAD]
+    upd = update_step(model, ro, dev, Path(a.work) / f"m1-{a.candidate}-{a.shape}", m0)
+    if llm is not None:
+        upd["reloaded_params"] = rollout.reload(upd["path"] / "model.safetensors")
+    prompts, gens, seeds = workload(UPDATE_LOAD, cfg["vocab_size"], salt=1)
+    ro2 = roll(prompts, gens, seeds)
+    common["config"] = dict(common["config"], update={k: v for k, v in upd.items() if k != "path"})
+    summary["loads"].append(run_load(legs, a.candidate, a.shape, UPDATE_LOAD, ro2, model, kernels, dev, upd["hash"],
+                                     common, started, kind_suffix="_post_update"))
+    summary["update"] = {k: v for k, v in upd.items() if k != "path"}
+    Path(a.summary).write_text(json.dumps(summary, indent=1, default=str))
+    return 0
+
+
+def update_step(model, ro: dict, dev: str, out: Path, m0: Path) -> dict:
+    """A GRPO-style policy-gradient step through the product trainer, AdamW, the new bf16 weights
+    written as safetensors (what vLLM reloads)."""
+    import torch
+    from safetensors.torch import save_file
+
+    from .model import pack
+
+    r = random.Random(SEED + 5)
+    rewards = [float(r.random() < 0.5) for _ in ro["fulls"]]
+    if len(set(rewards)) == 1:
+        rewards[0] = 1.0 - rewards[0]
+    mu = sum(rewards) / len(rewards)
+    sd = (sum((x - mu) ** 2 for x in rewards) / len(rewards)) ** 0.5
+    ids, cu, mx = pack(ro["fulls"], dev)
+    model.zero_grad(set_to_none=True)
+    lp = model.logprobs(ids, cu, mx)
+    w = torch.zeros_like(lp, dtype=torch.float32)
+    o = 0
+    for f, g, x in zip(ro["fulls"], ro["gens"], rewards):
+        n = len(f) - 1
+        w[o + n - len(g):o + n] = (x - mu) / (sd + 1e-6)
+        o += n
+    n_resp = sum(len(g) for g in ro["gens"])
+    loss = -(lp.float() * w).sum() / n_resp
+    t = time.time()
+    loss.backward()
+    t_bwd = time.time() - t
+    grads = [p.grad for p in model.master]
+    finite = all(bool(torch.isfinite(g).all()) for g in grads if g is not None)
+    gnorm = float(torch.sqrt(sum((g.double() ** 2).sum() for g in grads if g is not None)))
+    before = {k: v.clone() for k, v in model.deployed_state_dict().items()}
+    torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01).step()
+    after = model.deployed_state_dict()
+    changed = sum(not torch.equal(before[k].view(torch.int16), after[k].view(torch.int16)) for k in after)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.cpu() for k, v in after.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
+    for f in ("config.json", "generation_config.json"):
+        if (m0 / f).exists():
+            shutil.copy(m0 / f, out / f)
+    return {"path": out, "hash": weights_hash(out), "loss": float(loss.detach()), "grad_norm": gnorm, "grad_finite": finite,
+            "backward_seconds": round(t_bwd, 2), "changed_tensors": changed, "total_tensors": len(after),
+            "optimizer": {"name": "adamw", "lr": LR, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.01},
+            "n_response_tokens": n_resp}
+
+
+class engine_start_lock:
+    """One engine starts at a time on the GPU: vLLM sizes its KV cache from the memory it sees
+    free while it profiles, which a neighbour's start would disturb."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __enter__(self):
+        self.f = open(self.path, "w")
+        fcntl.flock(self.f, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc):
+        fcntl.flock(self.f, fcntl.LOCK_UN)
+        self.f.close()
+
+
+# ------------------------------------------------------------------------------- the orchestrator
+def cmd_matrix(a) -> int:
+    from . import legio
+    from .overlay import write_plugin_dist
+    from .seeded_model import make_model
+
+    t0 = time.time()
+    deadline = t0 + a.budget
+    out, work = Path(a.out), Path(a.work)
+    out.mkdir(parents=True, exist_ok=True)
+    work.mkdir(parents=True, exist_ok=True)
+    legs, logs = work / "legs", work / "logs"
+    legs.mkdir(exist_ok=True)
+    logs.mkdir(exist_ok=True)
+    shapes = [s for s in a.shapes.split(",") if s]
+    cands = [c for c in a.candidates.split(",") if c]
+    dev = "cpu" if a.dry_run else "cuda"
+    status: dict = {"started": legio.now(), "budget_s": a.budget, "cells": {}, "models": {}}
+    plugin = work / "overlay_plugin"
+    write_plugin_dist(plugin)
+
+    def pack_out() -> None:
+        with tarfile.open(out / "receipts.tgz", "w:gz") as tf:
+            tf.add(legs, arcname="h200")
+        with tarfile.open(out / "logs.tgz", "w:gz") as tf:
+            tf.add(logs, arcname="logs")
+        (out / "status.json").write_text(json.dumps(status, indent=1, default=str))
+
+    for s in shapes:
+        md = work / "models" / s
+        if not (md / "config.json").exists():
+            status["models"][s] = make_model(md, s, seed=7, device=dev)
+            log(f"model {s}: {status['models'][s]}")
+    queue = [(c, s) for s in shapes for c in cands]
+    running: list[tuple] = []
+    me = [sys.executable, "-m", "tica.legs.vllm_kernels.producers", "matrix-cell"]
+    while queue or running:
+        while queue and len(running) < a.parallel and time.time() < deadline - a.min_cell_s:
+            c, s = queue.pop(0)
+            env = dict(os.environ, VLLM_BATCH_INVARIANT="0" if a.dry_run else "1", VLLM_ENABLE_V1_MULTIPROCESSING="0")
+            if c == "overlay":
+                env["PYTHONPATH"] = f"{plugin}:{env.get('PYTHONPATH', '')}"
+                env["VLLM_PLUGINS"] = "tica_rmsnorm_bi"
+            else:
+                env["VLLM_PLUGINS"] = ""  # stock: no general plugin at all
+            name = f"{c}-{s}"
+            lf = logs / f"{name}.log"
+            args = ["--candidate", c, "--shape", s, "--model", str(work / "models" / s), "--legs", str(legs),
+                    "--work", str(work), "--summary", str(logs / f"{name}.summary.json"),
+                    "--lock", str(work / "engine_start.lock")] + (["--dry-run"] if a.dry_run else [])
+            p = subprocess.Popen(me + args, env=env, stdout=open(lf, "wb"), stderr=subprocess.STDOUT)
+            running.append((p, name, c, s, time.time(), env, lf))
+            log(f"started {name} (pid {p.pid})")
+        if not queue and not running:
+            break
+        time.sleep(1)
+        for item in list(running):
+            p, name, c, s, t, env, lf = item
+            rc = p.poll()
+            if rc is None and time.time() > deadline:
+                p.kill()
+                rc = p.wait()
+            if rc is None:
+                continue
+            running.remove(item)
+            procs = legio.launcher_records(name, p.pid, rc, lf.read_text(errors="replace"), env)
+            mine = [d for d in legs.glob(f"mx-{c}-{s}-*") if (d / "leg.json").exists() and not (d / "seal.json").exists()]
+            for d in mine:
+                legio.finalize_leg(d, procs)
+            status["cells"][name] = {"rc": rc, "seconds": round(time.time() - t, 1), "legs": len(mine)}
+            log(f"{name}: rc={rc} in {time.time() - t:.1f}s, {len(mine)} legs sealed")
+            pack_out()
+    status["not_started"] = [f"{c}-{s}" for c, s in queue]
+    status["total_s"] = round(time.time() - t0, 1)
+    for f in logs.glob("*.summary.json"):
+        status.setdefault("summaries", {})[f.name] = json.loads(f.read_text())
+    pack_out()
+    log(f"matrix done in {time.time() - t0:.1f}s; not started: {status['not_started']}")
+    return 0
