@@ -135,6 +135,9 @@ class VllmKernels:
         self._lp = k["logprob"]
         self.linear_impl, self.norm, self.attention_layout, self.block_size = linear, norm, attention_layout, block_size
         self._dispatch = None
+        # bool [T] or None: rows recomputed as vLLM computes a pure-decode step's rows (one query over
+        # its paged prefix, max_seqlen_q 1, which FA3 runs non-causal); a probe of stock vLLM
+        self.decode_query_rows = None
 
     def describe(self) -> dict:
         return {"linear": self.linear_impl, "norm": self.norm, "attention_layout": self.attention_layout,
@@ -180,6 +183,17 @@ class VllmKernels:
             self._fa(q=q.contiguous(), k=kc, v=vc, out=out, cu_seqlens_q=cu_seqlens, max_seqlen_q=max_seqlen,
                      seqused_k=lens, max_seqlen_k=max_seqlen, softmax_scale=scale, causal=True,
                      block_table=table, fa_version=3, num_splits=1)
+            if self.decode_query_rows is not None:
+                rows = torch.nonzero(self.decode_query_rows).squeeze(-1)
+                seq = torch.searchsorted(cu_seqlens[1:].to(torch.long), rows, right=True)
+                pos = rows - cu_seqlens[:-1].to(torch.long)[seq]
+                od = torch.empty(rows.numel(), q.shape[1], q.shape[2], dtype=q.dtype, device=q.device)
+                self._fa(q=q[rows].contiguous(), k=kc, v=vc, out=od,
+                         cu_seqlens_q=torch.arange(rows.numel() + 1, dtype=torch.int32, device=q.device),
+                         max_seqlen_q=1, seqused_k=(pos + 1).to(torch.int32), max_seqlen_k=max_seqlen,
+                         softmax_scale=scale, causal=True, block_table=table[seq].contiguous(), fa_version=3,
+                         num_splits=1)
+                out[rows] = od
             return out
         self._fa(q=q.contiguous(), k=k.contiguous(), v=v.contiguous(), out=out,
                  cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens,

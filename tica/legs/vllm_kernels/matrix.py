@@ -9,7 +9,7 @@
   tokens vs vLLM's sampled-token logprobs, verl's rollout_log_probs) and ``prefill`` (the trainer
   vs vLLM's prompt_logprobs scoring of prompt + response);
 * the trainer is one batched forward over the packed sequences, with no knowledge of the steps
-  the engine ran (the product trainer: vLLM's linear dispatch, its paged FA3 layout, its padded
+  the engine ran (the product trainer: vLLM's batch-invariant Triton matmul, its paged FA3 layout, its padded
   lm_head); beside it, on the same rollouts, variants that each change one thing (the Triton
   matmul, contiguous K/V, an unpadded lm_head, the old rule that computes decode rows in calls of
   at most 255), whose counts name the cause of a failing cell;
@@ -41,18 +41,24 @@ from tica.models.hashing import weights_hash
 from .legio import log
 from .rollout import FORWARD_CFG
 
-CANDIDATES = ("stock", "overlay")
+CANDIDATES = ("stock", "overlay2")
 MATRIX_SHAPES = ("llama3.2-1b_l4", "qwen2.5-0.5b_l4", "smollm2-135m_l16", "qwen2.5-1.5b_l8", "gpt2vocab-mha_l2",
                  "gqa8-v32001_l4")
 MATRIX_CFG = dict(FORWARD_CFG, max_num_batched_tokens=2048, max_num_seqs=512, gpu_memory_utilization=0.12)
 SEED = 20261201
 VARIANTS = {  # name: (what it changes from the product trainer, kernel attributes, model attributes)
     "product": ("nothing", {}, {}),
-    "triton_linear": ("every linear on vLLM's Triton persistent matmul instead of its dispatch", {"linear_impl": "triton"}, {}),
+    "dispatch_linear": ("every linear through vLLM's dispatch_unquantized_gemm (torch F.linear, cuBLASLt) "
+                        "instead of the Triton persistent matmul", {"linear_impl": "dispatch"}, {}),
     "contiguous_kv": ("FA3 over packed contiguous K/V instead of vLLM's paged cache", {"attention_layout": "contiguous"}, {}),
     "unpadded_lm_head": ("lm_head on the vocabulary as is, not padded to 64 rows", {}, {"vocab_pad": 1}),
     "decode_rows_255": ("generated-token rows through fused_add_rms_norm in calls of <= 255 rows", {}, {"decode255": True}),
+    "vllm_decode_rows": ("generated-token rows as a pure-decode step computes them: fused_add_rms_norm in calls of "
+                         "<= 255 rows and attention as one query over its paged prefix (max_seqlen_q 1)",
+                         {}, {"decode255": True, "decode_query": True}),
 }
+STOCK_ONLY = ("decode_rows_255", "vllm_decode_rows")  # probes of the step-dependent kernels the overlay removes
+CANDIDATE_PARTS = {"stock": None, "overlay": ("rmsnorm",), "overlay2": ("rmsnorm", "fa_decode_causal")}
 FAULTS = (("fault_log_softmax", "logprob:torch.log_softmax",
            "torch.log_softmax on fp32 logits instead of the V2 runner's logprob kernel"),
           ("fault_hf_final_norm", "model.norm:hf_rmsnorm",
@@ -136,7 +142,7 @@ def fake_rollout(model, prompts, gens, seeds) -> dict:
 
 
 # ------------------------------------------------------------------------------- the trainer side
-def trainer_rows(model, ro: dict, device, *, decode255: bool = False):
+def trainer_rows(model, ro: dict, device, *, decode255: bool = False, decode_query: bool = False):
     """The trainer's logprob of every scored token (packed, one forward) and the decode mask."""
     import numpy as np
     import torch
@@ -144,16 +150,22 @@ def trainer_rows(model, ro: dict, device, *, decode255: bool = False):
     from .model import pack
 
     ids, cu, mx = pack(ro["fulls"], device)
+    mask = torch.zeros(ids.numel(), dtype=torch.bool, device=device)
+    for s, f, g in zip(cu[:-1].tolist(), ro["fulls"], ro["gens"]):
+        # the rows whose input is a generated token ran in decode steps (the last prompt row, which
+        # scores the first generated token, ran in the prefill)
+        mask[s + len(f) - len(g): s + len(f)] = True
     if decode255:
-        mask = torch.zeros(ids.numel(), dtype=torch.bool, device=device)
-        for s, f, g in zip(cu[:-1].tolist(), ro["fulls"], ro["gens"]):
-            mask[s + len(f) - len(g): s + len(f)] = True
         model.decode_rows = mask
+    if decode_query:
+        model.kernels.decode_query_rows = mask
     try:
         with torch.no_grad():
             lp = model.logprobs(ids, cu, mx).float().cpu().numpy()
     finally:
         model.decode_rows = None
+        if decode_query:
+            model.kernels.decode_query_rows = None
     dmask = np.concatenate([[False] * (len(f) - 1 - len(g)) + [True] * len(g) for f, g in zip(ro["fulls"], ro["gens"])])
     return lp.astype(np.float32), dmask.astype(bool)
 
@@ -162,12 +174,12 @@ def with_variant(model, kernels, name: str):
     """Set one variant's attributes; returns the undo."""
     _, kattrs, mattrs = VARIANTS[name]
     saved_k = {k: getattr(kernels, k) for k in kattrs if hasattr(kernels, k)}
-    saved_m = {k: getattr(model, k) for k in mattrs if k != "decode255"}
+    saved_m = {k: getattr(model, k) for k in mattrs if k not in ("decode255", "decode_query")}
     for k, v in kattrs.items():
         if hasattr(kernels, k):
             setattr(kernels, k, v)
     for k, v in mattrs.items():
-        if k != "decode255":
+        if k not in ("decode255", "decode_query"):
             setattr(model, k, v)
 
     def undo():
@@ -198,11 +210,14 @@ def run_load(legs: Path, cand: str, shape: str, load: str, ro: dict, model, kern
     variants: dict[str, dict] = {}
     product = None
     for name, (what, _, mattrs) in VARIANTS.items():
-        if name == "decode_rows_255" and kernels_norm(kernels) == "overlay":
-            continue  # the overlay's norm has no launch shape to follow
+        if name in STOCK_ONLY and kernels_norm(kernels) == "overlay":
+            continue  # the overlay removed the step-dependent kernels these probe
+        if mattrs.get("decode_query") and getattr(kernels, "attention_layout", None) != "paged":
+            continue  # the decode query runs on vLLM's kernels only
         undo = with_variant(model, kernels, name)
         try:
-            lp, dmask = trainer_rows(model, ro, dev, decode255=bool(mattrs.get("decode255")))
+            lp, dmask = trainer_rows(model, ro, dev, decode255=bool(mattrs.get("decode255")),
+                                     decode_query=bool(mattrs.get("decode_query")))
         finally:
             undo()
         variants[name] = {"changes": what, "decode_n_diff": nbits(lp[dmask], dec_roll),
@@ -290,7 +305,7 @@ def cmd_matrix_cell(a) -> int:
         model = from_dir(m0, kernels, device=dev)
         roll = lambda p, g, s: fake_rollout(model, p, g, s)  # noqa: E731
         rollout_kernels = {"fake": "CPU dry run: the reference model"}
-        overlay_on = a.candidate == "overlay"
+        parts = list(CANDIDATE_PARTS[a.candidate] or [])
         pin = {"dry_run": True}
         llm = None
     else:
@@ -305,19 +320,21 @@ def cmd_matrix_cell(a) -> int:
         from .kernels import VllmKernels
         from .pin import check_vllm
 
-        overlay_on = overlay.active()
-        if (a.candidate == "overlay") != overlay_on:
-            raise SystemExit(f"candidate {a.candidate} but the overlay is {'active' if overlay_on else 'not active'} "
-                             "in vLLM: refusing to record it")
+        parts = overlay.active()
+        if parts != list(CANDIDATE_PARTS[a.candidate] or []):
+            raise SystemExit(f"candidate {a.candidate} wants overlay parts {CANDIDATE_PARTS[a.candidate]} but vLLM "
+                             f"runs {parts}: refusing to record it")
         pin = check_vllm()
-        kernels = VllmKernels(linear="dispatch", norm="overlay" if overlay_on else "stock", attention_layout="paged",
+        kernels = VllmKernels(linear="triton", norm="overlay" if "rmsnorm" in parts else "stock", attention_layout="paged",
                               block_size=int(llm.llm_engine.vllm_config.cache_config.block_size))
         model = from_dir(m0, kernels, device=dev)
         model.vocab_pad = 64
         roll = lambda p, g, s: vllm_rollout(llm, p, g, s)  # noqa: E731
         rollout_kernels = {"attention": "FLASH_ATTN", **rollout.selected(), "block_size": kernels.block_size,
-                           "rms_norm_residual": "overlay: bf16 add + Triton rms_norm" if overlay_on
-                           else "_C.fused_add_rms_norm (stock 0.26)"}
+                           "rms_norm_residual": "overlay: bf16 add + Triton rms_norm" if "rmsnorm" in parts
+                           else "_C.fused_add_rms_norm (stock 0.26)",
+                           "decode_attention": "overlay: pure-decode steps keep FA3's causal tiling (max_seqlen_q 2)"
+                           if "fa_decode_causal" in parts else "FA3 as vLLM calls it (max_seqlen_q 1: non-causal)"}
     from .overlay import overlay_record
 
     common = {"rollout_kernels": rollout_kernels,
@@ -327,7 +344,7 @@ def cmd_matrix_cell(a) -> int:
                          "num_key_value_heads": cfg["num_key_value_heads"], "head_dim": cfg["head_dim"],
                          "vocab_size": cfg["vocab_size"], "tie_word_embeddings": cfg["tie_word_embeddings"],
                          "attention_bias": cfg["attention_bias"], "weights": "random, seeded, built on the device",
-                         "candidate": a.candidate, "source_overlay": overlay_record() if a.candidate == "overlay" else None,
+                         "candidate": a.candidate, "source_overlay": overlay_record(parts) if parts else None,
                          **MATRIX_CFG, "matrix_seed": SEED, "vllm_check": pin,
                          "trainer_packing": "all sequences of a load in one varlen batch; no knowledge of engine steps"}}
     probe = None
@@ -350,6 +367,12 @@ def cmd_matrix_cell(a) -> int:
         summary["loads"].append(run_load(legs, a.candidate, a.shape, load, ro, model, kernels, dev, ck0, common,
                                          started, probe=probe if load == "c1" else None))
         log(f"  {load} in {time.time() - t:.1f}s")
+    if llm is not None:
+        try:
+            summary["logits_probe"] = logits_probe(llm, model, kept["c1"]["fulls"][0])
+        except Exception as err:  # noqa: BLE001
+            summary["logits_probe"] = {"error": repr(err)[:1000]}
+        log(f"logits probe: {summary['logits_probe']}")
     # one update on the c64 batch, reloaded into vLLM, then c64 again (new prompts) on the new weights
     ro = kept[UPDATE_LOAD]
     upd = update_step(model, ro, dev, Path(a.work) / f"m1-{a.candidate}-{a.shape}", m0)
@@ -363,6 +386,51 @@ def cmd_matrix_cell(a) -> int:
     summary["update"] = {k: v for k, v in upd.items() if k != "path"}
     Path(a.summary).write_text(json.dumps(summary, indent=1, default=str))
     return 0
+
+
+def logits_probe(llm, model, full: list[int]) -> dict:
+    """Where a sequence's logprobs part ways: vLLM's final hidden states and logits (its
+    LogitsProcessor's input and output, caught by a forward hook while it scores the sequence)
+    against the trainer's, row by row (bitwise counts)."""
+    import torch
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from .model import pack, scored_rows
+
+    def hook(mod):
+        mod._tica_seen = []
+        mod._tica_h = mod.logits_processor.register_forward_hook(
+            lambda m, args, out: mod._tica_seen.append((args[1].detach().clone(), out.detach().clone())))
+        return 0
+
+    llm.apply_model(hook)
+    try:
+        llm.generate([TokensPrompt(prompt_token_ids=full)],
+                     SamplingParams(temperature=1.0, max_tokens=1, prompt_logprobs=0, detokenize=False, seed=7),
+                     use_tqdm=False)
+    finally:
+        seen = llm.apply_model(lambda mod: (mod._tica_h.remove(), mod._tica_seen)[1])[0]
+    h_v = torch.cat([h for h, _ in seen])
+    lg_v = torch.cat([lg for _, lg in seen])
+    ids, cu, mx = pack([full], "cuda")
+    with torch.no_grad():
+        h_t = model.hidden(ids, cu, mx)
+        rows, tgt = scored_rows(ids, cu)
+        w = model.lm_head_weight()
+        V = w.shape[0]
+        wp = torch.cat([w, w.new_zeros((-V) % 64, w.shape[1])]) if V % 64 else w
+        lg_t = model.kernels.linear(h_t[rows], wp, None)[:, :V]
+    n = rows.numel()
+
+    def nd(a, b):
+        return int((a.contiguous().view(torch.int16) != b.contiguous().view(torch.int16)).sum()) if a.shape == b.shape else -1
+
+    return {"calls": len(seen), "vllm_rows": int(h_v.shape[0]), "vllm_logits_shape": list(lg_v.shape),
+            "vllm_logits_stride0": int(seen[0][1].stride(0)) if seen else None, "rows": n,
+            "hidden_n_diff": nd(h_v[:n], h_t[:n]), "logits_n_diff": nd(lg_v[:n], lg_t),
+            "logits_rows_differing": int((lg_v[:n].view(torch.int16) != lg_t.view(torch.int16)).any(-1).sum())
+            if lg_v[:n].shape == lg_t.shape else -1}
 
 
 def update_step(model, ro: dict, dev: str, out: Path, m0: Path) -> dict:
@@ -468,9 +536,10 @@ def cmd_matrix(a) -> int:
         while queue and len(running) < a.parallel and time.time() < deadline - a.min_cell_s:
             c, s = queue.pop(0)
             env = dict(os.environ, VLLM_BATCH_INVARIANT="0" if a.dry_run else "1", VLLM_ENABLE_V1_MULTIPROCESSING="0")
-            if c == "overlay":
+            if CANDIDATE_PARTS[c]:
                 env["PYTHONPATH"] = f"{plugin}:{env.get('PYTHONPATH', '')}"
                 env["VLLM_PLUGINS"] = "tica_rmsnorm_bi"
+                env["TICA_OVERLAY_PARTS"] = ",".join(CANDIDATE_PARTS[c])
             else:
                 env["VLLM_PLUGINS"] = ""  # stock: no general plugin at all
             name = f"{c}-{s}"

@@ -1,30 +1,35 @@
-"""A source overlay for vLLM 0.26 under VLLM_BATCH_INVARIANT=1: the residual RMSNorm through
-vLLM's batch-invariant Triton norm.
+"""A source overlay for vLLM 0.26 under VLLM_BATCH_INVARIANT=1, in two parts (``PARTS``), each
+removing one way a row's bits depend on the engine step it was computed in:
 
-Stock 0.26 routes ``RMSNorm(x, residual)`` to ``_C.fused_add_rms_norm`` even under batch
-invariance (``batch_invariant.rms_norm_batch_invariant`` forwards a residual there), and that
-CUDA kernel picks its block size from the number of tokens in the call (1024 threads below 256
-tokens, 256 from there: upstream issue #48271). A row's bits then depend on how many tokens
-shared its engine step. The overlay computes the residual add in bf16 (one rounding, as the CUDA
-kernel stores it) and normalizes with the Triton ``_rms_norm_kernel`` (one program per row), so
-no row depends on its neighbours.
+* ``rmsnorm``: stock 0.26 routes ``RMSNorm(x, residual)`` to ``_C.fused_add_rms_norm`` even under
+  batch invariance (``batch_invariant.rms_norm_batch_invariant`` forwards a residual there), and
+  that CUDA kernel picks its block size from the number of tokens in the call (1024 threads below
+  256 tokens, 256 from there: upstream issue #48271). The overlay adds the residual in bf16 (one
+  rounding, as the CUDA kernel stores it) and normalizes with the Triton ``_rms_norm_kernel`` (one
+  program per row).
+* ``fa_decode_causal``: FlashAttention 3 treats a call whose ``max_seqlen_q`` is 1 (a step of
+  decode rows only) as non-causal, and for head_dim <= 64 (or > 128, or unpaged K/V) a non-causal
+  call tiles the keys in blocks of 160 (paged) instead of the causal 128 (hopper/flash_api.cpp,
+  tile_size.h): decode rows of pure-decode steps differ from the same rows in a prefill or mixed
+  step. The overlay passes ``max_seqlen_q=2`` for such calls (the sequences' real query lengths
+  stay in ``cu_seqlens_q``; causal masking is per sequence) and drops vLLM's ahead-of-time
+  scheduler metadata (made for the old value), so every step keeps the causal tiling.
 
 Shipped the way a team ships such a patch: a vLLM general plugin (entry point group
-``vllm.general_plugins``), which vLLM loads in every process it starts. ``write_plugin_dist``
-writes the distribution metadata into a folder put on PYTHONPATH; nothing in vLLM's files changes.
-The manifest's source component records this file (``overlay_record``).
+``vllm.general_plugins``) that vLLM loads in every process it starts; ``TICA_OVERLAY_PARTS``
+chooses the parts (default: all). ``write_plugin_dist`` writes the distribution metadata into a
+folder put on PYTHONPATH; nothing in vLLM's files changes. The manifest's source component
+records this file and the parts (``overlay_record``).
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
 NAME = "tica_rmsnorm_bi"
 ENTRY_POINT = "tica.legs.vllm_kernels.overlay:register"
-_ACTIVE = False
-
-
 def rms_norm_batch_invariant_overlay(input, weight, eps=1e-6, residual=None):
     """``batch_invariant.rms_norm_batch_invariant`` with the residual path made row-local."""
     if residual is None:
@@ -34,30 +39,61 @@ def rms_norm_batch_invariant_overlay(input, weight, eps=1e-6, residual=None):
 
 
 _STOCK = None
+_STOCK_FA = None
+PARTS = ("rmsnorm", "fa_decode_causal")
+_ACTIVE: set[str] = set()
+
+
+def fa_decode_causal(*args, **kw):
+    """vLLM's FlashAttentionImpl's call with a pure-decode step's max_seqlen_q raised to 2."""
+    if kw.get("max_seqlen_q") == 1 and kw.get("block_table") is not None:
+        kw = dict(kw, max_seqlen_q=2, scheduler_metadata=None)
+    return _STOCK_FA(*args, **kw)
+
+
+def parts_wanted() -> tuple[str, ...]:
+    raw = os.environ.get("TICA_OVERLAY_PARTS")
+    want = tuple(x for x in (raw.split(",") if raw is not None else PARTS) if x)
+    unknown = sorted(set(want) - set(PARTS))
+    if unknown:
+        raise ValueError(f"TICA_OVERLAY_PARTS: unknown part(s) {unknown}; known: {list(PARTS)}")
+    return want
 
 
 def register() -> None:
-    """The plugin's entry: swap the residual path of vLLM's batch-invariant norm (idempotent;
-    vLLM may call it more than once per process)."""
-    global _STOCK, _ACTIVE
-    if _ACTIVE:
-        return
-    from vllm.model_executor.layers import batch_invariant as bi
-    from vllm.model_executor.layers import layernorm
+    """The plugin's entry: apply the wanted parts (idempotent; vLLM may call it more than once
+    per process)."""
+    global _STOCK, _STOCK_FA
+    want = parts_wanted()
+    if "rmsnorm" in want and "rmsnorm" not in _ACTIVE:
+        from vllm.model_executor.layers import batch_invariant as bi
+        from vllm.model_executor.layers import layernorm
 
-    _STOCK = bi.rms_norm_batch_invariant
-    bi.rms_norm_batch_invariant = rms_norm_batch_invariant_overlay
-    layernorm.rms_norm_batch_invariant = rms_norm_batch_invariant_overlay  # imported by name there
-    _ACTIVE = True
+        _STOCK = bi.rms_norm_batch_invariant
+        bi.rms_norm_batch_invariant = rms_norm_batch_invariant_overlay
+        layernorm.rms_norm_batch_invariant = rms_norm_batch_invariant_overlay  # imported by name there
+        _ACTIVE.add("rmsnorm")
+    if "fa_decode_causal" in want and "fa_decode_causal" not in _ACTIVE:
+        from vllm.v1.attention.backends import flash_attn as fa_backend
+
+        _STOCK_FA = fa_backend.flash_attn_varlen_func
+        fa_backend.flash_attn_varlen_func = fa_decode_causal  # imported by name there
+        _ACTIVE.add("fa_decode_causal")
 
 
-def active() -> bool:
-    """Whether vLLM's RMSNorm calls the overlay in this process (read from vLLM, not the flag)."""
+def active() -> list[str]:
+    """The parts vLLM calls in this process (read from vLLM's modules, not from a flag)."""
+    on = []
     try:
         from vllm.model_executor.layers import layernorm
+        from vllm.v1.attention.backends import flash_attn as fa_backend
     except Exception:  # noqa: BLE001 - no vLLM here
-        return False
-    return getattr(layernorm, "rms_norm_batch_invariant", None) is rms_norm_batch_invariant_overlay
+        return on
+    if getattr(layernorm, "rms_norm_batch_invariant", None) is rms_norm_batch_invariant_overlay:
+        on.append("rmsnorm")
+    if getattr(fa_backend, "flash_attn_varlen_func", None) is fa_decode_causal:
+        on.append("fa_decode_causal")
+    return on
 
 
 def write_plugin_dist(folder: Path) -> Path:
@@ -70,9 +106,11 @@ def write_plugin_dist(folder: Path) -> Path:
     return d
 
 
-def overlay_record() -> dict:
-    """What the manifest's source component records: the overlay's file and its sha256."""
+def overlay_record(parts: list[str] | tuple[str, ...]) -> dict:
+    """What the manifest's source component records: the overlay's file, its sha256, its parts."""
     src = Path(__file__)
+    replaces = {"rmsnorm": "vllm.model_executor.layers.batch_invariant.rms_norm_batch_invariant (residual path)",
+                "fa_decode_causal": "vllm.v1.attention.backends.flash_attn.flash_attn_varlen_func (max_seqlen_q 1 -> 2)"}
     return {"name": NAME, "entry_point": ENTRY_POINT, "file": "tica/legs/vllm_kernels/overlay.py",
-            "sha256": hashlib.sha256(src.read_bytes()).hexdigest(),
-            "replaces": "vllm.model_executor.layers.batch_invariant.rms_norm_batch_invariant (residual path)"}
+            "sha256": hashlib.sha256(src.read_bytes()).hexdigest(), "parts": list(parts),
+            "replaces": [replaces[x] for x in parts]}
