@@ -42,7 +42,7 @@ from tica.judges._common import Findings, cell, md_table, wrong_question
 from tica.judges.clean_exit import exit_problems
 from tica.judges.confounders import confounder_markdown, confounder_table, require_recorded, unquantified
 from tica.question import WORKLOAD_FIELDS, Question, ThroughputCriteria, ThroughputFormula
-from tica.receipts import BENCH_FILE, LEG_FILE, BenchLeg, is_unknown, load_bench_leg
+from tica.receipts import BENCH_FILE, LEG_FILE, BenchLeg, is_unknown, load_bench_leg, recorded_value
 from tica.verdict import Verdict, VerdictCell
 
 
@@ -303,6 +303,49 @@ def _listed(pairs: Sequence[tuple[str, str]]) -> str:
     return ", ".join(f"{k} ({where})" for k, where in pairs)
 
 
+# Where a leg records the node it ran on: resources.ray_legs.RayLegRunner puts TICA_NODE in the
+# producer's environment (every TICA producer records TICA_* in leg.json's env); a producer outside
+# TICA may record resolved_config.node.
+NODE_KEYS = ("env.TICA_NODE", "resolved_config.node")
+
+
+def leg_node(leg: BenchLeg) -> str | None:
+    """The node a leg records (None: not recorded); a leg naming two nodes names both, joined."""
+    if leg.meta is None:
+        return None
+    found = sorted({str(v) for key in NODE_KEYS if (v := recorded_value(leg.meta, key)) is not None})
+    return " + ".join(found) or None
+
+
+def same_node(findings: Findings, numbers: dict[str, Any], legs: Sequence[BenchLeg]) -> None:
+    """Every leg of the pairing on one node, where the legs record one. Legs on different nodes, or
+    a node recorded by some legs and not others, are no pass: the comparison is confounded by the
+    node (or not known to be free of it). An overrun already found stands, its cause not attributed."""
+    by_node: dict[str | None, list[str]] = defaultdict(list)
+    for leg in legs:
+        by_node[leg_node(leg)].append(leg.path.parent.name + "/" + leg.path.name if leg.meta else leg.path.name)
+    recorded = {n: ls for n, ls in by_node.items() if n is not None}
+    numbers["nodes"] = {n: len(ls) for n, ls in sorted(recorded.items())} or None
+    if not recorded:
+        return
+    problem = None
+    if len(recorded) > 1:
+        problem = ("the pairing's legs ran on different nodes: " + "; ".join(
+            f"{n}: {len(ls)} leg(s) ({', '.join(ls[:3])}{' ...' if len(ls) > 3 else ''})" for n, ls in sorted(recorded.items()))
+            + ": a throughput comparison across nodes is confounded by the node, not attributed to the switch")
+    elif None in by_node:
+        unknown = by_node[None]
+        problem = (f"node {next(iter(recorded))} recorded by {sum(map(len, recorded.values()))} of {len(legs)} legs; "
+                   f"unknown for {', '.join(unknown[:3])}{' ...' if len(unknown) > 3 else ''}: the pairing is not "
+                   "known to have run on one node")
+    if problem is None:
+        return
+    if findings.verdict is Verdict.FAIL:
+        findings.note(problem + " (the overrun stands; its cause is not attributed to the switch)")
+    else:
+        findings.inconclusive(problem)
+
+
 def judge_throughput(question: Question, leg_paths: Sequence[str | Path]) -> VerdictCell:
     item = EvidenceItem.THROUGHPUT
     findings = Findings()
@@ -479,6 +522,10 @@ def judge_throughput(question: Question, leg_paths: Sequence[str | Path]) -> Ver
     for c, arm, x in tiers:
         findings.inconclusive(f"c={c}: {arm} throughput shows fast/slow tiers (max/min {x:.3g} > "
                               f"{criteria.tier_ratio:g}): the loss's causal attribution is inconclusive")
+
+    # One node: crossed rounds compare the arms on one machine; rounds spread over nodes confound
+    # the loss with the node. Legs that record no node keep the older behaviour.
+    same_node(findings, numbers, [lc.leg for r in rounds if r.valid for lc in r.legs])
 
     # Confounders, per concurrency (workload settings legitimately differ between concurrencies).
     loose_keys: set[str] = set()

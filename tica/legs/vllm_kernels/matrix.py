@@ -41,7 +41,7 @@ from tica.models.hashing import weights_hash
 from .legio import log
 from .rollout import FORWARD_CFG
 
-CANDIDATES = ("stock", "overlay2")
+CANDIDATES = ("stock", "overlay3")
 MATRIX_SHAPES = ("llama3.2-1b_l4", "qwen2.5-0.5b_l4", "smollm2-135m_l16", "qwen2.5-1.5b_l8", "gpt2vocab-mha_l2",
                  "gqa8-v32001_l4")
 MATRIX_CFG = dict(FORWARD_CFG, max_num_batched_tokens=2048, max_num_seqs=512, gpu_memory_utilization=0.12)
@@ -58,7 +58,8 @@ VARIANTS = {  # name: (what it changes from the product trainer, kernel attribut
                          {}, {"decode255": True, "decode_query": True}),
 }
 STOCK_ONLY = ("decode_rows_255", "vllm_decode_rows")  # probes of the step-dependent kernels the overlay removes
-CANDIDATE_PARTS = {"stock": None, "overlay": ("rmsnorm",), "overlay2": ("rmsnorm", "fa_decode_causal")}
+# overlay (run 1) and overlay2 (run 2, commit 4a68fff: its attention part had no effect) are in the receipts
+CANDIDATE_PARTS = {"stock": None, "overlay": ("rmsnorm",), "overlay3": ("rmsnorm", "fa_pin_tile")}
 FAULTS = (("fault_log_softmax", "logprob:torch.log_softmax",
            "torch.log_softmax on fp32 logits instead of the V2 runner's logprob kernel"),
           ("fault_hf_final_norm", "model.norm:hf_rmsnorm",
@@ -333,8 +334,8 @@ def cmd_matrix_cell(a) -> int:
         rollout_kernels = {"attention": "FLASH_ATTN", **rollout.selected(), "block_size": kernels.block_size,
                            "rms_norm_residual": "overlay: bf16 add + Triton rms_norm" if "rmsnorm" in parts
                            else "_C.fused_add_rms_norm (stock 0.26)",
-                           "decode_attention": "overlay: pure-decode steps keep FA3's causal tiling (max_seqlen_q 2)"
-                           if "fa_decode_causal" in parts else "FA3 as vLLM calls it (max_seqlen_q 1: non-causal)"}
+                           "attention_tile": "overlay: every step on FA3's two-warpgroup causal tile (max_seqlen_q >= 65)"
+                           if "fa_pin_tile" in parts else "FA3 as vLLM calls it (tile from the step's max_seqlen_q)"}
     from .overlay import overlay_record
 
     common = {"rollout_kernels": rollout_kernels,

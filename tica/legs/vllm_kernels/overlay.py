@@ -7,13 +7,15 @@ removing one way a row's bits depend on the engine step it was computed in:
   256 tokens, 256 from there: upstream issue #48271). The overlay adds the residual in bf16 (one
   rounding, as the CUDA kernel stores it) and normalizes with the Triton ``_rms_norm_kernel`` (one
   program per row).
-* ``fa_decode_causal``: FlashAttention 3 treats a call whose ``max_seqlen_q`` is 1 (a step of
-  decode rows only) as non-causal, and for head_dim <= 64 (or > 128, or unpaged K/V) a non-causal
-  call tiles the keys in blocks of 160 (paged) instead of the causal 128 (hopper/flash_api.cpp,
-  tile_size.h): decode rows of pure-decode steps differ from the same rows in a prefill or mixed
-  step. The overlay passes ``max_seqlen_q=2`` for such calls (the sequences' real query lengths
-  stay in ``cu_seqlens_q``; causal masking is per sequence) and drops vLLM's ahead-of-time
-  scheduler metadata (made for the old value), so every step keeps the causal tiling.
+* ``fa_pin_tile``: vLLM's FlashAttention 3 picks its key tile from the step's ``max_seqlen_q``:
+  a step whose packed query rows per KV head (``max_seqlen_q`` x the GQA ratio) are at most 64
+  runs on one MMA warpgroup with 192-key tiles at head_dim 64, a bigger step on two with the
+  causal 128-key tiles (its heuristics.h ``use_one_mma_wg``; tile_size.h), and a row's softmax sums
+  follow the tiles. So a decode row of a small step differs from the same row in a prefill or a
+  big step. The overlay passes ``max_seqlen_q`` of at least 65 (the sequences' real query lengths
+  stay in ``cu_seqlens_q``; causal masking is per sequence, the grid gains no tiles) and drops
+  vLLM's ahead-of-time scheduler metadata (made for the old value): every step keeps one tiling.
+  (Run 2's ``fa_decode_causal`` raised it to 2 only, which kept the one-warpgroup tile: no effect.)
 
 Shipped the way a team ships such a patch: a vLLM general plugin (entry point group
 ``vllm.general_plugins``) that vLLM loads in every process it starts; ``TICA_OVERLAY_PARTS``
@@ -40,14 +42,17 @@ def rms_norm_batch_invariant_overlay(input, weight, eps=1e-6, residual=None):
 
 _STOCK = None
 _STOCK_FA = None
-PARTS = ("rmsnorm", "fa_decode_causal")
+PARTS = ("rmsnorm", "fa_pin_tile")
 _ACTIVE: set[str] = set()
 
 
-def fa_decode_causal(*args, **kw):
-    """vLLM's FlashAttentionImpl's call with a pure-decode step's max_seqlen_q raised to 2."""
-    if kw.get("max_seqlen_q") == 1 and kw.get("block_table") is not None:
-        kw = dict(kw, max_seqlen_q=2, scheduler_metadata=None)
+FA_MIN_SEQLEN_Q = 65  # above 64 packed rows per KV head even at a GQA ratio of 1: the two-warpgroup tile
+
+
+def fa_pin_tile(*args, **kw):
+    """vLLM's FlashAttentionImpl's call with max_seqlen_q raised to FA_MIN_SEQLEN_Q."""
+    if kw.get("block_table") is not None and int(kw.get("max_seqlen_q") or 0) < FA_MIN_SEQLEN_Q:
+        kw = dict(kw, max_seqlen_q=FA_MIN_SEQLEN_Q, scheduler_metadata=None)
     return _STOCK_FA(*args, **kw)
 
 
@@ -73,12 +78,12 @@ def register() -> None:
         bi.rms_norm_batch_invariant = rms_norm_batch_invariant_overlay
         layernorm.rms_norm_batch_invariant = rms_norm_batch_invariant_overlay  # imported by name there
         _ACTIVE.add("rmsnorm")
-    if "fa_decode_causal" in want and "fa_decode_causal" not in _ACTIVE:
+    if "fa_pin_tile" in want and "fa_pin_tile" not in _ACTIVE:
         from vllm.v1.attention.backends import flash_attn as fa_backend
 
         _STOCK_FA = fa_backend.flash_attn_varlen_func
-        fa_backend.flash_attn_varlen_func = fa_decode_causal  # imported by name there
-        _ACTIVE.add("fa_decode_causal")
+        fa_backend.flash_attn_varlen_func = fa_pin_tile  # imported by name there
+        _ACTIVE.add("fa_pin_tile")
 
 
 def active() -> list[str]:
@@ -91,8 +96,8 @@ def active() -> list[str]:
         return on
     if getattr(layernorm, "rms_norm_batch_invariant", None) is rms_norm_batch_invariant_overlay:
         on.append("rmsnorm")
-    if getattr(fa_backend, "flash_attn_varlen_func", None) is fa_decode_causal:
-        on.append("fa_decode_causal")
+    if getattr(fa_backend, "flash_attn_varlen_func", None) is fa_pin_tile:
+        on.append("fa_pin_tile")
     return on
 
 
@@ -110,7 +115,7 @@ def overlay_record(parts: list[str] | tuple[str, ...]) -> dict:
     """What the manifest's source component records: the overlay's file, its sha256, its parts."""
     src = Path(__file__)
     replaces = {"rmsnorm": "vllm.model_executor.layers.batch_invariant.rms_norm_batch_invariant (residual path)",
-                "fa_decode_causal": "vllm.v1.attention.backends.flash_attn.flash_attn_varlen_func (max_seqlen_q 1 -> 2)"}
+                "fa_pin_tile": "vllm.v1.attention.backends.flash_attn.flash_attn_varlen_func (max_seqlen_q >= 65)"}
     return {"name": NAME, "entry_point": ENTRY_POINT, "file": "tica/legs/vllm_kernels/overlay.py",
             "sha256": hashlib.sha256(src.read_bytes()).hexdigest(), "parts": list(parts),
             "replaces": [replaces[x] for x in parts]}

@@ -39,6 +39,13 @@ SHAPES = {
     "gqa8-v32001_l4": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=4, num_attention_heads=32,
                            num_key_value_heads=4, head_dim=128, vocab_size=32001, max_position_embeddings=4096,
                            std=0.02, lm_head_std=0.08),
+    # controls for the two vocabularies above that are not multiples of 64: the same shapes, padded
+    "gpt2vocab64-mha_l2": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=2, num_attention_heads=16,
+                               num_key_value_heads=16, head_dim=128, vocab_size=50304, max_position_embeddings=4096,
+                               std=0.02, lm_head_std=0.08),
+    "gqa8-v32064_l4": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=4, num_attention_heads=32,
+                           num_key_value_heads=4, head_dim=128, vocab_size=32064, max_position_embeddings=4096,
+                           std=0.02, lm_head_std=0.08),
     # CPU dry runs
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, head_dim=16, vocab_size=512, max_position_embeddings=4096,
