@@ -1,0 +1,174 @@
+"""The shape/load matrix from one H200 (tests/fixtures/h200/matrix.tar.xz, issue 14), judged under
+the question frozen before it (demo/questions/h200-matrix/forward.yaml). Nothing here touches a
+GPU: the sealed receipts came back from the lent H200 (the archive's README maps runs to calls).
+
+One invariant per test, each with the control that could make it fail.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tica.judges.matrix import matrix_canaries, matrix_cells, summary_table
+from tica.question import load_question
+from tica.receipt_archive import unpacked
+from tica.seal import check_seal
+from tica.verdict import Verdict
+
+ROOT = Path(__file__).resolve().parents[1]
+ARCHIVE = ROOT / "tests" / "fixtures" / "h200" / "matrix.tar.xz"
+QUESTION = load_question(ROOT / "demo" / "questions" / "h200-matrix" / "forward.yaml")
+SHAPES = ("llama3.2-1b_l4", "qwen2.5-0.5b_l4", "smollm2-135m_l16", "qwen2.5-1.5b_l8", "gpt2vocab-mha_l2", "gqa8-v32001_l4")
+BITWISE_SHAPES = SHAPES[:4]  # head_dim 64 and 128, GQA 1:4, 1:7, 1:3, 1:6, vocabularies multiples of 64
+
+
+@pytest.fixture(scope="module")
+def matrix(tmp_path_factory) -> Path:
+    return unpacked(ARCHIVE, tmp_path_factory.mktemp("receipts"))
+
+
+@pytest.fixture(scope="module")
+def cells(matrix):
+    return matrix_cells(QUESTION, matrix)
+
+
+def pick(cells, run, candidate, shape=None, load=None, scored=None):
+    return [c for c in cells if c.run == run and c.candidate == candidate and (shape is None or c.shape == shape)
+            and (load is None or c.load == load) and (scored is None or c.scored == scored)]
+
+
+def test_every_leg_is_sealed_and_verifies(matrix):
+    legs = sorted(p.parent for p in matrix.rglob("seal.json"))
+    # 12 legs per (candidate, shape): 4 loads x 2, c64 after the update x 2, 2 planted faults; matrix3's
+    # eighth cell (gqa8-v32064_l4) was killed at the deadline before writing any
+    assert Counter(p.parent.name for p in legs) == {"matrix1": 12 * 12, "matrix2": 12 * 12, "matrix3": 7 * 12}
+    assert all(check_seal(leg) == [] for leg in legs)
+
+
+def test_overlay3_is_bitwise_on_every_load_of_four_shapes_before_and_after_the_update(cells):
+    for shape in BITWISE_SHAPES + ("gpt2vocab64-mha_l2",):
+        got = pick(cells, "matrix3", "overlay3", shape)
+        assert len(got) == 10  # 4 loads x decode/prefill + c64 after the update x 2
+        assert all(c.verdict is Verdict.PASS and c.cause is None for c in got), [(c.load, c.scored) for c in got]
+
+
+def test_stock_fails_every_decode_load_on_every_shape_with_its_cause(cells):
+    """Stock vLLM 0.26: a trainer with no knowledge of the engine's steps cannot reproduce the
+    generated tokens' logprobs; each cell names why."""
+    for shape in SHAPES:
+        dec = [c for c in pick(cells, "matrix2", "stock", shape) if c.scored.startswith("decode")]
+        assert len(dec) == 5 and all(c.verdict is Verdict.FAIL for c in dec), shape
+        assert all(c.cause and not c.cause.startswith(("unexplained", "unknown")) for c in dec), shape
+
+
+def test_the_pure_decode_step_probe_reproduces_stock_c1_at_head_dim_64(cells):
+    """The cause isolated: computing the generated rows as vLLM's pure-decode steps do (RMSNorm
+    launch below 256 rows, FA3 one query per sequence) matches stock bitwise at c1, where every
+    decode step has one row; the product trainer (one packed forward) does not."""
+    for shape in ("llama3.2-1b_l4", "qwen2.5-0.5b_l4", "smollm2-135m_l16"):
+        (c,) = pick(cells, "matrix2", "stock", shape, "c1", "decode")
+        assert c.verdict is Verdict.FAIL and c.cause.startswith("vllm_decode_rows:"), c.cause
+
+
+def test_stock_prefill_is_bitwise_where_the_vocabulary_is_a_multiple_of_64(cells):
+    for shape in BITWISE_SHAPES:
+        pre = [c for c in pick(cells, "matrix2", "stock", shape) if c.scored.startswith("prefill")]
+        assert len(pre) == 5 and all(c.verdict is Verdict.PASS for c in pre), shape
+
+
+def test_the_rmsnorm_part_alone_leaves_head_dim_64_decode_failing(cells):
+    """overlay2 (RMSNorm + an FA part that had no effect): c320 passes at head_dim 64 (short
+    sequences, one key tile), c1 does not; vLLM's own decode differs from its prefill there."""
+    for shape in ("llama3.2-1b_l4", "smollm2-135m_l16"):
+        (c1,) = pick(cells, "matrix2", "overlay2", shape, "c1", "decode")
+        (c320,) = pick(cells, "matrix2", "overlay2", shape, "c320", "decode")
+        assert c1.verdict is Verdict.FAIL and c1.vllm_decode_vs_prefill and "engine step" in c1.cause
+        assert c320.verdict is Verdict.PASS
+
+
+def test_vocabularies_not_a_multiple_of_64_fail_even_with_the_overlay_and_say_so(cells):
+    gpt2 = pick(cells, "matrix3", "overlay3", "gpt2vocab-mha_l2")
+    assert len(gpt2) == 10 and all(c.verdict is Verdict.FAIL for c in gpt2)
+    assert all("vocabulary 50257 not a multiple of 64: the same model with 50304 passes" in c.cause for c in gpt2)
+    gqa8 = pick(cells, "matrix3", "overlay3", "gqa8-v32001_l4")
+    # its padded control was killed at the call's deadline: the cause stays "suspected"
+    assert len(gqa8) == 10 and all(c.verdict is Verdict.FAIL and "suspected" in c.cause for c in gqa8)
+
+
+def test_every_shape_has_a_canary_that_is_caught_or_flagged(matrix):
+    table = matrix_canaries(QUESTION, matrix)
+    shapes = {(run, s.leg.split("-c64-")[0]) for run, s in table}
+    assert len(table) == 2 * (12 + 12 + 7)  # two planted faults per (candidate, shape), on c64
+    assert {s.status for _, s in table} <= {"caught", "not_a_canary"}
+    for run, prefix in shapes:
+        mine = [s for r, s in table if r == run and s.leg.startswith(prefix + "-")]
+        assert any(s.status == "caught" for s in mine), (run, prefix)  # the HF final norm at least
+    # where the control itself fails for the vocabulary, torch's log_softmax adds no failure of its own
+    flagged = {s.leg for _, s in table if s.status == "not_a_canary"}
+    assert "mx-overlay3-gpt2vocab-mha_l2-c64-fault_log_softmax" in flagged
+
+
+def test_the_table_shows_every_cell(cells):
+    md = summary_table(cells)
+    assert md.count("\n") == 2 + len({(c.run, c.candidate, c.shape, c.scored) for c in cells}) - 1
+    assert "| matrix3 | overlay3 | llama3.2-1b_l4 | decode | pass | pass | pass | pass |" in md
+
+
+# ---------------------------------------------------------------- negative controls
+
+@pytest.fixture
+def one_passing_cell(matrix, tmp_path) -> Path:
+    src = matrix / "matrix3"
+    dst = tmp_path / "matrix3"
+    dst.mkdir()
+    for leg in src.glob("mx-overlay3-llama3.2-1b_l4-c1-*"):
+        shutil.copytree(leg, dst / leg.name)
+    return tmp_path
+
+
+def test_an_edited_trainer_array_is_not_a_pass(one_passing_cell):
+    leg = one_passing_cell / "matrix3" / "mx-overlay3-llama3.2-1b_l4-c1-decode"
+    p = leg / "arrays" / "step_0001.npz"
+    with np.load(p) as z:
+        arrays = {k: z[k] for k in z.files}
+    arrays["trainer_logprobs"][3] = np.nextafter(arrays["trainer_logprobs"][3], np.float32(0))
+    np.savez_compressed(p, **arrays)
+    (c,) = [c for c in matrix_cells(QUESTION, one_passing_cell) if c.scored == "decode"]
+    assert c.verdict is not Verdict.PASS and c.cause is not None
+
+
+def test_a_cell_whose_arrays_differ_but_whose_seal_was_redone_fails_on_the_bits(one_passing_cell):
+    """Resealing hides the edit from the seal, not from the judge: the arrays are compared."""
+    from tica.seal import seal_leg
+
+    leg = one_passing_cell / "matrix3" / "mx-overlay3-llama3.2-1b_l4-c1-prefill"
+    p = leg / "arrays" / "step_0001.npz"
+    with np.load(p) as z:
+        arrays = {k: z[k] for k in z.files}
+    arrays["trainer_logprobs"][0] += np.float32(1e-3)
+    np.savez_compressed(p, **arrays)
+    (leg / "seal.json").unlink()
+    seal_leg(leg)
+    (c,) = [c for c in matrix_cells(QUESTION, one_passing_cell) if c.scored == "prefill"]
+    assert c.verdict is Verdict.FAIL
+
+
+def test_a_failing_cell_without_recorded_probes_names_no_cause_it_cannot_show(matrix, tmp_path):
+    from tica.seal import seal_leg
+
+    src = matrix / "matrix2" / "mx-stock-llama3.2-1b_l4-c1-decode"
+    leg = tmp_path / "m" / src.name
+    shutil.copytree(src, leg)
+    row = json.loads((leg / "metrics.jsonl").read_text())
+    del row["tica/variants"]
+    (leg / "metrics.jsonl").write_text(json.dumps(row) + "\n")
+    (leg / "seal.json").unlink()
+    seal_leg(leg)
+    (c,) = matrix_cells(QUESTION, tmp_path)
+    assert c.verdict is Verdict.FAIL and c.cause.startswith("unknown")

@@ -1,0 +1,189 @@
+"""The shape and load matrix (issue 14), judged: every cell leg under the frozen forward question,
+each failing cell with the cause its own recorded probes name, and each shape's planted faults
+beside their control.
+
+A cell is one sealed leg ``mx-<candidate>-<shape>-<load>-<scored>`` (written by
+``tica.legs.vllm_kernels.matrix``): one rollout batch, scored on its generated tokens (``decode``,
+against vLLM's sampled-token logprobs) or on prompt + response (``prefill``), before or after the
+update (``_post_update``). The verdict is ``judge_forward``'s, nothing else. The cause is read, for
+a cell that does not pass, from what the leg recorded beside its arrays, in this order:
+
+1. a one-change variant of the trainer that matches bitwise where the product trainer does not
+   names the change (e.g. ``vllm_decode_rows``: the generated rows computed as vLLM's pure-decode
+   steps compute them, which needs the engine's step composition);
+2. vLLM's own decode and prefill logprobs differing on that batch: the rows depend on the engine
+   step (a kernel whose launch or tile follows the step, not isolated by a variant);
+3. a vocabulary that is not a multiple of 64, with vLLM self-consistent: isolated when a control
+   shape (the same model with the vocabulary padded to 64) passes the same load in the same
+   matrix, "suspected" when no such control ran;
+4. otherwise ``unexplained``.
+
+Nothing here makes a cell pass: a cause is only ever attached to a cell that did not.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from tica.errors import ReceiptError
+from tica.judges.forward import judge_forward
+from tica.judges.planted import CanaryStatus, canary_status
+from tica.question import Question
+from tica.verdict import Verdict
+
+LEG_RE = re.compile(r"^mx-(?P<candidate>[a-z0-9]+)-(?P<shape>.+)-(?P<load>c1|c64|c320|chunked)-"
+                    r"(?P<scored>decode|prefill|decode_post_update|prefill_post_update|fault_[a-z_]+)$")
+SHAPE_KEYS = ("architecture", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+              "head_dim", "tie_word_embeddings", "attention_bias")
+
+
+class MatrixCell(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    run: str
+    candidate: str
+    overlay_parts: tuple[str, ...]
+    shape: str
+    load: str
+    scored: str
+    verdict: Verdict
+    n_diff: int | None  # tokens whose logprob differs bitwise; None where the leg could not be read
+    n_tokens: int | None
+    vllm_decode_vs_prefill: int | None
+    cause: str | None  # None exactly when the cell passed
+    reasons: tuple[str, ...]
+
+
+def _row(leg: Path) -> dict:
+    lines = (leg / "metrics.jsonl").read_text().splitlines()
+    return json.loads(lines[0]) if lines else {}
+
+
+def _config(leg: Path) -> dict:
+    return json.loads((leg / "leg.json").read_text()).get("resolved_config") or {}
+
+
+def _pad64(v: int) -> int:
+    return -(-v // 64) * 64
+
+
+def _cause(scored: str, row: dict, cfg: dict, control_passed: bool | None) -> str:
+    """Every cause the leg's own probes support, in the module docstring's order, joined."""
+    kind = "decode" if scored.startswith("decode") else "prefill"
+    variants = row.get("tica/variants")
+    if not isinstance(variants, dict) or "product" not in variants:
+        return "unknown: the leg recorded no trainer variants to name a cause with"
+    causes = []
+    product = variants["product"].get(f"{kind}_n_diff")
+    for name, v in variants.items():
+        if name != "product" and v.get(f"{kind}_n_diff") == 0 and product:
+            causes.append(f"{name}: {v.get('changes')} matches bitwise ({product} tokens differ without it)")
+    self_gap = row.get("tica/vllm_decode_vs_prefill_n_bitwise_diff")
+    if not causes and isinstance(self_gap, int) and self_gap > 0:
+        causes.append(f"engine step: vLLM's own decode and prefill logprobs differ on {self_gap} generated tokens "
+                      "of this batch, so a row's bits follow the step it ran in (no one-change variant reproduces it)")
+    vocab = cfg.get("vocab_size")
+    if isinstance(vocab, int) and vocab % 64:
+        if control_passed:
+            causes.append(f"vocabulary {vocab} not a multiple of 64: the same model with {_pad64(vocab)} passes this "
+                          "load (control shape); the op is not isolated")
+        else:
+            causes.append(f"vocabulary {vocab} not a multiple of 64 (suspected: no padded control of this shape "
+                          "passed this load in this run)")
+    return "; ".join(causes) or "unexplained: no recorded probe accounts for it"
+
+
+def _is_control(cfg: dict, other: dict) -> bool:
+    v = cfg.get("vocab_size")
+    return (isinstance(v, int) and v % 64 != 0 and other.get("vocab_size") == _pad64(v)
+            and all(cfg.get(k) == other.get(k) for k in SHAPE_KEYS))
+
+
+def matrix_legs(root: Path) -> list[tuple[str, Path, re.Match]]:
+    """(run, leg, name match) for every matrix leg under ``root`` (a run folder per child, or legs)."""
+    out = []
+    for d in sorted(root.rglob("leg.json")):
+        leg = d.parent
+        m = LEG_RE.match(leg.name)
+        if m:
+            out.append((leg.parent.name, leg, m))
+    return out
+
+
+def matrix_cells(question: Question, root: str | Path) -> list[MatrixCell]:
+    root = Path(root)
+    legs = [(run, leg, m) for run, leg, m in matrix_legs(root) if not m["scored"].startswith("fault_")]
+    judged: dict[Path, tuple[Verdict, tuple[str, ...]]] = {}
+    for _, leg, _ in legs:
+        try:
+            c = judge_forward(question, [leg])
+            judged[leg] = (c.verdict, c.reasons)
+        except ReceiptError as err:
+            judged[leg] = (Verdict.INCONCLUSIVE, (f"inconclusive: {err}",))
+    configs = {leg: _safe(_config, leg, {}) for _, leg, _ in legs}
+    cells = []
+    for run, leg, m in legs:
+        verdict, reasons = judged[leg]
+        row, cfg = _safe(_row, leg, {}), configs[leg]
+        control = None
+        for run2, leg2, m2 in legs:
+            if (run2 == run and m2["candidate"] == m["candidate"] and m2["load"] == m["load"]
+                    and m2["scored"] == m["scored"] and _is_control(cfg, configs[leg2])):
+                control = judged[leg2][0] is Verdict.PASS
+        overlay = cfg.get("source_overlay") or {}
+        cells.append(MatrixCell(
+            run=run, candidate=m["candidate"], overlay_parts=tuple(overlay.get("parts") or
+                                                                 (["rmsnorm"] if overlay else [])),
+            shape=m["shape"], load=m["load"], scored=m["scored"], verdict=verdict,
+            n_diff=row.get("tica/n_bitwise_diff"), n_tokens=row.get("tica/n_tokens"),
+            vllm_decode_vs_prefill=row.get("tica/vllm_decode_vs_prefill_n_bitwise_diff"),
+            cause=None if verdict is Verdict.PASS else (
+                _cause(m["scored"], row, cfg, control) if verdict is Verdict.FAIL else f"not judged: {verdict.value}"),
+            reasons=reasons))
+    return cells
+
+
+def _safe(fn, leg: Path, default):
+    try:
+        return fn(leg)
+    except (OSError, ValueError):
+        return default
+
+
+def matrix_canaries(question: Question, root: str | Path) -> list[tuple[str, CanaryStatus]]:
+    """(run, status) for every planted-fault leg of the matrix, judged beside the control it names."""
+    out = []
+    for run, leg, m in matrix_legs(Path(root)):
+        if not m["scored"].startswith("fault_"):
+            continue
+        control = _config(leg).get("control")
+        if not isinstance(control, str) or not (leg.parent / control).is_dir():
+            raise ReceiptError(leg / "leg.json", "resolved_config.control", "names no control leg beside it")
+        out.append((run, canary_status(question, leg, leg.parent / control)))
+    return out
+
+
+def summary_table(cells: Iterable[MatrixCell]) -> str:
+    """Markdown: one row per (run, candidate, shape, scored), one column per load (pass, or the
+    differing tokens)."""
+    loads = ("c1", "c64", "c320", "chunked")
+    grid: dict[tuple, dict[str, str]] = {}
+    for c in cells:
+        key = (c.run, c.candidate, c.shape, c.scored.replace("_post_update", " (after update)"))
+        if c.verdict is Verdict.PASS:
+            mark = "pass"
+        elif c.verdict is Verdict.FAIL:
+            mark = f"{c.n_diff}/{c.n_tokens}"
+        else:
+            mark = c.verdict.value
+        grid.setdefault(key, {})[c.load] = mark
+    lines = ["| run | candidate | shape | scored | " + " | ".join(loads) + " |",
+             "|---|---|---|---|" + "---|" * len(loads)]
+    for key in sorted(grid):
+        lines.append("| " + " | ".join(key) + " | " + " | ".join(grid[key].get(x, "—") for x in loads) + " |")
+    return "\n".join(lines)
