@@ -172,3 +172,30 @@ def test_a_failing_cell_without_recorded_probes_names_no_cause_it_cannot_show(ma
     seal_leg(leg)
     (c,) = matrix_cells(QUESTION, tmp_path)
     assert c.verdict is Verdict.FAIL and c.cause.startswith("unknown")
+
+
+# ---------------------------------------------------------------- stock and overlay as candidates
+
+def test_the_overlay_is_a_candidate_of_its_own_and_the_ledger_records_what_it_invalidates(tmp_path):
+    """The two runtimes the matrix compares, as the sensor records them: stock first (nothing to
+    invalidate), then the overlay, whose source component (overlay digest) voids every item."""
+    from tica.acceptance import record_candidate_change
+    from tica.candidate import identify
+    from tica.evidence import Component
+    from tica.ledger import Ledger
+    from tica.manifest import load_manifest
+
+    ledger = Ledger(tmp_path / "ledger.duckdb")
+    cands = ROOT / "demo" / "candidates"
+    stock, over = (load_manifest(cands / f"h200-matrix-{n}.yaml") for n in ("stock", "overlay"))
+    ids = identify(stock), identify(over)
+    assert ids[0].candidate_id != ids[1].candidate_id
+    assert record_candidate_change(ledger, stock, ids[0], {}) == []
+    changes = record_candidate_change(ledger, over, ids[1], dict(ids[0].components))
+    assert [c.component for c in changes] == [Component.SOURCE]
+    assert over.manifest.source.overlay_digest and not stock.manifest.source.overlay_digest
+    rows = ledger.rows("SELECT component, item, old_candidate_id, new_candidate_id FROM invalidations ORDER BY item")
+    assert {r["item"] for r in rows} >= {"forward", "backward", "update"}
+    assert {(r["component"], r["old_candidate_id"], r["new_candidate_id"]) for r in rows} == {
+        ("source", ids[0].candidate_id, ids[1].candidate_id)}
+    assert ledger.verify().problems == ()
