@@ -186,8 +186,8 @@ def test_the_overlay_is_a_candidate_of_its_own_and_the_ledger_records_what_it_in
     from tica.manifest import load_manifest
 
     ledger = Ledger(tmp_path / "ledger.duckdb")
-    cands = ROOT / "demo" / "candidates"
-    stock, over = (load_manifest(cands / f"h200-matrix-{n}.yaml") for n in ("stock", "overlay"))
+    # kept beside, not in, demo/candidates: the demo discovers one track per manifest there
+    stock, over = (load_manifest(ROOT / "demo" / "h200-matrix" / f"{n}.yaml") for n in ("stock", "overlay"))
     ids = identify(stock), identify(over)
     assert ids[0].candidate_id != ids[1].candidate_id
     assert record_candidate_change(ledger, stock, ids[0], {}) == []
