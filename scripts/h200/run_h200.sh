@@ -25,6 +25,9 @@
 #           --target /tmp/dsite .devstage/dagster/*.whl && PYTHONPATH=$PWD:/tmp/site:/tmp/dsite python3
 #           scripts/h200/pipes_gpu_proof.py --out $OUT --steps 2", carry=[".devstage/kit", ".devstage/dagster"])
 #     4 run("CUDA_VISIBLE_DEVICES=0 bash scripts/h200/run_h200.sh throughput", carry=[".devstage/kit"])
+#   the shape/load matrix (issue 14; session 4): calls 1 (stage1) and, with c2, `matrix` (560 s, stock and
+#   overlay3 over six shapes) then `bench`; since the matrix receipts are committed the tree no longer fits
+#   beside the whole c1: stage it in halves with scripts/h200/stage_split.sh (split here, recv twice there)
 #   here: unpack each call's receipts.tgz (sealed leg dirs under h200/) into tests/fixtures/h200/runN/
 #
 # What comes back under $OUT: receipts.tgz, logs.tgz, status.json, run.log.
