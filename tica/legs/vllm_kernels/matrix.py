@@ -360,7 +360,8 @@ def cmd_matrix_cell(a) -> int:
             probe = {"error": repr(err)[:1000]}
     summary = {"candidate": a.candidate, "shape": a.shape, "loads": []}
     kept = {}
-    for load in LOADS:
+    loads = [x for x in a.loads.split(",") if x] if getattr(a, "loads", None) else list(LOADS)
+    for load in loads:
         t = time.time()
         prompts, gens, seeds = workload(load, cfg["vocab_size"])
         ro = roll(prompts, gens, seeds)
@@ -374,6 +375,10 @@ def cmd_matrix_cell(a) -> int:
         except Exception as err:  # noqa: BLE001
             summary["logits_probe"] = {"error": repr(err)[:1000]}
         log(f"logits probe: {summary['logits_probe']}")
+    if UPDATE_LOAD not in kept:  # a partial run (--loads): no update, said in the summary
+        summary["update"] = f"not run: {UPDATE_LOAD} was not among the loads"
+        Path(a.summary).write_text(json.dumps(summary, indent=1, default=str))
+        return 0
     # one update on the c64 batch, reloaded into vLLM, then c64 again (new prompts) on the new weights
     ro = kept[UPDATE_LOAD]
     upd = update_step(model, ro, dev, Path(a.work) / f"m1-{a.candidate}-{a.shape}", m0)
@@ -545,7 +550,7 @@ def cmd_matrix(a) -> int:
                 env["VLLM_PLUGINS"] = ""  # stock: no general plugin at all
             name = f"{c}-{s}"
             lf = logs / f"{name}.log"
-            args = ["--candidate", c, "--shape", s, "--model", str(work / "models" / s), "--legs", str(legs),
+            args = ["--loads", a.loads, "--candidate", c, "--shape", s, "--model", str(work / "models" / s), "--legs", str(legs),
                     "--work", str(work), "--summary", str(logs / f"{name}.summary.json"),
                     "--lock", str(work / "engine_start.lock")] + (["--dry-run"] if a.dry_run else [])
             p = subprocess.Popen(me + args, env=env, stdout=open(lf, "wb"), stderr=subprocess.STDOUT)

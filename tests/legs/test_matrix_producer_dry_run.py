@@ -1,0 +1,42 @@
+"""The matrix producer's plumbing on the CPU (`producers matrix --dry-run`): the orchestrator runs
+each (candidate, shape) in its own process, every leg it wrote is sealed with that process's exit,
+and the matrix judge reads them. A dry run scores the reference model against itself with
+VLLM_BATCH_INVARIANT=0 in its environment, so its cells must not pass as BI=1 evidence: the judge
+says they are inconclusive, naming the environment (tests/test_h200_matrix.py judges the H200's)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tica.judges.matrix import matrix_cells
+from tica.question import load_question
+from tica.seal import check_seal
+from tica.verdict import Verdict
+
+ROOT = Path(__file__).resolve().parents[2]
+QUESTION = load_question(ROOT / "demo" / "questions" / "h200-matrix" / "forward.yaml")
+
+
+def test_a_dry_run_writes_sealed_cells_the_judge_reads(tmp_path):
+    out, work = tmp_path / "out", tmp_path / "work"
+    r = subprocess.run([sys.executable, "-m", "tica.legs.vllm_kernels.producers", "matrix", "--dry-run",
+                        "--shapes", "tiny_qwen", "--candidates", "stock", "--loads", "c1", "--out", str(out),
+                        "--work", str(work), "--budget", "600", "--min-cell-s", "1"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    status = json.loads((out / "status.json").read_text())
+    assert status["cells"]["stock-tiny_qwen"]["rc"] == 0 and status["not_started"] == []
+    legs = sorted((work / "legs").iterdir())
+    assert [p.name for p in legs] == ["mx-stock-tiny_qwen-c1-decode", "mx-stock-tiny_qwen-c1-prefill"]
+    assert all(check_seal(p) == [] for p in legs)
+    assert all(json.loads((p / "leg.json").read_text())["processes"][0]["exit_code"] == 0 for p in legs)
+    cells = matrix_cells(QUESTION, work)
+    assert [(c.scored, c.verdict) for c in cells] == [("decode", Verdict.INCONCLUSIVE), ("prefill", Verdict.INCONCLUSIVE)]
+    assert all("VLLM_BATCH_INVARIANT is '0'" in c.reasons[0] and c.cause.startswith("not judged") for c in cells)
+    row = json.loads((legs[0] / "metrics.jsonl").read_text())
+    assert set(row["tica/variants"]) >= {"product", "unpadded_lm_head", "decode_rows_255"}
+    summary = json.loads((work / "logs" / "stock-tiny_qwen.summary.json").read_text())
+    assert summary["update"].startswith("not run")
