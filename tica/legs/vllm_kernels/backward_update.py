@@ -24,6 +24,18 @@ from .rollout import N_STEPS, SCHEDULE_SEED, schedule
 LR = 5e-3
 
 
+def group_advantages(n: int, seed: int) -> tuple[list[float], list[float]]:
+    """Seeded 0/1 rewards for one group of n responses (never all equal) and their GRPO
+    advantages (reward - mean) / (std + 1e-6)."""
+    rr = random.Random(seed)
+    rewards = [float(rr.random() < 0.5) for _ in range(n)]
+    if len(set(rewards)) == 1:
+        rewards[0] = 1.0 - rewards[0]
+    mu = sum(rewards) / n
+    sd = (sum((x - mu) ** 2 for x in rewards) / n) ** 0.5
+    return rewards, [(x - mu) / (sd + 1e-6) for x in rewards]
+
+
 def bi1_backward_and_update(legs: Path, work: str, m0: Path, rollout, model, cfg: dict, kern: dict, base_cfg: dict,
                             ck0: str, dev: str, kept: list[tuple], *, gc: dict, gc_tol: float, t_gradcheck: str,
                             dry_run: bool) -> None:
@@ -71,13 +83,7 @@ def bi1_backward_and_update(legs: Path, work: str, m0: Path, rollout, model, cfg
 
     # backward + AdamW on the last pre-update step's batch (a GRPO-style policy-gradient loss)
     st, ro, arr = kept[-1]
-    rr = random.Random(SCHEDULE_SEED + 5)
-    rewards = [float(rr.random() < 0.5) for _ in ro["fulls"]]
-    if len(set(rewards)) == 1:
-        rewards[0] = 1.0 - rewards[0]
-    mu = sum(rewards) / len(rewards)
-    sd_ = (sum((x - mu) ** 2 for x in rewards) / len(rewards)) ** 0.5
-    adv = [(x - mu) / (sd_ + 1e-6) for x in rewards]
+    rewards, adv = group_advantages(len(ro["fulls"]), SCHEDULE_SEED + 5)
     ids, cu, mx = pack(ro["fulls"], dev)
     model.zero_grad(set_to_none=True)
     lp = model.logprobs(ids, cu, mx)

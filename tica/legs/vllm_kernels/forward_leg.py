@@ -229,14 +229,9 @@ def bi1_forward_legs(legs: Path, rollout, model, kernels, cfg: dict, kern: dict,
             f"max={rows[-1]['training/rollout_probs_diff_max']:.3g} decode_diff={extra['tica/trainer_vs_decode_n_bitwise_diff']}")
     legio.write_jsonl(fwd / "metrics.jsonl", rows)
     if not dry_run:
-        try:
-            from .probe import probe
+        from .probe import probe_model
 
-            kp = probe(kernels, hidden=cfg["hidden_size"], inter=cfg["intermediate_size"],
-                       heads=cfg["num_attention_heads"], kv_heads=cfg["num_key_value_heads"],
-                       head_dim=cfg["head_dim"], vocab=cfg["vocab_size"])
-        except Exception as err:  # noqa: BLE001
-            kp = {"error": repr(err)[:1000]}
+        kp = probe_model(kernels, cfg)
         (fwd / "kernel_probe.json").write_text(json.dumps(kp, indent=1))
         log(f"kernel probe: {json.dumps(kp)[:1500]}")
         try:

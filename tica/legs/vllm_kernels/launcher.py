@@ -11,7 +11,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tarfile
 import time
 from pathlib import Path
 
@@ -46,11 +45,7 @@ def cmd_all(a) -> int:
     base_env = dict(os.environ)
 
     def pack_out() -> None:
-        with tarfile.open(out / "receipts.tgz", "w:gz") as tf:
-            tf.add(legs, arcname="h200")
-        with tarfile.open(out / "logs.tgz", "w:gz") as tf:
-            tf.add(logs, arcname="logs")
-        (out / "status.json").write_text(json.dumps(status, indent=1, default=str))
+        legio.pack_out(out, legs, logs, status)
 
     def child(name: str, args: list[str], env: dict, timeout: float, new_legs: list[str],
               module: list[str] | None = None) -> int | None:

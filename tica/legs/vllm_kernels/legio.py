@@ -205,3 +205,14 @@ def finalize_leg(leg_dir: Path, processes: list[dict]) -> dict:
     p.write_text(json.dumps(meta, indent=1, default=str))
     seal_leg(leg_dir)
     return meta
+
+
+def pack_out(out: Path, legs: Path, logs: Path, status: dict) -> None:
+    """What a device call brings back under $OUT: the sealed legs, the logs, the status."""
+    import tarfile
+
+    with tarfile.open(out / "receipts.tgz", "w:gz") as tf:
+        tf.add(legs, arcname="h200")
+    with tarfile.open(out / "logs.tgz", "w:gz") as tf:
+        tf.add(logs, arcname="logs")
+    (out / "status.json").write_text(json.dumps(status, indent=1, default=str))

@@ -31,7 +31,6 @@ import random
 import shutil
 import subprocess
 import sys
-import tarfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -350,14 +349,9 @@ def cmd_matrix_cell(a) -> int:
                          "trainer_packing": "all sequences of a load in one varlen batch; no knowledge of engine steps"}}
     probe = None
     if not dry:
-        try:
-            from .probe import probe as run_probe
+        from .probe import probe_model
 
-            probe = run_probe(kernels, hidden=cfg["hidden_size"], inter=cfg["intermediate_size"],
-                              heads=cfg["num_attention_heads"], kv_heads=cfg["num_key_value_heads"],
-                              head_dim=cfg["head_dim"], vocab=cfg["vocab_size"])
-        except Exception as err:  # noqa: BLE001
-            probe = {"error": repr(err)[:1000]}
+        probe = probe_model(kernels, cfg)
     summary = {"candidate": a.candidate, "shape": a.shape, "loads": []}
     kept = {}
     loads = [x for x in a.loads.split(",") if x] if getattr(a, "loads", None) else list(LOADS)
@@ -447,20 +441,17 @@ def update_step(model, ro: dict, dev: str, out: Path, m0: Path) -> dict:
 
     from .model import pack
 
-    r = random.Random(SEED + 5)
-    rewards = [float(r.random() < 0.5) for _ in ro["fulls"]]
-    if len(set(rewards)) == 1:
-        rewards[0] = 1.0 - rewards[0]
-    mu = sum(rewards) / len(rewards)
-    sd = (sum((x - mu) ** 2 for x in rewards) / len(rewards)) ** 0.5
+    from .backward_update import group_advantages
+
+    _, adv = group_advantages(len(ro["fulls"]), SEED + 5)
     ids, cu, mx = pack(ro["fulls"], dev)
     model.zero_grad(set_to_none=True)
     lp = model.logprobs(ids, cu, mx)
     w = torch.zeros_like(lp, dtype=torch.float32)
     o = 0
-    for f, g, x in zip(ro["fulls"], ro["gens"], rewards):
+    for f, g, av in zip(ro["fulls"], ro["gens"], adv):
         n = len(f) - 1
-        w[o + n - len(g):o + n] = (x - mu) / (sd + 1e-6)
+        w[o + n - len(g):o + n] = av
         o += n
     n_resp = sum(len(g) for g in ro["gens"])
     loss = -(lp.float() * w).sum() / n_resp
@@ -524,11 +515,7 @@ def cmd_matrix(a) -> int:
     write_plugin_dist(plugin)
 
     def pack_out() -> None:
-        with tarfile.open(out / "receipts.tgz", "w:gz") as tf:
-            tf.add(legs, arcname="h200")
-        with tarfile.open(out / "logs.tgz", "w:gz") as tf:
-            tf.add(logs, arcname="logs")
-        (out / "status.json").write_text(json.dumps(status, indent=1, default=str))
+        legio.pack_out(out, legs, logs, status)
 
     for s in shapes:
         md = work / "models" / s

@@ -64,6 +64,17 @@ def probe(K, *, hidden=2048, inter=5632, heads=16, kv_heads=8, head_dim=128, voc
     return out
 
 
+def probe_model(K, cfg: dict) -> dict:
+    """The probe at a model config's shapes; an error is recorded, not raised (a probe is evidence
+    about a leg, never a reason to lose it)."""
+    try:
+        return probe(K, hidden=cfg["hidden_size"], inter=cfg["intermediate_size"], heads=cfg["num_attention_heads"],
+                     kv_heads=cfg["num_key_value_heads"], head_dim=cfg.get("head_dim") or
+                     cfg["hidden_size"] // cfg["num_attention_heads"], vocab=cfg["vocab_size"])
+    except Exception as err:  # noqa: BLE001
+        return {"error": repr(err)[:1000]}
+
+
 def _attention(K, rn, H, KVH, D, device) -> dict:
     from vllm.vllm_flash_attn import flash_attn_varlen_func
 
