@@ -62,7 +62,9 @@ case "$1" in
     # make-model (mid4) -> bi1 (gradcheck, forward 1-5, planted faults, backward, AdamW, reload, forward 6-10,
     # decode-faithful re-check) -> bi0 (vLLM BI=0 + HF transformers) -> bi0-megatron (megatron-core over the
     # same BI=0 rollouts) -> quality (SmolLM2-135M-Instruct on arith30, BI=1 then BI=0)
-    python3 -m tica.legs.vllm_kernels.producers all --quality --out "$OUT" --work /tmp/tica_h200_fwd \
+    # quality only where the SmolLM2 carries came (recv joined them): `forward` alone needs no q1-q3
+    Q=$([ -f $CARRY/smollm2.gguf ] && echo --quality || { echo "no SmolLM2 GGUF carried: forward without quality" | tee -a "$OUT/run.log" >&2; })
+    python3 -m tica.legs.vllm_kernels.producers all $Q --out "$OUT" --work /tmp/tica_h200_fwd \
       --budget 575 --bi1-timeout 240 --bi0-timeout 150 2>&1 | tee -a "$OUT/run.log"
     ;;
   tp2)
