@@ -15,6 +15,7 @@ _WHERE = {
     "LegRunner": "resources.legs",
     "LegSpec": "resources.legs",
     "LocalGpuLegRunner": "resources.gpu",
+    "RayLegRunner": "resources.ray_legs",
     "ReplayLegRunner": "resources.legs",
     "plan_legs": "resources.legs",
 }
@@ -25,6 +26,7 @@ __all__ = [
     "LegRunner",
     "LegSpec",
     "LocalGpuLegRunner",
+    "RayLegRunner",
     "ReplayLegRunner",
     "plan_legs",
 ]
@@ -32,6 +34,7 @@ __all__ = [
 if TYPE_CHECKING:
     from resources.gpu import LocalGpuLegRunner
     from resources.ledger import LedgerResource
+    from resources.ray_legs import RayLegRunner
     from resources.legs import CpuLegRunner, LegRequest, LegRunner, LegSpec, ReplayLegRunner, plan_legs
 
 

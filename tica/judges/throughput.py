@@ -10,7 +10,10 @@ per-round raw throughput and loss 1 - T_BI1/T_BI0; then per concurrency the ques
 formula, labelled. A target c over budget fails whatever the average says; single-round and
 aggregate overruns are reported apart; a loss inside the noise floor is reported as such;
 invalid rounds are kept with their reasons; fast/slow tiers in an arm make the attribution
-`inconclusive`; a profiled leg never counts.
+`inconclusive`; a profiled leg never counts. Crossed rounds compare the arms on one machine:
+where the legs record their node (`env.TICA_NODE`, as resources.ray_legs gives it, or
+`resolved_config.node`), every leg of the valid rounds must name the same one; legs on two nodes,
+or a node some legs record and others do not, are no pass (an overrun found stands, unattributed).
 
 With a reviewed statistical basis (tica.stats.throughput) a target c passes only when the
 frozen test's one-sided upper bound is under its budget; short of that it is inconclusive and
