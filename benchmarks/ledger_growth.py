@@ -57,11 +57,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.postgres_s
 
 from tica.checks import CANARIES, FROZEN, RECEIPTS, CheckOutcome  # noqa: E402
 from tica.evidence import Component, EvidenceItem  # noqa: E402
-from tica.ledger import CHAIN_COLUMNS, GENESIS, TABLES, VIEWS, Ledger, extend_chain, verify_entries  # noqa: E402
+from tica.ledger import (CHAIN_COLUMNS, GENESIS, INDEXES, TABLES, TRACK_VERDICTS_SQL, VIEWS, Ledger,  # noqa: E402
+                         extend_chain, verify_entries)
 from tica.records import record_verdict  # noqa: E402
 from tica.verdict import Verdict, VerdictCell  # noqa: E402
 
-REPORT_SQL = "SELECT * FROM track_verdicts WHERE track = ?"  # tica.acceptance.report
+REPORT_SQL = TRACK_VERDICTS_SQL  # what tica.acceptance.report reads for one track (Ledger.track_verdicts)
 TRACKS = 20
 VERDICTS_PER_CANDIDATE = 10
 ITEMS = list(EvidenceItem)
@@ -170,6 +171,7 @@ class Store:
             cols = ", ".join(f"{n} {self.type(t)}" for n, t in columns)
             out.append(f"CREATE TABLE {table} (seq BIGINT PRIMARY KEY, {cols})")
         out += [f"CREATE VIEW {n} AS {self.views[n]}" for n in PLAIN_VIEW_NAMES]
+        out += [f"CREATE INDEX {n} ON {on}" for n, on in INDEXES.items()]  # the ledger's own, for a like peer
         return out
 
     def type(self, t: str) -> str:

@@ -297,7 +297,8 @@ def report(ledger: Ledger, track: str, current: CandidateIdentity | None, condit
     earlier report verified: a truncation or a self-consistent rewrite since), is not reported
     from: LedgerIntegrityError."""
     verified = ledger.verify_or_raise(last_verified).head
-    rows = {r["item"]: r for r in ledger.rows("SELECT * FROM track_verdicts WHERE track = ?", [track])}
+    # `SELECT * FROM track_verdicts WHERE track = ?`, read track-first (the same rows: Ledger.track_verdicts)
+    rows = {r["item"]: r for r in ledger.track_verdicts(track)}
     by_verdict = _check_rows(ledger, [r["verdict_id"] for r in rows.values()])
     cells = []
     for item in EvidenceItem:

@@ -15,6 +15,7 @@ import datetime as _dt
 import fcntl
 import functools
 import hashlib
+import heapq
 import json
 import os
 import random
@@ -23,9 +24,10 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -141,6 +143,57 @@ VIEWS = {
         ]
     ),
 }
+
+
+# Indexes for the report's track-first query (TRACK_VERDICTS_SQL). Created IF NOT EXISTS by the
+# schema setup, so a ledger made before them gains them on its next write; they are no part of
+# what verify checks (rows and views), and a ledger without them reads and verifies the same.
+INDEXES: dict[str, str] = {
+    "tica_checks_verdict_id": "checks (verdict_id)",
+    "tica_invalidations_track_item": "invalidations (track, item)",
+    "tica_verdicts_candidate_id": "verdicts (candidate_id)",
+}
+
+# `SELECT * FROM track_verdicts WHERE track = ?` written track-first: the same rows and columns
+# (a test holds them equal on both stores), but the track's candidates are found first, the
+# windows run over narrow columns of their verdicts only, and the wide columns, the checks and
+# the stale cause are read for the winners only. The views' definitions stay as they are (verify
+# compares them with the code); this is the per-track read the report makes. One text for both
+# stores: `candidate_tracks` is each store's own (verified) view.
+TRACK_VERDICTS_SQL = """
+WITH cands AS (SELECT candidate_id, track FROM candidate_tracks WHERE track = ?),
+latest AS (
+    SELECT seq, candidate_id, item, track FROM (
+        SELECT v.seq, v.candidate_id, v.item, c.track,
+               row_number() OVER (PARTITION BY v.candidate_id, v.item ORDER BY v.seq DESC) AS rn
+        FROM verdicts v JOIN cands c USING (candidate_id)) per_candidate WHERE rn = 1),
+newest AS (
+    SELECT seq, track FROM (
+        SELECT l.seq, l.track, row_number() OVER (PARTITION BY l.track, l.item ORDER BY l.seq DESC) AS rn
+        FROM latest l) per_track WHERE rn = 1),
+picked AS (
+    SELECT n.track, v.candidate_id, v.item, v.verdict, v.summary, v.question_hash, v.judge_version, v.seq,
+           v.verdict_id
+    FROM newest n JOIN verdicts v ON v.seq = n.seq),
+status AS (
+    SELECT verdict_id,
+           string_agg(CASE WHEN (blocking = 1 OR name IN ('canaries_caught', 'receipts_sealed', 'frozen_before_run'))
+                            AND passed = 0 THEN name END, ', ' ORDER BY seq) AS failed_checks,
+           bool_or(name = 'frozen_before_run' AND passed = 0) AS after_the_fact,
+           string_agg(name, ', ' ORDER BY seq) AS checks
+    FROM checks WHERE verdict_id IN (SELECT verdict_id FROM picked) GROUP BY verdict_id),
+judged AS (
+    SELECT p.track, p.candidate_id, p.item, p.verdict, p.summary, p.question_hash, p.judge_version,
+           p.seq AS verdict_seq, p.verdict_id,
+           (SELECT string_agg(i.component || ': ' || i.cause, '; ' ORDER BY i.seq)
+              FROM invalidations i
+              WHERE i.track = p.track AND i.item = p.item AND i.seq > p.seq
+                AND i.new_candidate_id IS DISTINCT FROM p.candidate_id) AS stale_cause,
+           s.failed_checks, coalesce(s.after_the_fact, false) AS after_the_fact, s.checks
+    FROM picked p LEFT JOIN status s USING (verdict_id))
+SELECT track, candidate_id, item, verdict, summary, question_hash, judge_version, verdict_seq, verdict_id,
+       stale_cause, failed_checks, after_the_fact, checks, stale_cause IS NOT NULL AS stale
+FROM judged"""
 
 
 def _now() -> str:
@@ -281,32 +334,93 @@ class VerifyReport:
         return not self.problems
 
 
-def verify_entries(entries: Sequence[tuple[int, str, str, str, str, tuple]], expect: Head | None = None,
+def _fast_body_source(table: str) -> str:
+    """The source of `table`'s body function: `_body` for that table's payload (every column of
+    TABLES[table], in TABLES order) with the key order, the key quoting and the constant parts
+    worked out once; each value encoded as `_json_value` would (a str or int inline, anything
+    else, None included, through `_json_value` itself)."""
+    names = [n for n, _ in TABLES[table]]
+    kinds = dict(TABLES[table])
+    local = {n: f"v{k}" for k, n in enumerate(names)}
+    pieces = []
+    for k, name in enumerate(sorted(names)):
+        v = local[name]
+        if kinds[name] == "BIGINT":
+            enc = f"(_int_repr({v}) if {v}.__class__ is int else _json_value({v}))"
+        else:
+            enc = f"(_quote({v}) if {v}.__class__ is str else _NULL if {v} is None else _json_value({v}))"
+        pieces.append(("," if k else "") + _quote(name) + ":")
+        pieces.append(enc)
+    parts = [repr('{"payload":{')]  # literal text as Python literals, the values as expressions
+    for k in range(0, len(pieces), 2):
+        parts += [repr(pieces[k]), pieces[k + 1]]
+    parts += [repr('},"recorded_at":'), "_quote(recorded_at)", repr(',"seq":'),
+              "(_int_repr(seq) if seq.__class__ is int else _json_value(seq))",
+              repr(f',"table":{_quote(table)}}}')]
+    unpack = f"    {', '.join(local[n] for n in names)}, = values\n" if names else ""
+    return (f"def body(seq, recorded_at, values):\n{unpack}"
+            f"    return ''.join(({', '.join(parts)}))\n")
+
+
+def _make_fast_body(table: str) -> Callable[[int, str, Sequence[Any]], str]:
+    namespace = {"_quote": _quote, "_json_value": _json_value, "_int_repr": int.__repr__, "_NULL": "null"}
+    exec(compile(_fast_body_source(table), f"<tica.ledger body of {table}>", "exec"), namespace)  # noqa: S102
+    return namespace["body"]
+
+
+# table -> body(seq, recorded_at, values in TABLES order): byte-identical to
+# _body(table, seq, recorded_at, dict(zip(names, values))) (a test holds them equal for every
+# column type and value kind), about twice as fast; verify hashes every row with it.
+FAST_BODIES: dict[str, Callable[[int, str, Sequence[Any]], str]] = {t: _make_fast_body(t) for t in TABLES}
+
+VERIFY_CHUNK_ROWS = 20_000  # rows fetched at a time per table while verify streams the chain
+
+
+def merge_chain(streams: Sequence[Iterable[tuple[int, str, str, str, str, tuple]]]
+                ) -> Iterator[tuple[int, str, str, str, str, tuple]]:
+    """One table's entries per stream, each in seq order, streams in TABLES order: the chain in
+    seq order, rows of equal seq (only ever in a tampered ledger) in TABLES order, exactly as
+    sorting the concatenated tables by seq orders them."""
+    return heapq.merge(*streams, key=itemgetter(0))
+
+
+def verify_entries(entries: Iterable[tuple[int, str, str, str, str, tuple]], expect: Head | None = None,
                    problems: Sequence[str] = ()) -> VerifyReport:
-    """Recompute a chain read as `Ledger.chain_entries` gives it (any store): name every row whose
-    content or link does not match and, given a published head, a chain that no longer holds it."""
+    """Recompute a chain read as `Ledger.chain_entries` gives it (any store; a list or a stream in
+    seq order): name every row whose content or link does not match and, given a published head,
+    a chain that no longer holds it."""
     found = list(problems)
     names_of = {t: [n for n, _ in cols] for t, cols in TABLES.items()}
-    prev, at_seq = GENESIS, {0: GENESIS}
+    widths = {t: len(cols) for t, cols in TABLES.items()}
+    bodies, sha256 = FAST_BODIES, hashlib.sha256
+    want = expect.seq if expect is not None else None
+    held = GENESIS if want == 0 else None  # the hash of the row at the published head's seq
+    prev, count, last_at = GENESIS, 0, ""
     for expected_seq, (seq, table, prev_hash, digest, recorded_at, values) in enumerate(entries, start=1):
+        count, last_at = expected_seq, recorded_at
         if seq != expected_seq:
             found.append(f"{table} seq={seq}: expected seq {expected_seq} (a row was removed or inserted)")
         if prev_hash != prev:
             found.append(f"{table} seq={seq}: prev_hash does not match the row before it")
-        if row_hash(prev_hash, table, seq, recorded_at, dict(zip(names_of[table], values))) != digest:
+        body = bodies.get(table)
+        if body is not None and len(values) == widths[table]:
+            recomputed = sha256(f"{prev_hash}\n{body(seq, recorded_at, values)}".encode()).hexdigest()
+        else:
+            recomputed = row_hash(prev_hash, table, seq, recorded_at, dict(zip(names_of[table], values)))
+        if recomputed != digest:
             found.append(f"{table} seq={seq}: content does not match its row_hash (edited behind the ledger)")
         prev = digest
-        at_seq[seq] = prev
+        if seq == want:
+            held = prev
     if expect is not None:
-        held = at_seq.get(expect.seq)
         if held is None:
-            found.append(f"the published head seq={expect.seq} is gone: the chain ends at seq={len(entries)} "
+            found.append(f"the published head seq={expect.seq} is gone: the chain ends at seq={count} "
                          "(truncated)")
         elif held != expect.row_hash:
             found.append(f"row seq={expect.seq} has hash {held[:16]}, the published head says "
                          f"{expect.row_hash[:16]} (rewritten up to the head)")
-    return VerifyReport(rows=len(entries), head_hash=prev, problems=tuple(found),
-                        head_seq=len(entries), head_recorded_at=entries[-1][4] if entries else "")
+    return VerifyReport(rows=count, head_hash=prev, problems=tuple(found),
+                        head_seq=count, head_recorded_at=last_at)
 
 
 class Ledger:
@@ -447,7 +561,8 @@ class Ledger:
     @staticmethod
     def _has_schema(con: duckdb.DuckDBPyConnection) -> bool:
         names = {r[0] for r in con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()}
-        return set(VIEWS) <= names
+        indexes = {r[0] for r in con.execute("SELECT index_name FROM duckdb_indexes()").fetchall()}
+        return set(VIEWS) <= names and set(INDEXES) <= indexes
 
     @staticmethod
     def _ensure_schema(con: duckdb.DuckDBPyConnection) -> None:
@@ -459,6 +574,8 @@ class Ledger:
             )
         for name, sql in VIEWS.items():
             con.execute(f"CREATE OR REPLACE VIEW {name} AS {sql}")
+        for name, on in INDEXES.items():  # a ledger made before them gains them here
+            con.execute(f"CREATE INDEX IF NOT EXISTS {name} ON {on}")
 
     # -- appending -------------------------------------------------------------------
     def append(self, table: str, row: Mapping[str, Any]) -> int:
@@ -565,9 +682,18 @@ class Ledger:
         whose definition is not the code's, and, given a published head, a chain that no longer
         holds it (truncated, or rewritten up to it)."""
         with self.reader() as con:
-            entries = self.chain_entries(con)
             views = self._view_problems(con)
-        return verify_entries(entries, expect, views)
+            try:  # each table as stored (in seq order unless rows were inserted behind the API)
+                with self.streamed_chain_entries(con, ordered=False) as entries:
+                    return verify_entries(entries, expect, views)
+            except _OutOfOrder:  # then each read sorted by seq: the same problems, named the same way
+                with self.streamed_chain_entries(con) as entries:
+                    return verify_entries(entries, expect, views)
+
+    def track_verdicts(self, track: str) -> list[dict[str, Any]]:
+        """`SELECT * FROM track_verdicts WHERE track = ?`, the same rows and columns, by the
+        track-first query (TRACK_VERDICTS_SQL): what the acceptance report reads."""
+        return self.rows(TRACK_VERDICTS_SQL, [track])
 
     @staticmethod
     def chain_entries(con: duckdb.DuckDBPyConnection) -> list[tuple[int, str, str, str, str, tuple]]:
@@ -580,6 +706,21 @@ class Ledger:
             entries += [(r[0], table, r[1], r[2], r[3], r[4:]) for r in cur.fetchall()]
         entries.sort(key=lambda e: e[0])
         return entries
+
+    @staticmethod
+    @contextmanager
+    def streamed_chain_entries(con: duckdb.DuckDBPyConnection, chunk_rows: int = VERIFY_CHUNK_ROWS,
+                               ordered: bool = True) -> Iterator[Iterator[tuple[int, str, str, str, str, tuple]]]:
+        """`chain_entries` as a stream: each table read `chunk_rows` rows at a time (a cursor of
+        its own per table), merged by seq; memory bounded by the chunks. `ordered=False` reads
+        each table as stored, without a sort (DuckDB keeps insertion order, and the API inserts
+        in seq order), and raises _OutOfOrder at a table whose rows are not in seq order."""
+        cursors = [con.cursor() for _ in TABLES]
+        try:
+            yield merge_chain([_table_stream(cur, table, chunk_rows, ordered) for cur, table in zip(cursors, TABLES)])
+        finally:
+            for cur in cursors:
+                cur.close()
 
     @staticmethod
     def _view_problems(con: duckdb.DuckDBPyConnection) -> list[str]:
@@ -600,6 +741,30 @@ class Ledger:
         if not report.ok:
             raise LedgerIntegrityError("; ".join(report.problems))
         return report
+
+
+class _OutOfOrder(Exception):
+    """A table read as stored was not in seq order: read it again sorted."""
+
+
+def _table_stream(cur: Any, table: str, chunk_rows: int, ordered: bool = True
+                  ) -> Iterator[tuple[int, str, str, str, str, tuple]]:
+    """One table's rows as chain entries in seq order, fetched `chunk_rows` at a time on `cur`
+    (a cursor no other query uses meanwhile). Unordered: as stored, checked to be in seq order."""
+    names = [n for n, _ in TABLES[table]]
+    cur.execute(f"SELECT {', '.join((*CHAIN_COLUMNS, *names))} FROM {table}{' ORDER BY seq' if ordered else ''}")
+    last = None
+    while True:
+        rows = cur.fetchmany(chunk_rows)
+        if not rows:
+            return
+        if not ordered:
+            for r in rows:
+                if last is not None and not last < r[0]:
+                    raise _OutOfOrder(table)
+                last = r[0]
+        for r in rows:
+            yield (r[0], table, r[1], r[2], r[3], tuple(r[4:]))
 
 
 _VIEW_SQL: dict[str, str] = {}

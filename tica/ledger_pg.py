@@ -23,8 +23,9 @@ from contextlib import contextmanager
 from typing import Any
 
 from tica.errors import InputError, LedgerIntegrityError, TicaError
-from tica.ledger import (CHAIN_COLUMNS, GENESIS, TABLES, VIEWS, Head, Ledger, LedgerLockTimeout, LedgerMissing,
-                         VerifyReport, extend_chain, insert_sql, verify_entries)
+from tica.ledger import (CHAIN_COLUMNS, GENESIS, INDEXES, TABLES, TRACK_VERDICTS_SQL, VERIFY_CHUNK_ROWS, VIEWS, Head,
+                         Ledger, LedgerLockTimeout, LedgerMissing, VerifyReport, _table_stream, extend_chain, insert_sql,
+                         merge_chain, verify_entries)
 
 SCHEMES = ("postgresql://", "postgres://")
 READER_ROLE = "tica_reader"
@@ -120,9 +121,11 @@ class PostgresLedger:
 
     # -- schema ----------------------------------------------------------------------
     def _has_schema(self, con) -> bool:
-        found = con.execute("SELECT count(*) FROM information_schema.views WHERE table_schema = 'public' "
-                            "AND table_name = ANY(%s)", [list(PG_VIEWS)]).fetchone()[0]
-        return found == len(PG_VIEWS)
+        views, indexes = con.execute(
+            "SELECT (SELECT count(*) FROM information_schema.views WHERE table_schema = 'public' "
+            "AND table_name = ANY(%s)), (SELECT count(*) FROM pg_indexes WHERE schemaname = 'public' "
+            "AND indexname = ANY(%s))", [list(PG_VIEWS), list(INDEXES)]).fetchone()
+        return views == len(PG_VIEWS) and indexes == len(INDEXES)
 
     def init(self) -> "PostgresLedger":
         with self._connect() as con:
@@ -133,6 +136,8 @@ class PostgresLedger:
                             f"row_hash TEXT NOT NULL, recorded_at TEXT NOT NULL, {cols})")
             for name, sql in PG_VIEWS.items():
                 con.execute(f"CREATE OR REPLACE VIEW {name} AS {sql}")
+            for name, on in INDEXES.items():  # a ledger made before them gains them here
+                con.execute(f"CREATE INDEX IF NOT EXISTS {name} ON {on}")
             if not con.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", [READER_ROLE]).fetchone():
                 con.execute(f"CREATE ROLE {READER_ROLE} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE")
             con.execute(f"GRANT USAGE ON SCHEMA public TO {READER_ROLE}")
@@ -204,6 +209,10 @@ class PostgresLedger:
         columns, rows = self.query(sql, params)
         return [dict(zip(columns, r)) for r in rows]
 
+    def track_verdicts(self, track: str) -> list[dict[str, Any]]:
+        """As Ledger.track_verdicts: `SELECT * FROM track_verdicts WHERE track = ?`'s rows, track-first."""
+        return self.rows(TRACK_VERDICTS_SQL, [track])
+
     @staticmethod
     def chain_entries(con) -> list[tuple[int, str, str, str, str, tuple]]:
         entries: list[tuple[int, str, str, str, str, tuple]] = []
@@ -214,12 +223,27 @@ class PostgresLedger:
         entries.sort(key=lambda e: e[0])
         return entries
 
+    @staticmethod
+    @contextmanager
+    def streamed_chain_entries(con, chunk_rows: int = VERIFY_CHUNK_ROWS) -> Iterator[Iterator[tuple]]:
+        """As Ledger.streamed_chain_entries: a server-side cursor per table (in the connection's
+        transaction), each read in seq order `chunk_rows` rows at a time, merged by seq."""
+        cursors = [con.cursor(name=f"tica_chain_{table}") for table in TABLES]
+        try:
+            yield merge_chain([_table_stream(cur, table, chunk_rows) for cur, table in zip(cursors, TABLES)])
+        finally:
+            for cur in cursors:
+                cur.close()
+
     def verify(self, expect: Head | None = None) -> VerifyReport:
         with self._connect() as con:
-            entries = self.chain_entries(con)
-            views = _view_problems(con)
-            con.rollback()
-        return verify_entries(entries, expect, views)
+            try:  # one snapshot for every table's cursor, whatever other writers append meanwhile
+                con.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                views = _view_problems(con)
+                with self.streamed_chain_entries(con) as entries:
+                    return verify_entries(entries, expect, views)
+            finally:
+                con.rollback()
 
     def verify_or_raise(self, expect: Head | None = None) -> VerifyReport:
         report = self.verify(expect)

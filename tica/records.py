@@ -186,9 +186,7 @@ def record_invalidations(
     ledger: Ledger, old: CandidateIdentity, new: CandidateIdentity, changes: list[ComponentChange]
 ) -> list[int]:
     """One row per (changed component, voided item), naming the verdicts it voids."""
-    current = ledger.rows(
-        "SELECT item, verdict_id FROM track_verdicts WHERE track = ? AND NOT stale", [new.track]
-    )
+    current = [r for r in ledger.track_verdicts(new.track) if not r["stale"]]
     by_item: dict[str, list[str]] = {}
     for r in current:
         by_item.setdefault(r["item"], []).append(r["verdict_id"])
