@@ -31,12 +31,15 @@ import json, os, signal, sys, time
 from pathlib import Path
 from tica.gpu_pool import GpuPool, GpuPoolConfig
 cfg, n, holder, hold_s, out, crash = json.loads(sys.argv[1])
+def publish(path, text):  # whole or not at all: a reader polling for the file never sees it half written
+    Path(path + ".tmp").write_text(text)
+    os.replace(path + ".tmp", path)
 with GpuPool(GpuPoolConfig.model_validate(cfg)).lease(n, holder) as lease:
-    Path(out + ".ready").write_text(lease.model_dump_json())
+    publish(out + ".ready", lease.model_dump_json())
     if crash:
         os.kill(os.getpid(), signal.SIGKILL)
     time.sleep(hold_s)
-Path(out).write_text(lease.model_dump_json())
+publish(out, lease.model_dump_json())
 """
 
 
@@ -62,7 +65,6 @@ def wait_ready(out: Path, proc: subprocess.Popen, timeout: float = 60) -> GpuLea
         assert proc.poll() is None or ready.exists(), f"contender exited {proc.returncode} before leasing"
         assert time.time() - t0 < timeout, "contender never leased"
         time.sleep(0.02)
-    time.sleep(0.05)  # the file is written whole before the next line runs; let the write land
     return GpuLease.model_validate_json(ready.read_text())
 
 
