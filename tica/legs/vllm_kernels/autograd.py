@@ -1,10 +1,20 @@
 """autograd Functions: forward = a kernel set's op (vLLM's kernel on the GPU), backward = the
-analytic gradient written here in torch, in fp32 (or float64 when the inputs are float64).
+analytic gradient written here in torch.
 
-No vLLM kernel has a backward; FA3 in vLLM's wheel is forward-only. The attention backward is
-a tiled recompute: softmax(scale QK^T) is rebuilt in fp32 from the saved bf16 q, k, v (not FA3's
-own statistics), tile by tile, then the standard formulas. Its gradient is therefore the
-gradient of exact attention at the saved inputs, not of FA3's rounding.
+Two precisions, chosen by the inputs' dtype:
+
+* bf16 / fp16 inputs (the trainer on the GPU): the matmuls of the backward (linear, the lm_head's
+  vocabulary chunks) run in the input dtype on cuBLAS with fp32 accumulation, as a bf16
+  transformers or Megatron trainer computes them; the attention backward on CUDA is torch's
+  FlashAttention-2 varlen backward after a FlashAttention-2 recompute of the forward statistics;
+  norms, rotary, SiLU and softmax stay fp32 elementwise. The gradient is that of exact attention
+  at the saved inputs, not of FA3's rounding (the forward's bits are vLLM's; the backward's need
+  not be).
+* fp32 / fp64 inputs (the CPU reference and the float64 tests): everything in that precision; the
+  attention backward is a tiled recompute in torch (softmax(scale QK^T) rebuilt tile by tile).
+
+No vLLM kernel has a backward; FA3 in vLLM's wheel is forward-only. ``backward_impls()`` says
+which attention backward ran.
 
 ``planted_backward_error(op)`` makes one op's backward deliberately wrong: the negative control
 that proves the gradient check can fail.
@@ -35,6 +45,19 @@ def _wide(dtype):
     return torch.promote_types(dtype, torch.float32)
 
 
+def _low(t: torch.Tensor) -> bool:
+    """bf16/fp16: the backward's matmuls run in this dtype (fp32 accumulation), as trainers do."""
+    return t.dtype in (torch.bfloat16, torch.float16)
+
+
+_BACKWARD_USED: dict[str, str] = {}
+
+
+def backward_impls() -> dict[str, str]:
+    """op -> the backward implementation that last ran for it in this process."""
+    return dict(_BACKWARD_USED)
+
+
 def _rms_backward(x, w, eps, gy):
     """Gradient of y = x * rsqrt(mean(x^2) + eps) * w w.r.t. x and w (wide precision)."""
     wd = _wide(x.dtype)
@@ -61,13 +84,13 @@ class LinearFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, gy):
         x, w = ctx.saved_tensors
-        wd = _wide(x.dtype)
+        wd = x.dtype if _low(x) else _wide(x.dtype)
         g = gy.to(wd)
         dx = g @ w.to(wd)
         dw = g.t() @ x.to(wd)
         if "linear" in _WRONG:
             dw = dw * 1.5  # planted: weight gradient scaled
-        db = g.sum(0).to(w.dtype) if ctx.has_bias else None
+        db = g.to(_wide(g.dtype)).sum(0).to(w.dtype) if ctx.has_bias else None
         return None, dx.to(x.dtype), dw.to(w.dtype), db
 
 
@@ -190,12 +213,17 @@ class AttentionFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, kernels, q, k, v, cu_seqlens, max_seqlen, scale):
         ctx.save_for_backward(q, k, v, cu_seqlens)
-        ctx.scale = scale
+        ctx.scale, ctx.max_seqlen = scale, int(max_seqlen)
         return kernels.attention(q, k, v, cu_seqlens, max_seqlen, scale)
 
     @staticmethod
     def backward(ctx, go):
         q, k, v, cu_seqlens = ctx.saved_tensors
+        if q.is_cuda and _low(q):
+            grads = _flash_backward(q, k, v, go, cu_seqlens, ctx.max_seqlen, ctx.scale)
+            if grads is not None:
+                return (None, *grads, None, None, None)
+        _BACKWARD_USED["attention"] = "tiled recompute (torch, fp32 or wider)"
         scale = ctx.scale
         wd = _wide(q.dtype)
         T, hq, D = q.shape
@@ -242,6 +270,27 @@ class AttentionFn(torch.autograd.Function):
         return None, dq.view(T, hq, D).to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None
 
 
+def _flash_backward(q, k, v, go, cu_seqlens, max_seqlen: int, scale: float):
+    """dq, dk, dv by torch's FlashAttention-2 varlen kernels (CUDA, bf16/fp16, GQA native): the
+    forward is recomputed for its output and log-sum-exp, then FA2's backward. None where this
+    torch build has no such kernel for these inputs (the caller falls back to the tiled
+    recompute, and backward_impls() says so)."""
+    cu = cu_seqlens.to(device=q.device, dtype=torch.int32).contiguous()
+    causal = "attention" not in _WRONG  # planted: the recompute and backward without the causal mask
+    try:
+        out, lse, rng, unused, _ = torch.ops.aten._flash_attention_forward(
+            q.contiguous(), k.contiguous(), v.contiguous(), cu, cu, max_seqlen, max_seqlen, 0.0, causal, False,
+            scale=scale)
+        dq, dk, dv = torch.ops.aten._flash_attention_backward(
+            go.contiguous(), q.contiguous(), k.contiguous(), v.contiguous(), out, lse, cu, cu, max_seqlen, max_seqlen,
+            0.0, causal, rng, unused, scale=scale)
+    except (RuntimeError, NotImplementedError) as err:
+        _BACKWARD_USED["attention_flash_error"] = str(err).splitlines()[0][:300]
+        return None
+    _BACKWARD_USED["attention"] = "torch FlashAttention-2 varlen (recompute + backward), " + str(q.dtype)
+    return dq, dk, dv
+
+
 class TokenLogprobFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, kernels, logits, targets):
@@ -280,37 +329,46 @@ class LmHeadLogprobFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, kernels, h, w, targets, pad_to=1):
         ctx.save_for_backward(h, w, targets)
-        V = w.shape[0]
-        if pad_to > 1 and V % pad_to:
-            # vLLM's ParallelLMHead holds the vocabulary padded to a multiple of 64 (zero rows) and
-            # slices the logits back before the logprobs: the matmul runs on the padded shape
-            w = torch.cat([w, w.new_zeros(pad_to - V % pad_to, w.shape[1])])
-        return kernels.token_logprobs(kernels.linear(h, w, None)[:, :V].contiguous(), targets)
+        return kernels.token_logprobs(padded_logits(kernels, h, w, pad_to), targets)
 
     @staticmethod
     def backward(ctx, g):
         h, w, targets = ctx.saved_tensors
-        wd = _wide(h.dtype)
+        wide = _wide(h.dtype)
+        mm = h.dtype if _low(h) else wide  # the chunk matmuls: bf16 with fp32 accumulation on the GPU
         T, V = h.shape[0], w.shape[0]
-        hw, gw = h.to(wd), g.to(wd)
+        hm, gw = h.to(mm), g.to(wide)
         step = max(1, LOGPROB_CHUNK_ELEMS // max(1, T))
         chunks = [(v0, min(V, v0 + step)) for v0 in range(0, V, step)]
-        lse = torch.full((T,), float("-inf"), dtype=wd, device=h.device)
+        lse = torch.full((T,), float("-inf"), dtype=wide, device=h.device)
         for v0, v1 in chunks:
-            lse = torch.logaddexp(lse, torch.logsumexp(hw @ w[v0:v1].to(wd).t(), dim=-1))
-        dh = torch.zeros_like(hw)
+            lse = torch.logaddexp(lse, torch.logsumexp((hm @ w[v0:v1].to(mm).t()).to(wide), dim=-1))
+        dh = torch.zeros(h.shape, dtype=wide, device=h.device)
         dw = torch.empty(w.shape, dtype=w.dtype, device=w.device)
         tgt = targets.long()
         for v0, v1 in chunks:
-            wc = w[v0:v1].to(wd)
-            dlogits = -torch.exp(hw @ wc.t() - lse[:, None]) * gw[:, None]
+            wc = w[v0:v1].to(mm)
+            dlogits = -torch.exp((hm @ wc.t()).to(wide) - lse[:, None]) * gw[:, None]
             if "lm_head_logprob" not in _WRONG:  # planted: the target's own term dropped
                 inside = (tgt >= v0) & (tgt < v1)
                 rows = inside.nonzero().squeeze(-1)
                 dlogits[rows, tgt[rows] - v0] += gw[rows]
-            dh += dlogits @ wc
-            dw[v0:v1] = (dlogits.t() @ hw).to(w.dtype)
+            dl = dlogits.to(mm)
+            dh += dl @ wc
+            dw[v0:v1] = (dl.t() @ hm).to(w.dtype)
         return None, dh.to(h.dtype), dw, None, None
+
+
+def padded_logits(kernels, h, w, pad_to: int = 1) -> torch.Tensor:
+    """The lm_head's logits laid out as vLLM 0.26 hands them to its logprob kernel: ParallelLMHead
+    holds the vocabulary padded with zero rows to a multiple of ``pad_to`` (64), the matmul runs on
+    that shape, and LogitsProcessor slices the columns back, a view whose rows keep the padded
+    stride. The stride matters: the logprob kernel's bits depend on it (matrix4's stride probe),
+    so the view is passed on as it is, never copied to a dense [T, V] tensor."""
+    V = w.shape[0]
+    if pad_to > 1 and V % pad_to:
+        w = torch.cat([w, w.new_zeros(pad_to - V % pad_to, w.shape[1])])
+    return kernels.linear(h, w, None)[:, :V]
 
 
 def lm_head_logprobs(kernels, h, w, targets, pad_to=1):

@@ -44,6 +44,7 @@ def bi1_backward_and_update(legs: Path, work: str, m0: Path, rollout, model, cfg
     import torch
 
     from . import legio
+    from .autograd import backward_impls
     from .model import pack
 
     # deployed bytes: vLLM's fused parameters vs this trainer's casts of its masters
@@ -113,7 +114,8 @@ def bi1_backward_and_update(legs: Path, work: str, m0: Path, rollout, model, cfg
                "loss": float(loss), "tica/loss": "GRPO-style: -sum(adv_i * logprob over response tokens) / n_response_tokens",
                "tica/rollout_step": st["step"], "tica/n_response_tokens": n_resp,
                "tica/grad_forward_vs_nograd_n_bitwise_diff": same_fwd, "tica/backward_seconds": t_bwd,
-               "tica/gradcheck_pass": gc["pass"], "tica/gradcheck_controls_caught": gc["controls_caught"]}
+               "tica/gradcheck_pass": gc["pass"], "tica/gradcheck_controls_caught": gc["controls_caught"],
+               "tica/backward_impls": backward_impls()}
     t_backward_end = legio.now()
     bwd = legs / "backward_bi1"
     legio.write_jsonl(bwd / "metrics.jsonl", [bwd_row])

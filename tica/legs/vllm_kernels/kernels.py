@@ -116,13 +116,17 @@ class VllmKernels:
       or "overlay" (the residual add in bf16, then the Triton rms_norm: overlay.py);
     * ``attention_layout``: "contiguous" (FA3 varlen over packed K/V) or "paged" (FA3 over a
       paged cache of ``block_size`` tokens per block with a block table and seqused_k, the way
-      vLLM's FlashAttentionImpl calls it for prefill and decode alike).
+      vLLM's FlashAttentionImpl calls it for prefill and decode alike);
+    * ``logits_layout``: "vllm" (the logprob kernel reads the logits with the row stride it is
+      given: the padded vocabulary's, as vLLM passes its sliced view) or "dense" (copied to a dense
+      [T, V] tensor first: what this trainer did before matrix4, a probe of the stride's effect).
     """
 
     name = "vllm_kernels"
+    vocab_pad = 64  # ParallelLMHead pads the vocabulary to a multiple of 64
 
     def __init__(self, *, linear: str = "triton", norm: str = "stock", attention_layout: str = "contiguous",
-                 block_size: int = 16) -> None:
+                 block_size: int = 16, logits_layout: str = "vllm") -> None:
         from .pin import check_symbols
 
         k = check_symbols()
@@ -134,6 +138,7 @@ class VllmKernels:
         self._fa = k["attention"]
         self._lp = k["logprob"]
         self.linear_impl, self.norm, self.attention_layout, self.block_size = linear, norm, attention_layout, block_size
+        self.logits_layout = logits_layout
         self._dispatch = None
         # bool [T] or None: rows recomputed as vLLM computes a pure-decode step's rows (one query over
         # its paged prefix, max_seqlen_q 1, which FA3 runs non-causal); a probe of stock vLLM
@@ -141,7 +146,7 @@ class VllmKernels:
 
     def describe(self) -> dict:
         return {"linear": self.linear_impl, "norm": self.norm, "attention_layout": self.attention_layout,
-                "block_size": self.block_size}
+                "block_size": self.block_size, "logits_layout": self.logits_layout}
 
     def linear(self, x, w, b=None):
         if self.linear_impl == "dispatch":
@@ -202,7 +207,11 @@ class VllmKernels:
         return out
 
     def token_logprobs(self, logits, targets):
-        return self._lp(logits.contiguous(), targets.reshape(-1, 1).contiguous())[:, 0]
+        # The kernel takes the row stride as an argument and Triton specialises on it: keep the
+        # caller's (vLLM's padded) stride unless the rows themselves are not contiguous.
+        if self.logits_layout == "dense" or logits.stride(-1) != 1:
+            logits = logits.contiguous()
+        return self._lp(logits, targets.reshape(-1, 1).contiguous())[:, 0]
 
 
 def paged_cache(k, v, cu_seqlens, block_size: int):

@@ -50,7 +50,10 @@ VARIANTS = {  # name: (what it changes from the product trainer, kernel attribut
     "dispatch_linear": ("every linear through vLLM's dispatch_unquantized_gemm (torch F.linear, cuBLASLt) "
                         "instead of the Triton persistent matmul", {"linear_impl": "dispatch"}, {}),
     "contiguous_kv": ("FA3 over packed contiguous K/V instead of vLLM's paged cache", {"attention_layout": "contiguous"}, {}),
-    "unpadded_lm_head": ("lm_head on the vocabulary as is, not padded to 64 rows", {}, {"vocab_pad": 1}),
+    "unpadded_lm_head": ("lm_head on the vocabulary as is, not padded to 64 rows (dense logits)", {}, {"vocab_pad": 1}),
+    "dense_logits": ("the logits copied to a dense [T, V] tensor before the logprob kernel, instead of vLLM's view "
+                     "with the padded vocabulary's row stride (the product trainer before matrix4)",
+                     {"logits_layout": "dense"}, {}),
     "decode_rows_255": ("generated-token rows through fused_add_rms_norm in calls of <= 255 rows", {}, {"decode255": True}),
     "vllm_decode_rows": ("generated-token rows as a pure-decode step computes them: fused_add_rms_norm in calls of "
                          "<= 255 rows and attention as one query over its paged prefix (max_seqlen_q 1)",
@@ -278,7 +281,9 @@ def kernels_norm(kernels) -> str:
 
 def kernels_describe(kernels) -> dict:
     d = kernels.describe() if hasattr(kernels, "describe") else {"kernels": getattr(kernels, "name", "?")}
-    return dict(d, lm_head="padded to 64 rows (vLLM's ParallelLMHead)", logprob="V2 runner compute_token_logprobs")
+    pad = getattr(kernels, "vocab_pad", 1)
+    return dict(d, lm_head=f"padded to a multiple of {pad} rows (vLLM's ParallelLMHead)" if pad > 1 else "not padded",
+                logprob="V2 runner compute_token_logprobs")
 
 
 # ------------------------------------------------------------------------------- one process
@@ -327,8 +332,7 @@ def cmd_matrix_cell(a) -> int:
         pin = check_vllm()
         kernels = VllmKernels(linear="triton", norm="overlay" if "rmsnorm" in parts else "stock", attention_layout="paged",
                               block_size=int(llm.llm_engine.vllm_config.cache_config.block_size))
-        model = from_dir(m0, kernels, device=dev)
-        model.vocab_pad = 64
+        model = from_dir(m0, kernels, device=dev)  # the lm_head padded to 64 rows: VllmKernels.vocab_pad
         roll = lambda p, g, s: vllm_rollout(llm, p, g, s)  # noqa: E731
         rollout_kernels = {"attention": "FLASH_ATTN", **rollout.selected(), "block_size": kernels.block_size,
                            "rms_norm_residual": "overlay: bf16 add + Triton rms_norm" if "rmsnorm" in parts
@@ -363,12 +367,6 @@ def cmd_matrix_cell(a) -> int:
         summary["loads"].append(run_load(legs, a.candidate, a.shape, load, ro, model, kernels, dev, ck0, common,
                                          started, probe=probe if load == "c1" else None))
         log(f"  {load} in {time.time() - t:.1f}s")
-    if llm is not None:
-        try:
-            summary["logits_probe"] = logits_probe(llm, model, kept["c1"]["fulls"][0])
-        except Exception as err:  # noqa: BLE001
-            summary["logits_probe"] = {"error": repr(err)[:1000]}
-        log(f"logits probe: {summary['logits_probe']}")
     if UPDATE_LOAD not in kept:  # a partial run (--loads): no update, said in the summary
         summary["update"] = f"not run: {UPDATE_LOAD} was not among the loads"
         Path(a.summary).write_text(json.dumps(summary, indent=1, default=str))
@@ -388,51 +386,6 @@ def cmd_matrix_cell(a) -> int:
     return 0
 
 
-def logits_probe(llm, model, full: list[int]) -> dict:
-    """Where a sequence's logprobs part ways: vLLM's final hidden states and logits (its
-    LogitsProcessor's input and output, caught by a forward hook while it scores the sequence)
-    against the trainer's, row by row (bitwise counts)."""
-    import torch
-    from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
-
-    from .model import pack, scored_rows
-
-    def hook(mod):
-        mod._tica_seen = []
-        mod._tica_h = mod.logits_processor.register_forward_hook(
-            lambda m, args, out: mod._tica_seen.append((args[1].detach().clone(), out.detach().clone())))
-        return 0
-
-    llm.apply_model(hook)
-    try:
-        llm.generate([TokensPrompt(prompt_token_ids=full)],
-                     SamplingParams(temperature=1.0, max_tokens=1, prompt_logprobs=0, detokenize=False, seed=7),
-                     use_tqdm=False)
-    finally:
-        seen = llm.apply_model(lambda mod: (mod._tica_h.remove(), mod._tica_seen)[1])[0]
-    h_v = torch.cat([h for h, _ in seen])
-    lg_v = torch.cat([lg for _, lg in seen])
-    ids, cu, mx = pack([full], "cuda")
-    with torch.no_grad():
-        h_t = model.hidden(ids, cu, mx)
-        rows, tgt = scored_rows(ids, cu)
-        w = model.lm_head_weight()
-        V = w.shape[0]
-        wp = torch.cat([w, w.new_zeros((-V) % 64, w.shape[1])]) if V % 64 else w
-        lg_t = model.kernels.linear(h_t[rows], wp, None)[:, :V]
-    n = rows.numel()
-
-    def nd(a, b):
-        return int((a.contiguous().view(torch.int16) != b.contiguous().view(torch.int16)).sum()) if a.shape == b.shape else -1
-
-    return {"calls": len(seen), "vllm_rows": int(h_v.shape[0]), "vllm_logits_shape": list(lg_v.shape),
-            "vllm_logits_stride0": int(seen[0][1].stride(0)) if seen else None, "rows": n,
-            "hidden_n_diff": nd(h_v[:n], h_t[:n]), "logits_n_diff": nd(lg_v[:n], lg_t),
-            "logits_rows_differing": int((lg_v[:n].view(torch.int16) != lg_t.view(torch.int16)).any(-1).sum())
-            if lg_v[:n].shape == lg_t.shape else -1}
-
-
 def update_step(model, ro: dict, dev: str, out: Path, m0: Path) -> dict:
     """A GRPO-style policy-gradient step through the product trainer, AdamW, the new bf16 weights
     written as safetensors (what vLLM reloads)."""
@@ -441,6 +394,7 @@ def update_step(model, ro: dict, dev: str, out: Path, m0: Path) -> dict:
 
     from .model import pack
 
+    from .autograd import backward_impls
     from .backward_update import group_advantages
 
     _, adv = group_advantages(len(ro["fulls"]), SEED + 5)
@@ -471,7 +425,8 @@ def update_step(model, ro: dict, dev: str, out: Path, m0: Path) -> dict:
         if (m0 / f).exists():
             shutil.copy(m0 / f, out / f)
     return {"path": out, "hash": weights_hash(out), "loss": float(loss.detach()), "grad_norm": gnorm, "grad_finite": finite,
-            "backward_seconds": round(t_bwd, 2), "changed_tensors": changed, "total_tensors": len(after),
+            "backward_seconds": round(t_bwd, 2), "backward_impls": backward_impls(),
+            "changed_tensors": changed, "total_tensors": len(after),
             "optimizer": {"name": "adamw", "lr": LR, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.01},
             "n_response_tokens": n_resp}
 

@@ -84,8 +84,9 @@ class KernelLlama(torch.nn.Module):
         self.decode_rows: torch.Tensor | None = None
         # tensor-parallel layout the rollout engine ran (see _tp_layer): 1, or 2 sharded as vLLM shards
         self.tp: int = 1
-        # lm_head rows padded to a multiple of this before the matmul (vLLM's ParallelLMHead: 64)
-        self.vocab_pad: int = 1
+        # lm_head rows padded to a multiple of this before the matmul, and the logits handed on as the
+        # padded-stride view (vLLM's ParallelLMHead + LogitsProcessor: 64 for vLLM's kernel set)
+        self.vocab_pad: int = int(getattr(kernels, "vocab_pad", 1))
         # rotary cache as vLLM builds it (fp32 math on the device, cast to the model dtype)
         self.register_buffer("cos_sin", _cache(self.max_pos, self.D, self.theta, dev, self.compute_dtype),
                              persistent=False)
@@ -242,11 +243,13 @@ class KernelLlama(torch.nn.Module):
         return self._all_reduce(parts)
 
     def _tp_lm_head(self, h):
+        # vLLM pads the vocabulary to a multiple of 64, gives each rank an equal slice, gathers the
+        # logits and slices the padding off (a view with the padded row stride, as at TP=1)
         w = self.lm_head_weight()
         V = w.shape[0]
-        per = -(-V // 64) * 64 // self.tp  # vLLM pads the vocabulary to a multiple of 64, then splits it
-        return torch.cat([self._lin("lm_head", h, w[r * per:min((r + 1) * per, V)])
-                          for r in range(self.tp) if r * per < V], -1)
+        wp = torch.cat([w, w.new_zeros((-V) % 64, w.shape[1])]) if V % 64 else w
+        per = wp.shape[0] // self.tp
+        return torch.cat([self._lin("lm_head", h, wp[r * per:(r + 1) * per]) for r in range(self.tp)], -1)[:, :V]
 
     def lm_head_weight(self) -> torch.Tensor:
         if self.tie or not self.has("lm_head.weight"):

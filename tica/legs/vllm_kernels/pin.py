@@ -67,17 +67,21 @@ KERNELS: dict[str, dict[str, str]] = {
     },
 }
 
-# Backward of each op: written in torch in autograd.py (fp32 or wider), never a vLLM kernel.
+# Backward of each op: written in torch in autograd.py, never a vLLM kernel. Matmuls in the inputs'
+# dtype (bf16 on the GPU: cuBLAS, fp32 accumulation), elementwise math in fp32.
 BACKWARD = {
-    "linear": "dX = dY W, dW = dY^T X, db = sum dY (torch matmul, fp32 accumulate)",
+    "linear": "dX = dY W, dW = dY^T X (torch matmul in the input dtype, fp32 accumulation), db = sum dY in fp32",
     "rms_norm": "analytic RMSNorm backward in fp32 on the saved bf16 input",
     "fused_add_rms_norm": "residual-sum gradient + analytic RMSNorm backward on the saved new residual",
     "rotary": "transpose of the rotation (cos, -sin) with the same bf16 cache",
     "silu_and_mul": "d gate = dA u s (1 + g (1 - s)), d up = dA silu(g), fp32",
-    "attention": "reference recompute in torch, fp32, per sequence and head (FA3 has no backward "
-                 "in vLLM's wheel): P = softmax(scale QK^T + causal mask); dV = P^T dO; "
-                 "dS = P (dO V^T - rowsum(dO*O)); dQ = scale dS K; dK = scale dS^T Q",
+    "attention": "CUDA bf16: torch's FlashAttention-2 varlen backward after an FA2 recompute of the output and "
+                 "log-sum-exp (FA3 has no backward in vLLM's wheel); elsewhere a tiled recompute in fp32 or wider: "
+                 "P = softmax(scale QK^T + causal mask); dV = P^T dO; dS = P (dO V^T - rowsum(dO*O)); "
+                 "dQ = scale dS K; dK = scale dS^T Q",
     "logprob": "d logits = g (onehot(target) - softmax(logits)), fp32 softmax of the bf16 logits",
+    "lm_head_logprob": "vocabulary chunks: logits recomputed (matmul in the input dtype), fp32 log-sum-exp, "
+                       "d logits = g (onehot - softmax) folded at once into dH and the chunk's rows of dW",
 }
 
 # Text that must still be in vLLM's dispatching code (relative path -> needles).

@@ -7,6 +7,10 @@ with others, and a decode-style query (one token over its cached prefix, contigu
 KV like vLLM's) vs the same row of the prefill. A nonzero count means that kernel's result
 depends on what else is in the batch: a trainer calling it cannot be bitwise equal to a
 rollout engine that batches differently.
+
+``logprob_row_stride``: the V2 runner's logprob kernel on the same logits laid out with several row
+strides (vLLM hands it a view whose rows keep the padded vocabulary's stride): a nonzero count
+means the kernel's bits depend on the stride, so a trainer must pass vLLM's.
 """
 
 from __future__ import annotations
@@ -60,8 +64,31 @@ def probe(K, *, hidden=2048, inter=5632, heads=16, kv_heads=8, head_dim=128, voc
     full = K.token_logprobs(lg, tg)
     out["ops"]["logprob"] = {n: int((full[:n].view(torch.int32) != K.token_logprobs(lg[:n].contiguous(), tg[:n]).view(torch.int32)).sum())
                              for n in SIZES}
+    out["ops"]["logprob_row_stride"] = logprob_row_strides(K, lg, tg)
     out["ops"]["attention"] = _attention(K, rn, heads, kv_heads, head_dim, device)
     return out
+
+
+def _up(n: int, m: int) -> int:
+    return -(-n // m) * m
+
+
+def logprob_row_strides(K, lg: torch.Tensor, tg: torch.Tensor) -> dict:
+    """{row stride: logprobs whose bits differ from the same logits at vLLM's stride (the vocabulary
+    padded to 64)}, over the vocabulary itself (dense), multiples of 16, and strides that are not."""
+    T, V = lg.shape
+    ref_stride = _up(V, 64)
+
+    def at(stride: int) -> torch.Tensor:
+        buf = torch.zeros(T, stride, dtype=lg.dtype, device=lg.device)
+        buf[:, :V] = lg
+        return K._lp(buf[:, :V], tg.reshape(-1, 1).contiguous())[:, 0]
+
+    ref = at(ref_stride)
+    strides = sorted({V, V + 1, _up(V, 16), _up(V + 1, 16), ref_stride, ref_stride + 64})
+    return {"vocab": V, "reference_stride": ref_stride,
+            "n_diff": {s: int((at(s).view(torch.int32) != ref.view(torch.int32)).sum()) for s in strides},
+            "of": T}
 
 
 def probe_model(K, cfg: dict) -> dict:
