@@ -19,14 +19,18 @@ append) would take about two hours for 100k verdicts on DuckDB. At each size it 
   (what `record_verdict` calls: writer lock, connect, head query, chained inserts, commit); the
   peer inserts the same rows into the plain tables on one open connection, one transaction per
   verdict. Reported per chain row.
-- report: the report's query (`SELECT * FROM track_verdicts WHERE track = ?`, what
-  `tica.acceptance.report` runs) on an open read-only connection: one warm-up run, then the median
-  of up to --repeats runs within 30 s, a run cancelled after --query-timeout counting as a MISS; the peer
-  runs the same SELECT over the same views on plain tables (same rows and `seq`, no prev_hash,
-  row_hash, recorded_at). Also the same query through `ledger.rows` (connects each call).
+- report: the track's current verdicts (`SELECT * FROM track_verdicts WHERE track = ?`, the view a
+  person queries) on an open read-only connection: one warm-up run, then the median of up to
+  --repeats runs within 30 s, a run cancelled after --query-timeout counting as a MISS; the peer runs
+  the same SELECT over the same views on plain tables (same rows and `seq`, no prev_hash, row_hash,
+  recorded_at). `report()`: `tica.acceptance.report` of the track whole (every read it makes, each
+  through `ledger.rows`, which connects per call, and its logic; not the verify it starts with, timed
+  as `verify`), which reads the track's verdict history to list earlier non-pass verdicts.
 - verify: `ledger.verify()`, what `tica ledger verify` runs (every row re-hashed, every view
-  compared), median of --verify-repeats, split into fetching the rows (`chain_entries`) and
-  recomputing the chain (`verify_entries`); the peer fetches the same rows from the plain tables
+  compared; from 200,000 chain rows in one process per CPU, `procs`, each re-hashing a seq range:
+  tica.ledger_parallel), median of --verify-repeats; `serial` the same verify in one process, split
+  into fetching the rows (`chain_entries`) and recomputing the chain (`verify_entries`); the peer
+  fetches the same rows from the plain tables
   into Python (`SELECT *` of each).
 
 Postgres 15 is started by the script (tests/postgres_server.py's fixture: fsync off, loopback) and
@@ -59,6 +63,7 @@ from tica.checks import CANARIES, FROZEN, RECEIPTS, CheckOutcome  # noqa: E402
 from tica.evidence import Component, EvidenceItem  # noqa: E402
 from tica.ledger import (CHAIN_COLUMNS, GENESIS, INDEXES, TABLES, TRACK_VERDICTS_SQL, VIEWS, Ledger,  # noqa: E402
                          extend_chain, verify_entries)
+from tica.ledger_parallel import workers_for  # noqa: E402
 from tica.records import record_verdict  # noqa: E402
 from tica.verdict import Verdict, VerdictCell  # noqa: E402
 
@@ -425,11 +430,12 @@ def measure_store(store: Store, sizes: Sequence[int], appends: int, repeats: int
                 report[plain] = median_time(lambda: q(REPORT_SQL, [track]), repeats, budget_s=30)
         if len(found) == 2:
             assert found[False] == found[True] > 0, found
-        report_api = ((float("inf"), 0) if math.isinf(report[False][0]) else
-                      median_time(lambda: store.ledger.rows(REPORT_SQL, [track]), repeats, budget_s=30))
+        report_api = median_time(_report_call(store.ledger, track), repeats, budget_s=30)
 
         assert store.ledger.verify().ok
-        verify, _ = median_time(store.ledger.verify, verify_repeats)
+        verify, _ = median_time(store.ledger.verify, verify_repeats)  # as `tica ledger verify` runs it
+        with _serial_verify():
+            verify_serial, _ = median_time(store.ledger.verify, verify_repeats)
         parts = store.verify_parts()
         scan, _ = median_time(store.plain_scan, verify_repeats)
         log(f"{store.name}: {size}: report {report[False][0] * 1e3:.1f} ms, plain {report[True][0] * 1e3:.1f} ms, "
@@ -456,8 +462,49 @@ def measure_store(store: Store, sizes: Sequence[int], appends: int, repeats: int
         done += appends
         out.append(Row(size, chain_rows, grow, ledger_append / n_rows, plain_append / n_rows, report[False][0],
                        report[True][0], report_api[0], verify, scan, parts, found.get(False, -1),
-                       {"report_runs": report[False][1], "plain_runs": report[True][1], "api_runs": report_api[1]}))
+                       {"report_runs": report[False][1], "plain_runs": report[True][1], "api_runs": report_api[1],
+                        "verify_serial_s": verify_serial, "verify_workers": workers_for(chain_rows)}))
     return out
+
+
+def _report_call(ledger: Any, track: str) -> Callable[[], Any]:
+    """`tica.acceptance.report` of the track as the report asset calls it (its reads and its logic;
+    the verify it starts with is timed apart, as `verify`): for the newest candidate's components,
+    under the questions of the newest verdicts."""
+    from tica.acceptance import report
+    from tica.candidate import CandidateIdentity
+
+    newest = ledger.rows("SELECT candidate_id FROM candidates WHERE track = ? ORDER BY seq DESC LIMIT 1", [track])
+    comps = ledger.rows("SELECT component, fingerprint FROM components WHERE candidate_id = ?",
+                        [newest[0]["candidate_id"]]) if newest else []
+    recorded = {Component(r["component"]): r["fingerprint"] for r in comps}
+    current = CandidateIdentity(track=track, manifest_path="benchmark",  # the components the workload leaves out: new
+                                components={c: recorded.get(c, f"benchmark:{c.value}") for c in Component})
+    questions = {EvidenceItem(r["item"]): r["question_hash"] for r in ledger.rows(
+        "SELECT item, question_hash FROM verdicts ORDER BY seq DESC LIMIT 50")}
+    verified = ledger.verify()
+
+    class _Verified:  # the ledger as report() reads it, its verify already done above
+        def __getattr__(self, name: str) -> Any:
+            return getattr(ledger, name)
+
+        def verify_or_raise(self, expect=None):
+            return verified
+
+    return lambda: report(_Verified(), track, current, questions=questions)
+
+
+@contextmanager
+def _serial_verify() -> Iterator[None]:
+    saved = os.environ.get("TICA_VERIFY_WORKERS")
+    os.environ["TICA_VERIFY_WORKERS"] = "1"
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("TICA_VERIFY_WORKERS", None)
+        else:
+            os.environ["TICA_VERIFY_WORKERS"] = saved
 
 
 def exponent(xs: Sequence[float], ys: Sequence[float]) -> float:
@@ -488,8 +535,8 @@ def _k(xs: Sequence[int], ys: Sequence[float], timeout_s: float) -> str:
 def print_table(name: str, rows: list[Row], timeout_s: float) -> None:
     print(f"\n{name}")
     head = (f"{'verdicts':>9} {'chain rows':>10} | {'append ms/row':>13} {'plain':>6} {'ratio':>6} | "
-            f"{'report ms':>9} {'plain':>7} {'ratio':>6} {'runs':>4} {'via API':>8} | {'verify s':>8} {'plain':>6} "
-            f"{'ratio':>6} | {'fetch s':>7} {'hash s':>6} {'views s':>7}")
+            f"{'report ms':>9} {'plain':>7} {'ratio':>6} {'runs':>4} {'report()':>8} | {'verify s':>8} {'plain':>6} "
+            f"{'ratio':>6} {'procs':>5} {'serial':>6} | {'fetch s':>7} {'hash s':>6} {'views s':>7}")
     print(head)
     print("-" * len(head))
     for r in rows:
@@ -498,7 +545,8 @@ def print_table(name: str, rows: list[Row], timeout_s: float) -> None:
               f"{_ms(r.plain_report_s, timeout_s):>7} {_ratio(r.report_s, r.plain_report_s):>6} "
               f"{r.extra['report_runs']:>4} "
               f"{_ms(r.report_api_s, timeout_s) if r.extra['api_runs'] else 'skipped':>8} | "
-              f"{r.verify_s:>8.2f} {r.plain_scan_s:>6.2f} {_ratio(r.verify_s, r.plain_scan_s):>6} | "
+              f"{r.verify_s:>8.2f} {r.plain_scan_s:>6.2f} {_ratio(r.verify_s, r.plain_scan_s):>6} "
+              f"{r.extra['verify_workers']:>5} {r.extra['verify_serial_s']:>6.2f} | "
               f"{r.verify_parts[0]:>7.2f} {r.verify_parts[1]:>6.2f} {r.verify_parts[2]:>7.2f}")
     xs = [r.verdicts for r in rows]
     if len(rows) >= 2:
@@ -515,6 +563,7 @@ def print_table(name: str, rows: list[Row], timeout_s: float) -> None:
         return
     r = at[0]
     for what, got, target, unit in (("report query", r.report_s * 1e3, REPORT_TARGET_S * 1e3, "ms"),
+                                    ("report()", r.report_api_s * 1e3, REPORT_TARGET_S * 1e3, "ms"),
                                     ("verify", r.verify_s, VERIFY_TARGET_S, "s")):
         if math.isinf(got):
             verdict = f"MISS: cancelled after {timeout_s:g} s (over {timeout_s * 1e3 / target:.0f}x the target)"

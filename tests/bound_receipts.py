@@ -17,7 +17,7 @@ from typing import Any
 from tica.binding import Candidate, Pin, pins
 from tica.canaries import BUILDERS
 from tica.evidence import EvidenceItem, sensitive_components
-from tica.question import Question
+from tica.question import Question, ThroughputCriteria, parse_question
 from tica.receipts import CONTRACT_FILE, LEG_FILE
 from tica.seal import seal_leg
 
@@ -91,6 +91,10 @@ def stamp_leg(leg: Path, candidate: Candidate, when: Callable[[_dt.datetime], _d
         for key in pin.receipt_keys[1:]:
             _clear(meta, key)
         _set(meta, pin.receipt_keys[0], recorded_value(pin, pin.receipt_keys[0]))
+    if meta["item"] == "forward" and leg.name.endswith("_post_update") and (leg / "metrics.jsonl").is_file():
+        # a re-check after an update continues the step numbering: today's producer records where it began
+        first = json.loads((leg / "metrics.jsonl").read_text().splitlines()[0])["step"]
+        meta.setdefault("resolved_config", {}).setdefault("first_step", first)
     meta["source"] = {"repository": candidate.manifest.source.repository, "commit": candidate.manifest.source.commit}
     meta["image_digest"] = candidate.manifest.image.digest
     now = _dt.datetime.now(_dt.timezone.utc)
@@ -109,6 +113,18 @@ def stamp_leg(leg: Path, candidate: Candidate, when: Callable[[_dt.datetime], _d
     return leg
 
 
+def _with_workload(question: Question, candidate: Candidate) -> Question:
+    """A throughput question that names no request counts, given the candidate's: the legs a
+    producer runs for this candidate run its workload."""
+    c = question.criteria
+    if not isinstance(c, ThroughputCriteria) or c.num_prompts:
+        return question
+    counts = {conc: n for conc in c.concurrencies if (n := candidate.manifest.workload.prompts_at(conc)) is not None}
+    data = question.model_dump(mode="json")
+    data["criteria"]["num_prompts"] = counts
+    return parse_question(data)
+
+
 def build_bound(item: EvidenceItem, question: Question, candidate: Candidate, dest: Path,
                 started: _dt.datetime | None = None, compress: bool = True) -> list[Path]:
     """A passing receipt set for the question, recording the candidate (artifacts: the forward
@@ -118,7 +134,7 @@ def build_bound(item: EvidenceItem, question: Question, candidate: Candidate, de
     just before): the builders' minutes-apart times keep their order but shrink into the moments
     after `started`, so every leg starts after the freeze and before its own seal. Without it
     the legs keep their real lengths (work times credible enough to order rounds by)."""
-    legs = BUILDERS[item](question, dest)
+    legs = BUILDERS[item](_with_workload(question, candidate), dest)
     first = min((t for leg in legs if (t := _start(leg)) is not None), default=None)
     start = started or _dt.datetime.now(_dt.timezone.utc)
     if first is None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from tica.canaries import DEFAULT_PROMPTS
+
 BASE_MANIFEST: dict[str, Any] = {
     "track": "tiny-llama",
     "description": "test candidate",
@@ -44,5 +46,5 @@ H200_SHAPED: dict[str, Any] = {
     "graph_cache": {"cuda_graph_mode": "none (enforce_eager)", "prefix_caching": False, "chunked_prefill": False,
                     "async_scheduling": False},
     "workload": {"input_len": 8192, "output_len": 1024, "ignore_eos": True, "concurrencies": [1, 8, 32, 64],
-                 "num_prompts": 64, "warmups": 1},
+                 "num_prompts": dict(DEFAULT_PROMPTS), "warmups": 1},
 }

@@ -6,13 +6,17 @@ append the verdict with its checks (a rerun linked to the verdict it reruns, wit
 Dagster assets and the sensor call these functions and write nothing to the ledger themselves.
 
 `report` reads the ledger: a track is accepted only when every evidence item's current verdict
-passes for the candidate the manifest names now, is not stale, was not judged after the fact,
-and carries every required check, each passed.
+(the newest of the candidate the manifest names now, else the track's newest) passes for that
+candidate, is not stale, answers the question the track asks now, was not judged after the fact,
+carries every required check of its item, each passed, follows no non-pass result under other
+criteria, and, for clean exit and the final artifacts, judged every leg of the evidence they cover.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import bisect
+import json
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,7 +25,7 @@ from tica import checks
 from tica.binding import Candidate
 from tica.candidate import CandidateIdentity, ComponentChange, diff, voided_items
 from tica.errors import FrozenQuestionError, InputError
-from tica.evidence import Component, EvidenceItem
+from tica.evidence import COVERS, Component, EvidenceItem
 from tica.judges import JUDGE_VERSION, judge
 from tica.ledger import Head, Ledger
 from tica.manifest import LoadedManifest
@@ -130,12 +134,22 @@ def materialize(
     upstream_legs: Sequence[Path] = (),
     log: Callable[[str], None] = lambda _: None,
     track_questions: Sequence[str | Path] = (),
+    uncovered: Sequence[str] = (),
 ) -> Materialized:
     """One evidence item for one candidate, start to end (see the module's docstring).
 
     `track_questions`: the track's other questions, frozen here too before any leg runs, so an
     item that judges other items' legs (clean exit, artifacts) has its criteria frozen before
-    those legs ran. One that cannot be frozen now is left to its own materialization."""
+    those legs ran. One that cannot be frozen now is left to its own materialization.
+
+    `uncovered`: for an item that covers other items' legs (`tica.evidence.COVERS`), why some of
+    them could not be given to it (a covered item not materialized yet, or voided since): its
+    verdict is then at best inconclusive, never a pass over the legs that were left.
+
+    A rerun is linked only to the newest verdict of the same candidate and item *under the same
+    question*: a verdict under another question is recorded plainly (changing criteria is a new
+    question, never a rerun), and one that follows a non-pass under another question is logged as
+    criteria changed after a result (the report names it and does not accept it)."""
     candidate_id = record_candidate(ledger, identity, loaded)
     question = freeze_question(ledger, question_path)  # frozen before the first leg runs
     for other in track_questions:
@@ -148,9 +162,15 @@ def materialize(
     batches = run_legs(question, candidate_id)
     candidate = Candidate.of(loaded, identity)
     canary_outcome = checks.canaries(item, question)
-    previous = ledger.rows("SELECT verdict_id FROM verdicts WHERE candidate_id = ? AND item = ? ORDER BY seq DESC LIMIT 1",
-                           [candidate_id, item.value])
-    rerun_of = previous[0]["verdict_id"] if previous else None
+    previous = ledger.rows("SELECT verdict_id, question_hash, verdict FROM verdicts WHERE candidate_id = ? AND item = ? "
+                           "ORDER BY seq", [candidate_id, item.value])
+    same_question = [r for r in previous if r["question_hash"] == question.hash]
+    rerun_of = same_question[-1]["verdict_id"] if same_question else None
+    changed_after = [r for r in previous if r["question_hash"] != question.hash and r["verdict"] in RESULTS]
+    if changed_after:
+        log(f"{item.value}: criteria changed after a result: {len(changed_after)} {changed_after[-1]['verdict']} "
+            f"verdict(s) of this candidate under another question (newest {changed_after[-1]['verdict_id']}); "
+            f"this verdict under {question.name} is recorded plainly, not as a rerun of them")
     judged: list[Judged] = []
     for batch in batches or [LegBatch(legs=())]:
         for leg in batch.legs:
@@ -158,6 +178,8 @@ def materialize(
             record_leg(ledger, candidate_id, question, leg, meta, leg_status(leg, meta))
         legs = [*batch.legs, *upstream_legs]
         cell = judge(item, question, legs, candidate)
+        if uncovered:
+            cell = not_covering(cell, uncovered)
         outcomes = check_verdict(ledger, item, question, cell, legs, loaded, frozen_at, canary_outcome)
         reason = batch.rerun_reason if rerun_of else None
         verdict_id = record_verdict(ledger, candidate_id, cell, rerun_of=rerun_of, checks=outcomes, rerun_reason=reason)
@@ -165,6 +187,18 @@ def materialize(
         judged.append(Judged(cell, verdict_id, outcomes, tuple(legs), tuple(batch.legs), batch.label))
         rerun_of = verdict_id
     return Materialized(question=question, candidate_id=candidate_id, judged=tuple(judged))
+
+
+def not_covering(cell: VerdictCell, uncovered: Sequence[str]) -> VerdictCell:
+    """A covering item's cell judged without the legs of some item it covers: at best
+    inconclusive (a fail stays a fail), its reasons naming what was not covered."""
+    verdict = Verdict.FAIL if cell.verdict is Verdict.FAIL else Verdict.INCONCLUSIVE
+    why = tuple(f"inconclusive: not covered: {u}" for u in uncovered)
+    rest = cell.summary.split(": ", 1)[-1]
+    return cell.model_copy(update={
+        "verdict": verdict, "reasons": (*why, *cell.reasons),
+        "summary": f"{verdict.value}: {len(uncovered)} covered item(s) not covered ({'; '.join(uncovered)}); "
+                   f"judged over the rest: {rest}"})
 
 
 # ---------------------------------------------------------------------------- candidate changes
@@ -204,6 +238,40 @@ def record_candidate_change(ledger: Ledger, loaded: LoadedManifest, identity: Ca
 
 # ---------------------------------------------------------------------------- the report
 
+# Verdicts that are results a question can be said to have been changed after (a verdict "not
+# run" judged nothing), and every verdict that is not a pass.
+RESULTS = (Verdict.FAIL.value, Verdict.INCONCLUSIVE.value)
+NON_PASS = (*RESULTS, Verdict.NOT_RUN.value)
+
+# How a non-pass verdict that still holds for the candidate relates to the cell's own verdict.
+RERUN_SINCE = "rerun since"
+CRITERIA_CHANGED = "criteria changed after this result"
+NEWER_OTHER = "newer, for another candidate"
+OTHER_QUESTION = "under another question"
+BLOCKS = (CRITERIA_CHANGED, NEWER_OTHER)
+
+
+@dataclass(frozen=True)
+class EarlierVerdict:
+    """A non-pass verdict of a cell's item, other than the cell's own, that still holds for the
+    candidate the manifest names now (judged for it, or for one it differs from only in
+    components that do not void the item). Shown always; `relation` says how it stands to the
+    cell's verdict, and the relations in BLOCKS take acceptance away."""
+
+    verdict_id: str
+    candidate_id: str
+    verdict: str
+    question_hash: str | None
+    question: str
+    seq: int
+    summary: str
+    relation: str
+
+    def as_dict(self) -> dict:
+        return {"verdict_id": self.verdict_id, "candidate_id": self.candidate_id, "verdict": self.verdict,
+                "question": self.question, "question_hash": self.question_hash, "seq": self.seq,
+                "summary": self.summary, "relation": self.relation}
+
 
 @dataclass(frozen=True)
 class ReportCell:
@@ -215,9 +283,13 @@ class ReportCell:
     verdict_id: str | None = None
     judge_version: str | None = None
     stale_cause: str | None = None
-    blocking: tuple[str, ...] = ()  # why a passing verdict is still not accepted (failed or missing checks)
+    blocking: tuple[str, ...] = ()  # why a passing verdict is still not accepted (failed or missing checks, ...)
     after_the_fact: bool = False
     switched_off: dict[str, str] = field(default_factory=dict)
+    question_in_force: str | None = None  # the hash of the question the track asks now for this item
+    earlier: tuple[EarlierVerdict, ...] = ()  # non-pass verdicts of this item that still hold for the candidate
+    missing_checks: tuple[str, ...] = ()  # required checks this verdict does not carry
+    uncovered: dict[str, list[str]] = field(default_factory=dict)  # covered item -> legs this verdict did not judge
 
     @property
     def stale(self) -> bool:
@@ -229,9 +301,18 @@ class ReportCell:
             return f"stale (was {self.verdict})"
         if self.after_the_fact:
             return f"judged after the fact (was {self.verdict})"
+        if self.missing_checks and self.verdict == Verdict.PASS.value:
+            return "pass, checks missing"
         if self.blocking and self.verdict == Verdict.PASS.value:
             return "pass, not accepted"
         return self.verdict
+
+    @property
+    def why(self) -> str:
+        """Why the cell is not accepted ('' when it is): the stale cause, then what blocks it."""
+        if self.accepted:
+            return ""
+        return "; ".join([*([self.stale_cause] if self.stale_cause else []), *self.blocking])
 
     @property
     def accepted(self) -> bool:
@@ -256,30 +337,57 @@ class Report:
         for c in self.cells:
             if c.accepted:
                 continue
-            why = c.stale_cause or "; ".join(c.blocking) or c.summary
+            why = c.why or c.summary
             out.append(f"{c.item.value}: {c.shown}" + (f" ({why})" if why else ""))
         return out
 
+    @property
+    def numbers(self) -> dict:
+        """What the report found besides the cells: every earlier non-pass verdict that still holds
+        for the candidate, per item, and the legs a covering verdict did not judge."""
+        earlier = {c.item.value: [e.as_dict() for e in c.earlier] for c in self.cells if c.earlier}
+        return {"earlier_non_pass": earlier, "earlier_non_pass_count": sum(map(len, earlier.values())),
+                "uncovered_legs": {c.item.value: c.uncovered for c in self.cells if c.uncovered}}
+
+
+# The narrow columns of every verdict of a track's candidates, and the track's invalidations: the
+# report picks and orders them here, by seq, rather than through a window function.
+TRACK_HISTORY_SQL = """
+SELECT v.seq, v.verdict_id, v.candidate_id, v.item, v.verdict, v.question_hash
+FROM verdicts v JOIN (SELECT candidate_id FROM candidate_tracks WHERE track = ?) c USING (candidate_id)
+ORDER BY v.seq"""
+TRACK_INVALIDATIONS_SQL = "SELECT seq, item, new_candidate_id, component, cause FROM invalidations WHERE track = ? ORDER BY seq"
+TRACK_COMPONENTS_SQL = """
+SELECT p.candidate_id, p.component, p.fingerprint
+FROM components p JOIN (SELECT candidate_id FROM candidate_tracks WHERE track = ?) c USING (candidate_id)"""
+
+
+def _rows_in(ledger: Ledger, sql: str, values: Sequence) -> list[dict]:
+    values = list(dict.fromkeys(v for v in values if v is not None))
+    if not values:
+        return []
+    return ledger.rows(sql.format(marks=", ".join("?" * len(values))), values)
+
 
 def _check_rows(ledger: Ledger, verdict_ids: Sequence[str]) -> dict[str, list[dict]]:
-    if not verdict_ids:
-        return {}
-    rows = ledger.rows(f"SELECT verdict_id, name, blocking, passed, description, detail_json FROM checks "
-                       f"WHERE verdict_id IN ({', '.join('?' * len(verdict_ids))}) ORDER BY seq", list(verdict_ids))
+    rows = _rows_in(ledger, "SELECT verdict_id, name, blocking, passed, description, detail_json FROM checks "
+                    "WHERE verdict_id IN ({marks}) ORDER BY seq", verdict_ids)
     out: dict[str, list[dict]] = {}
     for r in rows:
         out.setdefault(r["verdict_id"], []).append(r)
     return out
 
 
-def _blocking(rows: list[dict]) -> tuple[tuple[str, ...], dict[str, str]]:
-    import json
-
+def _blocking(rows: list[dict], item: EvidenceItem) -> tuple[tuple[str, ...], dict[str, str], tuple[str, ...]]:
+    """What the check rows of a verdict block: failed required or blocking checks, and required
+    checks it does not carry (`checks.REQUIRED[item]`); the canaries switched off; the missing."""
     names = {r["name"] for r in rows}
+    required = checks.REQUIRED[item]
     # A required check blocks whatever its row says: a row cannot make itself advisory.
     why = [f"check {r['name']} failed: {r['description']}" for r in rows
-           if (r["blocking"] or r["name"] in checks.REQUIRED) and not r["passed"]]
-    why += [f"check {name} was never run on this verdict" for name in checks.REQUIRED if name not in names]
+           if (r["blocking"] or r["name"] in required) and not r["passed"]]
+    missing = tuple(name for name in required if name not in names)
+    why += [f"check {name} was never run on this verdict" for name in missing]
     off: dict[str, str] = {}
     for r in rows:
         if r["name"] == checks.CANARIES:
@@ -287,33 +395,223 @@ def _blocking(rows: list[dict]) -> tuple[tuple[str, ...], dict[str, str]]:
                 off.update(json.loads(r["detail_json"] or "{}").get("switched_off") or {})
             except ValueError:
                 why.append("check canaries_caught: its detail is unreadable")
-    return tuple(why), off
+    return tuple(why), off, missing
+
+
+def _receipt_hashes(value) -> dict[str, str] | None:
+    """A verdict's receipt_hashes_json as {leg: digest}; None when unreadable."""
+    if value is None or value == "":
+        return {}
+    try:
+        data = json.loads(value) if isinstance(value, str) else value
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in data.items()):
+        return None
+    return data
+
+
+def _leg_name(leg: str) -> str:
+    parts = Path(leg).parts
+    return "/".join(parts[-2:]) if len(parts) >= 2 else leg
+
+
+def uncovered_legs(covering: dict, covered: dict[EvidenceItem, dict]) -> tuple[dict[str, list[str]], list[str]]:
+    """The legs of each covered item's current verdict that the covering verdict did not judge
+    with the same digest (by the receipt hashes both recorded), and why, one line per item. An
+    item with no verdict has nothing to cover (its own cell says not run)."""
+    have = _receipt_hashes(covering.get("receipt_hashes_json"))
+    if have is None:
+        return {}, ["its receipt hashes are unreadable: what it judged cannot be shown"]
+    legs: dict[str, list[str]] = {}
+    why: list[str] = []
+    for item, r in covered.items():
+        want = _receipt_hashes(r.get("receipt_hashes_json"))
+        if want is None:
+            legs[item.value] = []
+            why.append(f"{item.value} verdict {r['verdict_id']}: its receipt hashes are unreadable")
+            continue
+        if not want and r["verdict"] == Verdict.PASS.value:
+            legs[item.value] = []
+            why.append(f"{item.value} verdict {r['verdict_id']} passes with no receipt hashes: nothing shows its legs "
+                       "were covered")
+            continue
+        missing = sorted(leg for leg, digest in want.items()
+                         if leg not in have or (digest and have[leg] != digest))
+        if missing:
+            legs[item.value] = missing
+            names = ", ".join(_leg_name(m) for m in missing[:6]) + (f" and {len(missing) - 6} more" if len(missing) > 6 else "")
+            why.append(f"{item.value} verdict {r['verdict_id']}: {len(missing)} of {len(want)} leg(s) not judged by it "
+                       f"with the same digest ({names})")
+    return legs, why
+
+
+class _Holding:
+    """Whether a verdict of the track still holds for the candidate the manifest names now: no
+    recorded invalidation voided it, and the manifest has not changed since in a component that
+    voids its item (`changes_voiding`, over the track's components read once). None: it holds;
+    else the cause."""
+
+    def __init__(self, ledger: Ledger, track: str, current: CandidateIdentity | None) -> None:
+        self.current = current
+        self.by_item: dict[str, list[dict]] = {}
+        for i in sorted(ledger.rows(TRACK_INVALIDATIONS_SQL, [track]), key=lambda i: i["seq"]):
+            self.by_item.setdefault(i["item"], []).append(i)
+        self.seqs = {item: [i["seq"] for i in rows] for item, rows in self.by_item.items()}
+        self.ledger, self.track = ledger, track
+        self._components: dict[str, dict[Component, str]] | None = None  # read once, when first needed
+        self._unrecorded: dict[tuple[str, EvidenceItem], str | None] = {}
+
+    def recorded(self, r: dict) -> str | None:
+        rows = self.by_item.get(r["item"], [])
+        start = bisect.bisect_right(self.seqs.get(r["item"], []), r["seq"])
+        causes = [f"{i['component']}: {i['cause']}" for i in rows[start:] if i["new_candidate_id"] != r["candidate_id"]]
+        return "; ".join(causes) or None
+
+    def unrecorded(self, candidate_id: str, item: EvidenceItem) -> str | None:
+        """As `unrecorded_change`, from the components read with the track."""
+        current = self.current
+        assert current is not None
+        if candidate_id == current.candidate_id:
+            return None
+        if self._components is None:
+            self._components = {}
+            for r in self.ledger.rows(TRACK_COMPONENTS_SQL, [self.track]):
+                try:
+                    self._components.setdefault(r["candidate_id"], {})[Component(r["component"])] = r["fingerprint"]
+                except ValueError:
+                    continue
+        judged = self._components.get(candidate_id, {})
+        if set(judged) != set(Component):
+            return f"judged for {candidate_id}, whose components the ledger does not hold"
+        old = CandidateIdentity(track=current.track, manifest_path=current.manifest_path, components=judged)
+        causes = voided_items(diff(old, current)).get(item, [])
+        return "; ".join(f"{c.value}: changed in the manifest since judged, not yet recorded" for c in causes) or None
+
+    def cause(self, r: dict, item: EvidenceItem) -> str | None:
+        recorded = self.recorded(r)
+        if recorded is not None:
+            return recorded
+        if self.current is None:
+            return "the manifest could not be read: the candidate it names now is unknown"
+        key = (r["candidate_id"], item)
+        if key not in self._unrecorded:
+            self._unrecorded[key] = self.unrecorded(r["candidate_id"], item)
+        return self._unrecorded[key]
+
+
+def _relation(r: dict, pick: dict) -> str:
+    same_question = r["question_hash"] == pick["question_hash"]
+    if r["seq"] > pick["seq"]:  # only past the candidate's own newest: another candidate's, recorded later
+        return NEWER_OTHER if same_question else OTHER_QUESTION
+    if same_question:
+        return RERUN_SINCE
+    return CRITERIA_CHANGED if r["verdict"] in RESULTS else OTHER_QUESTION
 
 
 def report(ledger: Ledger, track: str, current: CandidateIdentity | None, conditions: str = "",
-           last_verified: Head | None = None) -> Report:
+           last_verified: Head | None = None, questions: Mapping[EvidenceItem, str | None] | None = None) -> Report:
     """The acceptance report of a track from the ledger (verdicts and their checks). A ledger
     whose chain or views do not verify, or that no longer holds `last_verified` (the head an
     earlier report verified: a truncation or a self-consistent rewrite since), is not reported
-    from: LedgerIntegrityError."""
+    from: LedgerIntegrityError.
+
+    Per item the cell is the newest verdict of the candidate the manifest names now, else the
+    track's newest (stale unless it still holds for this candidate). `questions`: per item, the
+    hash of the question the track asks now (None: the track has none for it); a cell whose
+    verdict answers another question is stale, and without `questions` no cell is accepted.
+    Every other non-pass verdict of the item that still holds for the candidate is listed on the
+    cell; one that precedes the cell's verdict under another question (criteria changed after a
+    result), or a newer one of another candidate under the same question, blocks it. A clean-exit
+    or artifacts verdict stands only if it judged every leg, with the same digest, of the current
+    verdict of each item it covers (`tica.evidence.COVERS`)."""
     verified = ledger.verify_or_raise(last_verified).head
-    # `SELECT * FROM track_verdicts WHERE track = ?`, read track-first (the same rows: Ledger.track_verdicts)
-    rows = {r["item"]: r for r in ledger.track_verdicts(track)}
-    by_verdict = _check_rows(ledger, [r["verdict_id"] for r in rows.values()])
+    with ledger.reading():  # every read below on one connection: one state of the ledger, no reconnects
+        return _report(ledger, track, current, conditions, verified, questions)
+
+
+def _report(ledger: Ledger, track: str, current: CandidateIdentity | None, conditions: str, verified: Head,
+            questions: Mapping[EvidenceItem, str | None] | None) -> Report:
+    by_item: dict[str, list[dict]] = {}
+    for r in sorted(ledger.rows(TRACK_HISTORY_SQL, [track]), key=lambda r: r["seq"]):
+        by_item.setdefault(r["item"], []).append(r)
+    holding = _Holding(ledger, track, current)
+
+    picked: dict[EvidenceItem, dict] = {}
+    earlier: dict[EvidenceItem, list[tuple[dict, str]]] = {}
+    current_id = current.candidate_id if current is not None else None
+    for item in EvidenceItem:
+        rows = by_item.get(item.value, [])
+        if not rows:
+            continue
+        mine = [r for r in rows if current_id is not None and r["candidate_id"] == current_id]
+        pick = picked[item] = (mine or rows)[-1]
+        earlier[item] = [(r, _relation(r, pick)) for r in rows
+                         if r["verdict_id"] != pick["verdict_id"] and r["verdict"] in NON_PASS
+                         and holding.cause(r, item) is None]
+
+    seqs = [r["seq"] for r in picked.values()] + [r["seq"] for e in earlier.values() for r, _ in e]
+    wide = {r["verdict_id"]: r for r in _rows_in(  # by seq, the key: the wide columns of these verdicts only
+        ledger, "SELECT verdict_id, summary, judge_version, receipt_hashes_json FROM verdicts WHERE seq IN ({marks})",
+        seqs)}
+    for r in picked.values():
+        r.update(wide.get(r["verdict_id"], {}))
+    hashes = [r["question_hash"] for r in picked.values()] + [r["question_hash"] for e in earlier.values() for r, _ in e]
+    hashes += list((questions or {}).values())
+    names: dict[str, str] = {}
+    if any(e for e in earlier.values()) or any(
+            questions is not None and questions.get(item) not in (None, r["question_hash"]) for item, r in picked.items()):
+        names = {r["question_hash"]: r["name"] for r in _rows_in(  # only to name questions in what is shown
+            ledger, "SELECT question_hash, name FROM questions WHERE question_hash IN ({marks}) ORDER BY seq", hashes)}
+
+    def q(h: str | None) -> str:
+        return f"question {names[h]} ({str(h)[:19]})" if h in names else f"a question not frozen in this ledger ({str(h)[:19]})"
+
+    by_verdict = _check_rows(ledger, [r["verdict_id"] for r in picked.values()])
     cells = []
     for item in EvidenceItem:
-        r = rows.get(item.value)
-        if r is None:
-            cells.append(ReportCell(item, Verdict.NOT_RUN.value, "no verdict recorded"))
+        pick = picked.get(item)
+        if pick is None:
+            cells.append(ReportCell(item, Verdict.NOT_RUN.value, "no verdict recorded",
+                                    question_in_force=(questions or {}).get(item)))
             continue
-        cause = r["stale_cause"]
-        if cause is None and current is not None:
-            cause = unrecorded_change(ledger, r["candidate_id"], item, current)
-        elif cause is None:
-            cause = "the manifest could not be read: the candidate it names now is unknown"
-        blocking, off = _blocking(by_verdict.get(r["verdict_id"], []))
-        cells.append(ReportCell(item, r["verdict"], r["summary"], r["question_hash"], r["candidate_id"], r["verdict_id"],
-                                r["judge_version"], cause, blocking, bool(r["after_the_fact"]), off))
+        causes = [holding.cause(pick, item)]
+        blocking_, off, missing = _blocking(by_verdict.get(pick["verdict_id"], []), item)
+        blocking = list(blocking_)
+        in_force = None
+        if questions is None:
+            blocking.append("the question the track asks now is not known to this report: which question the "
+                            "verdict must answer cannot be shown")
+        else:
+            in_force = questions.get(item)
+            if in_force is None:
+                blocking.append(f"the track asks no question for {item.value} now")
+            elif pick["question_hash"] != in_force:
+                causes.append(f"judged under {q(pick['question_hash'])}, the track asks {q(in_force)}")
+        uncovered: dict[str, list[str]] = {}
+        if item in COVERS:
+            covered = {c: {**picked[c], **wide.get(picked[c]["verdict_id"], {})} for c in COVERS[item] if c in picked}
+            uncovered, why = uncovered_legs(pick, covered)
+            if why:
+                causes.append(f"does not cover the current evidence it covers: {'; '.join(why)}")
+        shown_earlier = []
+        for r, relation in earlier.get(item, []):
+            summary = wide.get(r["verdict_id"], {}).get("summary") or ""
+            shown_earlier.append(EarlierVerdict(r["verdict_id"], r["candidate_id"], r["verdict"], r["question_hash"],
+                                                q(r["question_hash"]), r["seq"], summary, relation))
+            if relation == CRITERIA_CHANGED:
+                blocking.append(f"criteria changed after a result: {r['verdict']} verdict {r['verdict_id']} (for "
+                                f"{r['candidate_id']}) under {q(r['question_hash'])}, then judged under "
+                                f"{q(pick['question_hash'])}; a question is never swapped after its results")
+            elif relation == NEWER_OTHER:
+                blocking.append(f"a newer {r['verdict']} verdict {r['verdict_id']} for {r['candidate_id']}, under "
+                                "the same question, still holds for this candidate: rerun the item for it")
+        after = any(c["name"] == checks.FROZEN and not c["passed"] for c in by_verdict.get(pick["verdict_id"], []))
+        stale_cause = "; ".join(c for c in causes if c) or None
+        cells.append(ReportCell(
+            item, pick["verdict"], pick.get("summary") or "", pick["question_hash"], pick["candidate_id"],
+            pick["verdict_id"], pick.get("judge_version"), stale_cause, tuple(blocking), after, off,
+            question_in_force=in_force, earlier=tuple(shown_earlier), missing_checks=missing, uncovered=uncovered))
     return Report(track=track, candidate_id=current.candidate_id if current else None, cells=tuple(cells),
                   conditions=conditions, verified_head=verified)
 
@@ -339,7 +637,7 @@ def scope_line(cells: Sequence[ReportCell]) -> str:
         elif c.verdict == Verdict.NOT_RUN.value and c.question_hash is None:
             parts.append(f"{TITLES[c.item]} not run")
         else:
-            parts.append(c.summary)
+            parts.append(c.summary + (f" (after {len(c.earlier)} earlier non-pass)" if c.earlier else ""))
     return "; ".join(parts)
 
 
@@ -351,9 +649,13 @@ def report_markdown(rep: Report) -> str:
              "| --- | --- | --- | --- | --- | --- |"]
     for c in rep.cells:
         verdict = c.shown if c.accepted or c.verdict != Verdict.PASS.value else f"**{c.shown}**"
-        why = "" if c.accepted else (c.stale_cause or "; ".join(c.blocking))
-        lines.append(f"| {TITLES[c.item]} | {verdict} | {c.summary.replace('|', '/')} | {why.replace('|', '/')} | "
+        lines.append(f"| {TITLES[c.item]} | {verdict} | {c.summary.replace('|', '/')} | {c.why.replace('|', '/')} | "
                      f"`{(c.question_hash or '')[:19]}` | `{c.judge_version or ''}` |")
+    earlier = [(c.item, e) for c in rep.cells for e in c.earlier]
+    if earlier:
+        lines += ["", "**Earlier non-pass verdicts that still hold for this candidate:**", ""]
+        lines += [f"- {TITLES[item]}: {e.verdict} `{e.verdict_id}` for `{e.candidate_id}` under {e.question}, "
+                  f"seq {e.seq} ({e.relation}): {e.summary.replace('|', '/')}" for item, e in earlier]
     off = [(c.item.value, name, why) for c in rep.cells for name, why in c.switched_off.items()]
     if off:
         lines += ["", "**Canaries switched off by the frozen questions:**", ""]

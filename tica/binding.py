@@ -222,7 +222,8 @@ def pins(candidate: Candidate) -> list[Pin]:
                        ("resolved_config.shutdown_timeout", "kernels.rollout.shutdown_timeout"), _int,
                        items=ENGINE_ITEMS))
     w = m.workload
-    for field, same in (("input_len", _int), ("output_len", _int), ("ignore_eos", _bool), ("warmups", _int)):
+    for field, same in (("input_len", _int), ("output_len", _int), ("ignore_eos", _bool), ("warmups", _int),
+                        ("seed", _int)):
         key = "num_warmups" if field == "warmups" else field
         out.append(Pin(C.WORKLOAD, f"workload.{field}", getattr(w, field), (f"resolved_config.{key}",), same,
                        items=frozenset({"throughput"})))
@@ -231,7 +232,8 @@ def pins(candidate: Candidate) -> list[Pin]:
                          ("thinking_mode", c.thinking_mode), ("repeats", c.repeats), ("scorer", c.scorer),
                          ("length_cap", c.length_cap), ("sampling.temperature", c.sampling.temperature),
                          ("sampling.top_p", c.sampling.top_p), ("sampling.top_k", c.sampling.top_k),
-                         ("sampling.seed", c.sampling.seed), ("sampling.n", c.sampling.n)):
+                         ("sampling.seed", c.sampling.seed), ("sampling.n", c.sampling.n),
+                         ("sampling.stop", list(c.sampling.stop))):
         out.append(Pin(C.EVAL_CONTRACT, f"eval_contract.{field}", value, (f"contract.{field}",),
                        lambda a, b: a == b and type(a) is type(b) or (isinstance(a, (int, float)) and not isinstance(b, bool)
                                                                        and isinstance(b, (int, float)) and a == b),
@@ -301,7 +303,53 @@ def bind_leg(leg_dir: str | Path, candidate: Candidate) -> list[BindingProblem |
             packages_bound.append(problem is None)
         if problem is not None:
             problems.append(problem)
+    problems += _switch_problems(meta, item, arm, leg_dir)
+    if item == "throughput":
+        problems += _workload_problems(meta, candidate.manifest, leg_dir)
     return _image_by_packages(problems, packages_bound)
+
+
+ARM_ITEMS = frozenset({"forward", "backward", "update", "quality", "throughput"})
+SWITCH = "VLLM_BATCH_INVARIANT"
+
+
+def _switch_problems(meta: dict[str, Any], item: str, arm: str, leg_dir: Path) -> list[BindingProblem]:
+    """The arm is what its one switch selected: a leg of an item that compares or claims an arm
+    must record the switch it ran with (vLLM reads it as 0 when unset, so a "BI=1" leg that does
+    not record it is not shown to be BI=1). leg.json's own check refuses a contradicting value."""
+    if item not in ARM_ITEMS or arm not in ("bi1", "bi0"):
+        return []
+    recorded = (meta.get("env") or {}).get(SWITCH) if isinstance(meta.get("env"), dict) else None
+    want = "1" if arm == "bi1" else "0"
+    if recorded is None:
+        return [BindingProblem(leg_dir.name, str(leg_dir / LEG_FILE), Component.RECIPE, f"env.{SWITCH} ({arm})", want,
+                               None, "unrecorded")]
+    if str(recorded) != want:
+        return [BindingProblem(leg_dir.name, str(leg_dir / LEG_FILE), Component.RECIPE, f"env.{SWITCH} ({arm})", want,
+                               recorded, "differs")]
+    return []
+
+
+def _workload_problems(meta: dict[str, Any], manifest: Manifest, leg_dir: Path) -> list[BindingProblem]:
+    """A throughput leg ran the candidate's workload at one of its concurrencies, with the number of
+    requests the candidate pins there."""
+    w, file = manifest.workload, str(leg_dir / LEG_FILE)
+    conc = meta.get("concurrency")
+    if isinstance(conc, bool) or not isinstance(conc, int):
+        return [BindingProblem(leg_dir.name, file, Component.WORKLOAD, "workload.concurrencies",
+                               list(w.concurrencies), conc, "unrecorded" if conc is None else "differs")]
+    want = w.prompts_at(conc)
+    if want is None:
+        return [BindingProblem(leg_dir.name, file, Component.WORKLOAD, "workload.concurrencies", list(w.concurrencies),
+                               conc, "differs")]
+    ok, recorded = _lookup(meta, "resolved_config.num_prompts")
+    if not ok:
+        return [BindingProblem(leg_dir.name, file, Component.WORKLOAD, f"workload.num_prompts (c={conc})", want, None,
+                               "unrecorded")]
+    if not _int(want, recorded):
+        return [BindingProblem(leg_dir.name, f"{file} (resolved_config.num_prompts)", Component.WORKLOAD,
+                               f"workload.num_prompts (c={conc})", want, recorded, "differs")]
+    return []
 
 
 def _agrees(pin: Pin, recorded: Any) -> bool:

@@ -699,6 +699,92 @@ FAIL = frozenset({Verdict.FAIL})
 INCONCLUSIVE = frozenset({Verdict.INCONCLUSIVE})
 NOT_PASS = frozenset({Verdict.FAIL, Verdict.INCONCLUSIVE})
 
+
+def _first_step_dropped(q: Question, legs: Sequence[Path]) -> None:
+    """The judged arm's first step left out of metrics and arrays (a receipt that begins late)."""
+    leg = _leg(legs, arm=judged_arm(q))
+    first = json.loads((leg / "metrics.jsonl").read_text().splitlines()[0])["step"]
+    drop_step(leg, first)
+
+
+def _arrays_renamed(q: Question, legs: Sequence[Path]) -> None:
+    """Step 1's arrays under a name the judge does not read (step_1.npz), its logged numbers left."""
+    arm = judged_arm(q)
+    leg = _leg(legs, arm=arm)
+    if arm == "bi1":  # the attack: arrays that show a difference, logged numbers that do not
+        perturb_arrays(leg, 1)
+        edit_jsonl(leg / "metrics.jsonl", _set_row(0, **{"training/rollout_probs_diff_max": 0.0,
+                                                         "training/rollout_probs_diff_mean": 0.0,
+                                                         "tica/n_bitwise_diff": 0}), leg)
+    (leg / "arrays" / "step_0001.npz").rename(leg / "arrays" / "step_1.npz")
+    seal_leg(leg)
+
+
+def _arrays_left_out(q: Question, legs: Sequence[Path]) -> None:
+    """One step's arrays deleted while the others keep theirs (judged from two sources)."""
+    leg = _leg(legs, arm=judged_arm(q))
+    (leg / "arrays" / "step_0002.npz").unlink()
+    seal_leg(leg)
+
+
+def _placeholder_arrays(q: Question, legs: Sequence[Path]) -> None:
+    """Every scored logprob 0.0 on both sides (a torch.zeros placeholder), metrics recomputed."""
+    leg = _leg(legs, arm="bi1")
+    path = leg / "arrays" / "step_0001.npz"
+    with np.load(path) as z:
+        data = {k: z[k] for k in z.files}
+    for key in ("trainer_logprobs", "rollout_logprobs", "decode_logprobs"):
+        if key in data:
+            data[key] = np.zeros_like(data[key])
+    np.savez(path, **data)
+    m = forward_metrics(data["trainer_logprobs"], data["rollout_logprobs"])
+    edit_jsonl(leg / "metrics.jsonl", lambda rows: [({**row, **m} if row["step"] == 1 else row) for row in rows], leg)
+
+
+def _round_left_out(q: Question, legs: Sequence[Path]) -> None:
+    """Both arms' round-1 legs at the first target c removed from the set handed to the judge."""
+    c = _targets(q)[0]
+    for leg in [tput_leg(legs, arm, c, 1) for arm in ("bi1", "bi0")]:
+        shutil.rmtree(leg)
+
+
+def _measurement_twice(q: Question, legs: Sequence[Path]) -> None:
+    """Round 1's BI=0 result sealed again as round 2's: `vllm bench serve` without --metadata writing
+    one --result-filename (round and slot left to leg.json), the file never rewritten."""
+    c = _targets(q)[0]
+    src, dst = tput_leg(legs, "bi0", c, 1), tput_leg(legs, "bi0", c, 2)
+    edit_json(src / "bench.json", lambda d: [d.pop(k, None) for k in ("arm", "round", "slot")], src)
+    shutil.copy2(src / "bench.json", dst / "bench.json")
+    seal_leg(dst)
+
+
+def _receipts_disagree(q: Question, legs: Sequence[Path]) -> None:
+    """leg.json says one request count, the bench result file another."""
+    leg = tput_leg(legs, "bi1", _targets(q)[0], 1)
+    n = _load(leg / "bench.json")["num_prompts"]
+    edit_meta(leg, lambda m: m["resolved_config"].update(num_prompts=n + 1))
+
+
+def _arm_roles_missing(q: Question, legs: Sequence[Path]) -> None:
+    """One arm's legs record no EngineCore exit (as a lost or killed engine leaves them)."""
+    arm = _load(legs[0] / "leg.json")["arm"]
+    for leg in legs:
+        if _load(leg / "leg.json")["arm"] == arm:
+            edit_meta(leg, lambda m: m.update(processes=[p for p in m["processes"] if p["role"] != "engine_core"]))
+
+
+def _nothing_ran(q: Question, legs: Sequence[Path]) -> None:
+    for leg in legs:
+        edit_meta(leg, lambda m: m.update(not_run_reason="planted: the producer did not run this leg"))
+
+
+def _sampling_unrecorded(q: Question, legs: Sequence[Path]) -> None:
+    """Neither arm's contract records its stop tokens: unknown, never vLLM's default."""
+    for leg in legs:
+        if (leg / "contract.json").is_file():
+            edit_json(leg / "contract.json", lambda d: d["sampling"].pop("stop", None), leg)
+
+
 CANARIES: tuple[Canary, ...] = (
     # forward
     Canary("forward.bi1_max_zero", E.FORWARD, "BI=1 max = 0 at every step (logged metrics, as verl writes them)",
@@ -713,6 +799,14 @@ CANARIES: tuple[Canary, ...] = (
            lambda q, legs: drop_step(_leg(legs, arm=judged_arm(q)), 2)),
     Canary("forward.too_few_steps", E.FORWARD, "min_steps present", INCONCLUSIVE,
            lambda q, legs: drop_step(_leg(legs, arm=judged_arm(q)), None)),
+    Canary("forward.first_step", E.FORWARD, "steps start where the run began (a missing first step is missing)",
+           INCONCLUSIVE, _first_step_dropped),
+    Canary("forward.arrays_named", E.FORWARD, "every file in arrays/ is a step's arrays the judge reads",
+           INCONCLUSIVE, _arrays_renamed),
+    Canary("forward.arrays_whole", E.FORWARD, "one receipt, one source: no step judged from logged numbers beside "
+           "steps judged from arrays", INCONCLUSIVE, _arrays_left_out),
+    Canary("forward.placeholder_arrays", E.FORWARD, "arrays that hold one constant are no measurement", INCONCLUSIVE,
+           _placeholder_arrays),
     Canary("forward.bi0_magnitude", E.FORWARD, "BI=0 mean has the reference's magnitude", FAIL,
            lambda q, legs: logged_only(_leg(legs, arm="bi0"), 2, scale_mean=200.0)),
     Canary("forward.arm_ran", E.FORWARD, "the judged arm's leg ran (BI=1; BI=0 in a BI=0 smoke question)",
@@ -763,6 +857,8 @@ CANARIES: tuple[Canary, ...] = (
         ("repeats", "repeats", 2),
         ("scorer", "scorer", "verl.gsm8k/2 sha256:0bb1"),
         ("length_cap", "length_cap", 4096))),
+    Canary("quality.contract.sampling_unrecorded", E.QUALITY, "an unrecorded sampling parameter is unknown, not a "
+           "default", INCONCLUSIVE, _sampling_unrecorded),
     Canary("quality.pairing_sums_to_n", E.QUALITY, "both_correct+only_bi0+only_bi1+both_wrong = N", INCONCLUSIVE,
            lambda q, legs: _drop_problem(legs)),
     Canary("quality.no_retries", E.QUALITY, "no retries", INCONCLUSIVE,
@@ -800,6 +896,12 @@ CANARIES: tuple[Canary, ...] = (
            INCONCLUSIVE, tput_exit("bi1", "client")),
     Canary("throughput.slot_times", E.THROUGHPUT, "credible work times corroborate the slot order", INCONCLUSIVE,
            swap_work_times),
+    Canary("throughput.rounds_from_1", E.THROUGHPUT, "every round from 1 is handed in (no round left out)",
+           INCONCLUSIVE, _round_left_out),
+    Canary("throughput.one_measurement_once", E.THROUGHPUT, "one measurement is never counted as two rounds",
+           INCONCLUSIVE, _measurement_twice),
+    Canary("throughput.receipts_agree", E.THROUGHPUT, "leg.json and the bench result record one workload",
+           INCONCLUSIVE, _receipts_disagree),
     # clean exit
     Canary("clean_exit.force_killed", E.CLEAN_EXIT, "vLLM's force kill of EngineCore is not clean", FAIL,
            process_exit("engine_core", evidence="Force killing remaining process EngineCore (pid 9002)")),
@@ -808,10 +910,14 @@ CANARIES: tuple[Canary, ...] = (
            process_exit("worker", end_state="signalled", exit_code=None, signal="SIGKILL")),
     Canary("clean_exit.api_server", E.CLEAN_EXIT, "the API server ends", FAIL,
            process_exit("api_server", end_state="running", exit_code=None)),
+    Canary("clean_exit.each_arm", E.CLEAN_EXIT, "each arm's exits verified on its own: the other's never cover it",
+           INCONCLUSIVE, _arm_roles_missing),
     # artifacts
     Canary("artifacts.sealed", E.ARTIFACTS, "receipts immutable: a file changed after sealing", FAIL, _tamper),
     Canary("artifacts.weights_by_hash", E.ARTIFACTS, "weights named by content hash", FAIL,
            lambda q, legs: edit_meta(legs[0], lambda m: m["resolved_config"].update(weights_hash="Qwen3-8B"))),
+    Canary("artifacts.something_ran", E.ARTIFACTS, "legs that did not run name no artifact", frozenset({Verdict.NOT_RUN}),
+           _nothing_ran),
     # every item: the fields the question requires are recorded
     *(Canary(f"{item.value}.must_record", item, "a field the question requires is recorded (unknown is no pass)",
              INCONCLUSIVE, unrecord) for item in EvidenceItem),
@@ -891,6 +997,7 @@ SWITCHED_OFF: dict[str, Callable[[Question | None], str | None]] = {
     "forward.bi1_mean_zero": _needs_arm("bi1"),
     "forward.bi1_bitwise_arrays": _needs_arm("bi1"),
     "forward.bi0_magnitude": lambda q: _needs_arm("bi0")(q) or _needs_bi0_reference(q),
+    "forward.placeholder_arrays": _needs_arm("bi1"),
     "forward.bi0_grad_norm_finite": _needs_arm("bi0"),
     "forward.bi0_grad_norm_recorded": _needs_bi0_smoke,
     "throughput.target_c_over_budget": _needs_budget,
@@ -929,6 +1036,7 @@ def _run_one(canary: Canary, base: Sequence[Path], root: Path, judge_fn: Callabl
         copies.append(dst)
     try:
         canary.mutate(question, copies)
+        copies = [c for c in copies if c.exists()]  # a canary may leave legs out of the set handed in
         result = judge_fn(question, copies)
         got, detail = result.verdict, (result.reasons[0] if result.reasons else result.summary)
     except Exception as err:  # noqa: BLE001 - a judge that crashes on a canary is broken, not passing

@@ -21,8 +21,13 @@ class CandidateIdentity(BaseModel):
 
     @property
     def candidate_id(self) -> str:
-        """Content address of the candidate: a hash over its component fingerprints."""
-        table = "\n".join(f"{c.value}={self.components[c]}" for c in Component)
+        """Content address of the candidate on its track: a hash over the track and its component
+        fingerprints. The track is part of it because a verdict is judged under the track's frozen
+        questions and counts for that track alone: two tracks whose manifests resolve to the same
+        components are two candidates, and the verdicts of one never land in the other's report
+        (the ledger maps a candidate to one track). Components stay content hashes; which
+        evidence a change voids is still read from them (`diff`), never from the id."""
+        table = "\n".join([f"track={self.track}", *(f"{c.value}={self.components[c]}" for c in Component)])
         return "cand-" + hashlib.sha256(table.encode()).hexdigest()[:20]
 
 

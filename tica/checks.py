@@ -27,8 +27,13 @@ RECEIPTS = "receipts_sealed"
 FROZEN = "frozen_before_run"
 QUALITY_SUMS = "quality_sums"
 WORKLOAD = "workload_receipts"
-# Every verdict must carry these before it can be accepted (a verdict without them is not).
-REQUIRED: tuple[str, ...] = (CANARIES, RECEIPTS, FROZEN)
+# The checks each item's verdict must carry, each passed, before it can be accepted: a verdict
+# without one of them is not, and one that failed blocks whatever its own row says. Every item:
+# canaries, receipts, frozen before run; quality also its 2x2 sums, throughput its workload receipts.
+REQUIRED: dict[EvidenceItem, tuple[str, ...]] = {
+    item: (CANARIES, RECEIPTS, FROZEN) + {E.QUALITY: (QUALITY_SUMS,), E.THROUGHPUT: (WORKLOAD,)}.get(item, ())
+    for item in EvidenceItem
+}
 
 
 @dataclass(frozen=True)
@@ -111,6 +116,10 @@ def receipts(legs: Sequence[Path], recorded: dict[str, list[dict[str, str]]]) ->
             for rel, digest in files.items():
                 if seal.get(rel) != digest:
                     problems.append(f"{leg / rel}: seal says {str(seal.get(rel))[:12]}, the ledger recorded {digest[:12]}")
+            # a file the seal now holds that a recording of this leg did not: added after the ledger saw it
+            for rel in sorted(set(seal) - set(files)):
+                problems.append(f"{leg / rel}: sealed now, but not in the leg when the ledger recorded it "
+                                "(added after; a leg is never changed in place)")
     text = f"{len(legs)} leg(s) sealed and as recorded" if not problems else f"{len(problems)} problem(s): {problems[0]}"
     return CheckOutcome(RECEIPTS, not problems, True, text, {"problems": problems, "legs": len(legs)})
 
@@ -240,12 +249,16 @@ def quality_sums(cell: VerdictCell, question: Question, legs: Sequence[Path]) ->
 
 
 def workload(legs: Sequence[Path], manifest_workload: Any, question: Question) -> CheckOutcome:
-    """Each throughput leg against the manifest's fixed-length workload (the request count per
-    concurrency is the question's where it names one). Advisory: the judge already makes a
-    mismatched leg `inconclusive`."""
+    """Each throughput leg against the candidate's fixed-length workload (the manifest's: its
+    concurrencies and requests per leg; a question asking for other counts judges another
+    workload). Blocking: a cell whose legs ran another workload is not evidence for this one."""
     criteria = question.criteria
-    per_c = dict(criteria.num_prompts) if isinstance(criteria, ThroughputCriteria) and criteria.num_prompts else {}
     problems: list[str] = []
+    if isinstance(criteria, ThroughputCriteria):
+        uncovered = sorted(set(manifest_workload.concurrencies) - set(criteria.concurrencies))
+        if uncovered:
+            problems.append(f"the question judges c={list(criteria.concurrencies)}; the candidate's workload also "
+                            f"pins c={uncovered}, which no criterion measures")
     for leg in legs:
         meta = _meta(leg)
         if meta.get("not_run_reason"):
@@ -260,9 +273,12 @@ def workload(legs: Sequence[Path], manifest_workload: Any, question: Question) -
                 problems.append(f"{leg.name}: resolved_config.{name} = {cfg[name]!r}, the workload says "
                                 f"{getattr(manifest_workload, name)!r}")
         conc = meta.get("concurrency")
-        expected = per_c.get(conc, manifest_workload.num_prompts)
+        expected = manifest_workload.prompts_at(conc) if isinstance(conc, int) else None
         completed = bench.get("completed", 0)
-        if completed != expected:
+        if expected is None:
+            problems.append(f"{leg.name}: concurrency {conc!r} is not one of the workload's "
+                            f"{list(manifest_workload.concurrencies)}")
+        elif completed != expected:
             problems.append(f"{leg.name}: completed {completed} of {expected} requests")
         if bench.get("failed", 0):
             problems.append(f"{leg.name}: {bench['failed']} failed request(s)")
@@ -274,4 +290,4 @@ def workload(legs: Sequence[Path], manifest_workload: Any, question: Question) -
                 if name in bench and bench[name] != per * completed:
                     problems.append(f"{leg.name}: {name} {bench[name]} != {per} x {completed}")
     text = "every leg matches the workload" if not problems else f"{len(problems)} mismatch(es): {problems[0]}"
-    return CheckOutcome(WORKLOAD, not problems, False, text, {"mismatches": problems})
+    return CheckOutcome(WORKLOAD, not problems, True, text, {"mismatches": problems})

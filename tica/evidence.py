@@ -81,13 +81,26 @@ INVALIDATION_MATRIX: dict[Component, tuple[tuple[EvidenceItem, ...], str]] = {
         "the trainer's backward does not read it",
     ),
     Component.EVAL_CONTRACT: (
-        (E.QUALITY, E.ARTIFACTS),
-        "new evaluation contract or scorer: a score under another contract is not the same score",
+        (E.QUALITY, E.CLEAN_EXIT, E.ARTIFACTS),
+        "new evaluation contract or scorer: a score under another contract is not the same score; the quality "
+        "legs must be rerun, and their servers' exits checked again",
     ),
     Component.WORKLOAD: (
         (E.THROUGHPUT, E.CLEAN_EXIT, E.ARTIFACTS),
         "new throughput workload: fixed-length legs must be rerun, and their servers' exits checked again",
     ),
+}
+
+
+# Evidence that judges the legs of other items as well as its own: clean exit reads the exits of
+# every leg that starts vLLM processes (client, API server, EngineCore; a backward leg runs the
+# trainer alone and starts none), the final artifacts name every sealed receipt (clean exit's
+# included). A covering verdict stands only while it judged every leg, with the same digest, of
+# the current verdict of each item it covers (`tica.acceptance.report`).
+LEG_ITEMS: tuple[EvidenceItem, ...] = (E.FORWARD, E.BACKWARD, E.UPDATE, E.QUALITY, E.THROUGHPUT)
+COVERS: dict[EvidenceItem, tuple[EvidenceItem, ...]] = {
+    E.CLEAN_EXIT: tuple(i for i in LEG_ITEMS if i is not E.BACKWARD),
+    E.ARTIFACTS: (*LEG_ITEMS, E.CLEAN_EXIT),
 }
 
 

@@ -68,14 +68,18 @@ class _StatKey:
     size: int
     mtime_ns: int
     inode: int
+    # ctime: set by the kernel on every write, rename into place and utime, and settable by no one,
+    # so a file rewritten in place with its size and mtime put back (cp -p, rsync --inplace -t,
+    # touch -r) is still seen to have changed
+    ctime_ns: int
 
     @classmethod
     def of(cls, st: os.stat_result) -> "_StatKey":
-        return cls(st.st_size, st.st_mtime_ns, st.st_ino)
+        return cls(st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
 
 
 class FingerprintCache:
-    """Per-file digests keyed by (path, size, mtime_ns, inode); saved atomically as JSON.
+    """Per-file digests keyed by (path, size, mtime_ns, inode, ctime_ns); saved atomically as JSON.
 
     persistent=False: a cache in memory only (path None), that never reads or writes a file."""
 
@@ -100,7 +104,7 @@ class FingerprintCache:
             entry = self._entries.get(str(path))
         if (
             entry
-            and _StatKey(entry["size"], entry["mtime_ns"], entry["inode"]) == key
+            and _StatKey(entry["size"], entry["mtime_ns"], entry["inode"], entry.get("ctime_ns", -1)) == key
             and entry.get("hashed_at_ns", 0) - key.mtime_ns >= RACY_WINDOW_NS
         ):
             self.hits += 1

@@ -35,8 +35,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
 from tica import strict_io
-from tica.errors import InputError, input_bytes
+from tica.errors import InputError, field_line, input_bytes, pydantic_errors
 from tica.ingest_trackers import mlflow_version_tag, read_mlflow_run, read_wandb_history
 from tica.metrics import VERL_FORWARD_KEYS
 from tica.receipts import (BENCH_FILE, CONTRACT_FILE, LEG_FILE, METRICS_FILE, RESULTS_FILE, ForwardStep, LegMeta,
@@ -49,7 +51,10 @@ SOURCE_FILE = "source.json"
 BENCH_PRODUCER = "vllm bench serve"
 VERL_PRODUCER = "verl"
 # Where a vLLM result JSON may state the version that wrote it (none of the committed ones does).
-_VERSION_KEYS = ("vllm_version", "version")
+# A plain `version` is no such statement: it is a --metadata label (vLLM's own --metadata example
+# is `version=0.3.3 tp=1`), kept as resolved_config.metadata.version, never taken as vLLM's version.
+_VERSION_KEYS = ("vllm_version",)
+_LABEL_KEYS = ("version",)
 # Workload fields a bench JSON may carry as --metadata strings; read as the judge compares them.
 _INT_FIELDS = ("input_len", "output_len")
 
@@ -154,9 +159,13 @@ def ingest_bench(path: str | Path, out: str | Path, arm: str, round: int | None 
     for key in ("model_id", "tokenizer_id", "backend", "endpoint_type", "request_rate"):
         if data.get(key) is not None:
             config[key] = data[key]
+    labels = {k: data[k] for k in _LABEL_KEYS if data.get(k) is not None}
+    if labels:
+        config["metadata"] = labels
+    # profiled: as the file records it; absent, it stays absent (unknown), never written as false.
     meta = _meta(path, "throughput", arm, BENCH_PRODUCER, version, round=round_, slot=slot_, concurrency=conc,
                  versions={"vllm": version} if version else None, resolved_config=config,
-                 profiled=bool(bench.profiled))
+                 profiled=bench.profiled)
     return _write_leg(Path(out), path, "vllm bench serve --save-result", {LEG_FILE: _json_bytes(meta), BENCH_FILE: raw})
 
 
@@ -266,6 +275,99 @@ LM_EVAL_PRODUCER = "lm_eval"
 _DOC_ID_KEYS = ("problem_id", "id")
 
 
+class _LmEvalFilter(BaseModel):
+    """One entry of configs.<task>.filter_list: lm_eval names each filter (the samples' `filter`)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    name: str
+
+
+class _LmEvalTask(BaseModel):
+    """configs.<task>: the parts read, each of the shape lm_eval writes (other keys are kept as they are)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    generation_kwargs: dict[str, Any] | None = None
+    filter_list: list[_LmEvalFilter] | None = None
+
+
+class _LmEvalRun(BaseModel):
+    """`config`: how lm_eval was run. model_args and gen_kwargs are mappings in lm_eval 0.4, the
+    command-line string in older versions (not parsed here)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    model: str | None = None
+    model_args: dict[str, Any] | str | None = None
+    gen_kwargs: dict[str, Any] | str | None = None
+
+
+class _LmEvalResults(BaseModel):
+    """The structure of an `lm_eval` results JSON that ingest reads, checked before any of it is
+    read: a field of another shape is bad input naming the file and the field (exit 4), never a
+    traceback. Only the task ingested is checked under `configs`."""
+
+    model_config = ConfigDict(extra="allow", frozen=True, populate_by_name=True)
+
+    configs: dict[str, _LmEvalTask] = Field(..., min_length=1)
+    versions: dict[str, Any] | None = None
+    n_shot: dict[str, Any] | None = Field(None, alias="n-shot")
+    task_hashes: dict[str, Any] | None = None
+    config: _LmEvalRun | None = None
+
+
+def _lm_eval_results(results: Path, task: str) -> dict[str, Any]:
+    """The results JSON, its structure checked for `task` (InputError naming the field)."""
+    data = load_json(results)
+    checked = {**data, "configs": {task: data["configs"][task]}}
+    try:
+        _LmEvalResults.model_validate(checked)
+    except ValidationError as err:
+        raise _shape_error(results, checked, err) from None
+    return data
+
+
+# pydantic's error types for a value of the wrong shape, as the results JSON's reader says them.
+_SHAPES = {"model_type": "an object", "dict_type": "an object", "list_type": "an array", "string_type": "a string"}
+
+
+def _file_loc(data: Any, loc: tuple[Any, ...]) -> tuple[Any, ...]:
+    """pydantic's error location without its union tags (a member's type name): the path in the file."""
+    out, node = [], data
+    for part in loc:
+        if (isinstance(node, dict) and part in node) or (isinstance(node, list) and type(part) is int
+                                                         and 0 <= part < len(node)):
+            out.append(part)
+            node = node[part]
+    return tuple(out)
+
+
+def _shape_error(results: Path, checked: dict[str, Any], err: ValidationError) -> InputError:
+    """The first refused field, named by its path in the file: "configs.T.filter_list: a number 5,
+    but lm_eval writes an array here" (every shape a union allows listed)."""
+    items = err.errors()
+    loc = _file_loc(checked, tuple(items[0]["loc"]))
+    same = [e for e in items if _file_loc(checked, tuple(e["loc"])) == loc]
+    shapes = [_SHAPES.get(e["type"]) for e in same]
+    if not all(shapes):
+        return pydantic_errors(InputError, results, err)
+    field = ".".join(str(p) for p in loc) or "<root>"
+    more = f" (and {len(items) - len(same)} more)" if len(items) > len(same) else ""
+    refused = same[0]["input"]
+    return InputError(results, field, f"{_json_type(refused)}, but lm_eval writes {' or '.join(dict.fromkeys(shapes))} "
+                      f"here{more}", line=field_line(results, loc, refused))
+
+
+def _json_type(value: Any) -> str:
+    """A JSON value's kind as a reader of the file sees it: `a string "x"`, `a number 5`, `an array`."""
+    if value is None:
+        return "null"
+    kind = ("a boolean" if isinstance(value, bool) else "a number" if isinstance(value, (int, float))
+            else "a string" if isinstance(value, str) else "an array" if isinstance(value, list) else "an object")
+    return kind if isinstance(value, (dict, list)) else f"{kind} {json.dumps(value)[:60]}"
+
+
 def _lm_eval_files(path: Path, task: str | None) -> tuple[Path, str, Path]:
     """(results JSON, task, samples JSONL) from an `lm_eval --output_path` folder (or the model
     folder under it, or a results_*.json itself); refused when not exactly one fits."""
@@ -276,7 +378,7 @@ def _lm_eval_files(path: Path, task: str | None) -> tuple[Path, str, Path]:
     else:
         raise InputError(path, "<file>", "no such file or directory")
     if task is not None:
-        candidates = [c for c in candidates if task in (load_json(c).get("configs") or {})]
+        candidates = [c for c in candidates if isinstance(cfgs := load_json(c).get("configs"), dict) and task in cfgs]
     if len(candidates) != 1:
         what = f" for task {task!r}" if task else ""
         raise InputError(path, "results_*.json", f"{len(candidates)} lm_eval results files{what} "
@@ -355,18 +457,12 @@ def _lm_eval_contract(data: dict[str, Any], task: str) -> tuple[dict[str, Any], 
     elif cli_gen:
         gen = {}  # a string lm_eval did not parse into the record: not read
     seed = run.get("torch_seed") if isinstance(run.get("torch_seed"), int) else None
-    stop = gen.get("until")
-    stop = [stop] if isinstance(stop, str) else stop
-    greedy = gen.get("do_sample") is False or gen.get("temperature") == 0
-    if greedy and isinstance(stop, list):
-        # greedy decoding: top_p / top_k are not read, so their values do not change the output.
-        contract["sampling"] = {"temperature": 0.0, "seed": seed, "n": 1, "stop": stop}
-    elif all(k in gen for k in ("temperature", "top_p", "top_k")) and isinstance(stop, list):
-        contract["sampling"] = {"temperature": gen["temperature"], "top_p": gen["top_p"], "top_k": gen["top_k"],
-                                "seed": seed, "n": 1, "stop": stop}
+    backend = run.get("model") if isinstance(run.get("model"), str) else None
+    sampling, why = _lm_eval_sampling(gen, seed, backend)
+    if sampling is not None:
+        contract["sampling"] = sampling
     else:
-        unknown.append("sampling (generation_kwargs record neither greedy decoding nor temperature, top_p, top_k "
-                       "and until)")
+        unknown.append(f"sampling ({why})")
     if isinstance(cfg.get("repeats"), int):
         contract["repeats"] = cfg["repeats"]
     else:
@@ -377,11 +473,88 @@ def _lm_eval_contract(data: dict[str, Any], task: str) -> tuple[dict[str, Any], 
                                          "filter_list": cfg.get("filter_list")})
     else:
         unknown.append("scorer (metric_list or lm_eval_version not recorded)")
-    if isinstance(gen.get("max_gen_toks"), int):
-        contract["length_cap"] = gen["max_gen_toks"]
+    cap, why = _lm_eval_length_cap(gen, backend, data.get("lm_eval_version"))
+    if cap is not None:
+        contract["length_cap"] = cap
     else:
-        unknown.append("length_cap (generation_kwargs.max_gen_toks not recorded; lm_eval's model default applied)")
+        unknown.append(f"length_cap ({why})")
     return contract, unknown
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _lm_eval_sampling(gen: dict[str, Any], seed: int | None, backend: str | None) -> tuple[dict[str, Any] | None, str]:
+    """The sampling item as the generation kwargs record it, or None and why it is unknown.
+
+    Greedy only where every lm_eval backend decodes greedily: temperature 0, or no temperature
+    and do_sample false. do_sample false beside a temperature above 0 is not greedy everywhere:
+    lm_eval's hf and vllm backends then set the temperature to 0, its API backends
+    (local-completions, local-chat-completions, openai-*, sglang-generate) and sglang drop
+    do_sample and sample at the temperature given: what ran depends on the backend, unknown."""
+    stop = gen.get("until")
+    stop = [stop] if isinstance(stop, str) else stop
+    if "until" not in gen:
+        return None, "generation_kwargs.until (the stop sequences) not recorded"
+    if not isinstance(stop, list) or not all(isinstance(x, str) for x in stop):
+        return None, f"generation_kwargs.until is {gen['until']!r}, not a stop sequence or a list of them"
+    temperature, do_sample = gen.get("temperature"), gen.get("do_sample")
+    if "temperature" in gen and not _number(temperature):
+        return None, f"generation_kwargs.temperature is {temperature!r}, not a number"
+    if ("temperature" in gen and temperature == 0) or ("temperature" not in gen and do_sample is False):
+        # greedy decoding: top_p / top_k are not read, so their values do not change the output.
+        return {"temperature": 0.0, "seed": seed, "n": 1, "stop": stop}, ""
+    if do_sample is False:
+        return None, (f"generation_kwargs record do_sample: false with temperature {temperature!r}: what ran depends "
+                      f"on the backend ({backend or 'not recorded'}): lm_eval's hf and vllm backends decode greedily, "
+                      "its API and sglang backends sample at that temperature")
+    if "temperature" in gen and all(k in gen for k in ("top_p", "top_k")):
+        return {"temperature": temperature, "top_p": gen["top_p"], "top_k": gen["top_k"],
+                "seed": seed, "n": 1, "stop": stop}, ""
+    return None, "generation_kwargs record neither greedy decoding nor temperature, top_p, top_k and until"
+
+
+# The generation kwargs lm_eval reads as the number of tokens to generate (lm_eval.models.utils.
+# normalize_gen_kwargs lists them), and which of them each backend of lm_eval 0.4.13 reads, first
+# wins: hf and vllm normalize all four (max_gen_toks first); the API backends send `max_tokens`,
+# else `max_gen_toks` (openai_completions.py, sglang_generate_API.py); sglang and every other
+# backend read `max_gen_toks` only. Another lm_eval version: only `max_gen_toks`, which all read.
+_LENGTH_ALIASES = ("max_gen_toks", "max_new_tokens", "max_tokens", "max_completion_tokens")
+_LENGTH_READ_VERSION = "0.4.13"
+_API_BACKENDS = ("local-completions", "local-chat-completions", "openai-completions", "openai-chat-completions",
+                 "azure-openai-chat-completions", "sglang-generate")
+_NORMALIZING_BACKENDS = ("hf", "hf-auto", "huggingface", "vllm")
+
+
+def _length_aliases_read(backend: str | None, lm_eval_version: Any) -> tuple[str, ...]:
+    if lm_eval_version == _LENGTH_READ_VERSION and backend in _API_BACKENDS:
+        return ("max_tokens", "max_gen_toks")
+    if lm_eval_version == _LENGTH_READ_VERSION and backend in _NORMALIZING_BACKENDS:
+        return _LENGTH_ALIASES
+    return ("max_gen_toks",)
+
+
+def _lm_eval_length_cap(gen: dict[str, Any], backend: str | None, lm_eval_version: Any) -> tuple[int | None, str]:
+    """The length cap as the recorded backend reads it, or None and why it is unknown: none of
+    its aliases recorded (the backend's default applied, not recorded), one that is no whole
+    number, several that disagree, or only aliases the backend does not read."""
+    present = {k: gen[k] for k in _LENGTH_ALIASES if k in gen}
+    if not present:
+        return None, (f"generation_kwargs record none of {', '.join(_LENGTH_ALIASES)}; "
+                      "lm_eval's model default applied, not recorded")
+    bad = next((k for k, v in present.items() if isinstance(v, bool) or not isinstance(v, int)), None)
+    if bad is not None:
+        return None, f"generation_kwargs.{bad} is {present[bad]!r}, not a whole number of tokens"
+    if len(set(present.values())) > 1:
+        listed = ", ".join(f"{k} {v}" for k, v in present.items())
+        return None, f"generation_kwargs record {listed}, which disagree: which one ran depends on the backend"
+    read = _length_aliases_read(backend, lm_eval_version)
+    if not any(k in present for k in read):
+        return None, (f"generation_kwargs record {', '.join(present)}, which the backend ({backend or 'not recorded'}, "
+                      f"lm_eval {lm_eval_version or 'version not recorded'}) is not known to read "
+                      f"(it reads {', '.join(read)}): its default may have applied")
+    return next(iter(present.values())), ""
 
 
 def _lm_eval_correct(samples: Path, n: int, row: dict[str, Any], metric: str) -> bool:
@@ -398,7 +571,7 @@ def ingest_lm_eval(path: str | Path, out: str | Path, arm: str, task: str | None
     """An `lm_eval --log_samples` output as a sealed quality leg (docs/leg-run.md)."""
     path = Path(path)
     results_file, task, samples_file = _lm_eval_files(path, task)
-    data = load_json(results_file)
+    data = _lm_eval_results(results_file, task)
     cfg = data["configs"][task]
     metric_list = cfg.get("metric_list")
     if not isinstance(metric_list, list) or not metric_list or not isinstance(metric_list[0], dict) \
@@ -477,7 +650,7 @@ def leg_unknowns(leg: str | Path) -> list[str]:
         unknown += [k for k in ("step_basis", "checkpoint_version") if not any(r.get(k) is not None for r in rows)]
     elif meta["item"] == "throughput":
         config = meta.get("resolved_config") or {}
-        unknown += [k for k in ("round", "slot", "concurrency") if meta.get(k) is None]
+        unknown += [k for k in ("round", "slot", "concurrency", "profiled") if meta.get(k) is None]
         unknown += [f"resolved_config.{k}" for k in _BENCH_WORKLOAD if k not in config]
     elif meta["item"] == "quality":
         if not (leg / CONTRACT_FILE).exists():

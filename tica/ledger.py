@@ -384,43 +384,89 @@ def merge_chain(streams: Sequence[Iterable[tuple[int, str, str, str, str, tuple]
     return heapq.merge(*streams, key=itemgetter(0))
 
 
-def verify_entries(entries: Iterable[tuple[int, str, str, str, str, tuple]], expect: Head | None = None,
-                   problems: Sequence[str] = ()) -> VerifyReport:
-    """Recompute a chain read as `Ledger.chain_entries` gives it (any store; a list or a stream in
-    seq order): name every row whose content or link does not match and, given a published head,
-    a chain that no longer holds it."""
-    found = list(problems)
+@dataclass
+class ChainSegment:
+    """What re-hashing one contiguous piece of the chain found: the piece's rows were read in seq
+    order and its first row sits at chain position `start` (1-based)."""
+
+    start: int
+    linked: bool = True  # whether its first row's link was checked here (else join_segments checks it)
+    count: int = 0
+    first: tuple[int, str, str] | None = None  # (seq, table, stored prev_hash) of its first row
+    last_hash: str | None = None  # the stored row_hash of its last row
+    last_at: str = ""
+    held: str | None = None  # the stored hash of its last row whose seq is the published head's
+    problems: list[tuple[int, int, str]] | None = None  # (position, 0 seq | 1 link | 2 content, message)
+
+
+def check_segment(entries: Iterable[tuple[int, str, str, str, str, tuple]], start: int, want: int | None,
+                  link_to: str | None) -> ChainSegment:
+    """Re-hash a contiguous piece of the chain: every row's seq against its position, its link
+    against the row before it (the piece's first row against `link_to`; None leaves that one link
+    to whoever knows the row before the piece) and its content against its row_hash."""
+    seg = ChainSegment(start=start, linked=link_to is not None, problems=[])
+    found = seg.problems
     names_of = {t: [n for n, _ in cols] for t, cols in TABLES.items()}
     widths = {t: len(cols) for t, cols in TABLES.items()}
     bodies, sha256 = FAST_BODIES, hashlib.sha256
-    want = expect.seq if expect is not None else None
-    held = GENESIS if want == 0 else None  # the hash of the row at the published head's seq
-    prev, count, last_at = GENESIS, 0, ""
-    for expected_seq, (seq, table, prev_hash, digest, recorded_at, values) in enumerate(entries, start=1):
-        count, last_at = expected_seq, recorded_at
-        if seq != expected_seq:
-            found.append(f"{table} seq={seq}: expected seq {expected_seq} (a row was removed or inserted)")
-        if prev_hash != prev:
-            found.append(f"{table} seq={seq}: prev_hash does not match the row before it")
+    prev = link_to
+    for pos, (seq, table, prev_hash, digest, recorded_at, values) in enumerate(entries, start=start):
+        if seg.first is None:
+            seg.first = (seq, table, prev_hash)
+        seg.count, seg.last_at = seg.count + 1, recorded_at
+        if seq != pos:
+            found.append((pos, 0, f"{table} seq={seq}: expected seq {pos} (a row was removed or inserted)"))
+        if prev is not None and prev_hash != prev:
+            found.append((pos, 1, f"{table} seq={seq}: prev_hash does not match the row before it"))
         body = bodies.get(table)
         if body is not None and len(values) == widths[table]:
             recomputed = sha256(f"{prev_hash}\n{body(seq, recorded_at, values)}".encode()).hexdigest()
         else:
             recomputed = row_hash(prev_hash, table, seq, recorded_at, dict(zip(names_of[table], values)))
         if recomputed != digest:
-            found.append(f"{table} seq={seq}: content does not match its row_hash (edited behind the ledger)")
-        prev = digest
+            found.append((pos, 2, f"{table} seq={seq}: content does not match its row_hash (edited behind the ledger)"))
+        prev = seg.last_hash = digest
         if seq == want:
-            held = prev
+            seg.held = digest
+    return seg
+
+
+def join_segments(segments: Sequence[ChainSegment], expect: Head | None = None,
+                  problems: Sequence[str] = ()) -> VerifyReport:
+    """The report of the whole chain from its pieces in chain order, each piece's first link
+    checked against the piece before it: the same report `verify_entries` makes of the chain."""
+    want = expect.seq if expect is not None else None
+    held = GENESIS if want == 0 else None
+    found: list[tuple[int, int, str]] = []
+    prev, count, last_at = GENESIS, 0, ""
+    for seg in segments:
+        if seg.first is not None:
+            seq, table, first_prev = seg.first
+            if not seg.linked and first_prev != prev:
+                found.append((seg.start, 1, f"{table} seq={seq}: prev_hash does not match the row before it"))
+            prev, last_at = seg.last_hash, seg.last_at
+        count += seg.count
+        found += seg.problems
+        if seg.held is not None:
+            held = seg.held
+    out = list(problems) + [msg for _, _, msg in sorted(found, key=lambda x: (x[0], x[1]))]
     if expect is not None:
         if held is None:
-            found.append(f"the published head seq={expect.seq} is gone: the chain ends at seq={count} "
-                         "(truncated)")
+            out.append(f"the published head seq={expect.seq} is gone: the chain ends at seq={count} "
+                       "(truncated)")
         elif held != expect.row_hash:
-            found.append(f"row seq={expect.seq} has hash {held[:16]}, the published head says "
-                         f"{expect.row_hash[:16]} (rewritten up to the head)")
-    return VerifyReport(rows=count, head_hash=prev, problems=tuple(found),
-                        head_seq=count, head_recorded_at=last_at)
+            out.append(f"row seq={expect.seq} has hash {held[:16]}, the published head says "
+                       f"{expect.row_hash[:16]} (rewritten up to the head)")
+    return VerifyReport(rows=count, head_hash=prev, problems=tuple(out), head_seq=count, head_recorded_at=last_at)
+
+
+def verify_entries(entries: Iterable[tuple[int, str, str, str, str, tuple]], expect: Head | None = None,
+                   problems: Sequence[str] = ()) -> VerifyReport:
+    """Recompute a chain read as `Ledger.chain_entries` gives it (any store; a list or a stream in
+    seq order): name every row whose content or link does not match and, given a published head,
+    a chain that no longer holds it."""
+    want = expect.seq if expect is not None else None
+    return join_segments([check_segment(entries, 1, want, GENESIS)], expect, problems)
 
 
 class Ledger:
@@ -433,6 +479,7 @@ class Ledger:
         self._session: duckdb.DuckDBPyConnection | None = None
         self._head: tuple[int, str] | None = None  # the chain's head, known while a session holds the lock
         self._schema_checked = False
+        self._reading: duckdb.DuckDBPyConnection | None = None  # reading(): one connection for a burst
 
     # -- connections -------------------------------------------------------------------
     def _take_lock(self, lock) -> None:
@@ -665,9 +712,26 @@ class Ledger:
         return payload
 
     # -- reading ---------------------------------------------------------------------
+    @contextmanager
+    def reading(self) -> Iterator["Ledger"]:
+        """One read-only connection for a burst of reads (a report's): every `query` and `rows`
+        inside uses it and sees one state of the ledger. Writers wait meanwhile: keep it short."""
+        if self._reading is not None:
+            yield self
+            return
+        with self.reader() as con:
+            self._reading = con
+            try:
+                yield self
+            finally:
+                self._reading = None
+
     def query(self, sql: str, params: Sequence[Any] | None = None, sandboxed: bool = False) -> tuple[list[str], list[tuple]]:
         """Run SQL on a read-only connection: any attempt to write is refused by DuckDB;
         `sandboxed` also refuses any file access (for SQL a person typed)."""
+        if self._reading is not None and not sandboxed:
+            cur = self._reading.execute(sql, params or [])
+            return ([d[0] for d in cur.description] if cur.description else []), cur.fetchall()
         with self.reader(sandboxed=sandboxed) as con:
             cur = con.execute(sql, params or [])
             columns = [d[0] for d in cur.description] if cur.description else []
@@ -683,6 +747,11 @@ class Ledger:
         holds it (truncated, or rewritten up to it)."""
         with self.reader() as con:
             views = self._view_problems(con)
+            workers = _verify_workers(con)
+            if workers > 1:  # a large chain: ranges re-hashed in processes of their own (tica.ledger_parallel)
+                from tica.ledger_parallel import verify_duckdb
+
+                return verify_duckdb(str(self.path), con, expect, views, workers)
             try:  # each table as stored (in seq order unless rows were inserted behind the API)
                 with self.streamed_chain_entries(con, ordered=False) as entries:
                     return verify_entries(entries, expect, views)
@@ -734,6 +803,15 @@ class Ledger:
                 out.append(f"view {name} is missing")
             elif found[name] != sql:
                 out.append(f"view {name} is not defined as the code defines it (changed behind the ledger)")
+        # A view's text is only as good as the names in it: a macro or function stored in the file
+        # (none is ever created by this code) can shadow one the views call (row_number, say).
+        for name, kind, schema in con.execute(
+                "SELECT function_name, function_type, schema_name FROM duckdb_functions() WHERE NOT internal "
+                "ORDER BY function_name").fetchall():
+            out.append(f"{kind} {schema}.{name} was created behind the ledger (it can change what the views compute)")
+        for (schema,) in con.execute("SELECT schema_name FROM duckdb_schemas() WHERE NOT internal "
+                                     "ORDER BY schema_name").fetchall():
+            out.append(f"schema {schema} was created behind the ledger")
         return out
 
     def verify_or_raise(self, expect: Head | None = None) -> VerifyReport:
@@ -741,6 +819,12 @@ class Ledger:
         if not report.ok:
             raise LedgerIntegrityError("; ".join(report.problems))
         return report
+
+
+def _verify_workers(con: Any) -> int:
+    from tica.ledger_parallel import workers_for
+
+    return workers_for(sum(con.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in TABLES))
 
 
 class _OutOfOrder(Exception):

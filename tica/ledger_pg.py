@@ -25,7 +25,7 @@ from typing import Any
 from tica.errors import InputError, LedgerIntegrityError, TicaError
 from tica.ledger import (CHAIN_COLUMNS, GENESIS, INDEXES, TABLES, TRACK_VERDICTS_SQL, VERIFY_CHUNK_ROWS, VIEWS, Head,
                          Ledger, LedgerLockTimeout, LedgerMissing, VerifyReport, _table_stream, extend_chain, insert_sql,
-                         merge_chain, verify_entries)
+                         _verify_workers, merge_chain, verify_entries)
 
 SCHEMES = ("postgresql://", "postgres://")
 READER_ROLE = "tica_reader"
@@ -94,6 +94,7 @@ class PostgresLedger:
         self.dsn = dsn
         self.path = redacted(dsn)  # what messages and Dagster metadata name: never a password
         self.lock_timeout_s = lock_timeout_s
+        self._reading: Any = None  # reading(): one read-only transaction for a burst of reads
 
     # -- connections -----------------------------------------------------------------
     def _connect(self, **kw):
@@ -199,7 +200,25 @@ class PostgresLedger:
                 _insert(con, table, chain, payload)
 
     # -- reading ---------------------------------------------------------------------
+    @contextmanager
+    def reading(self) -> Iterator["PostgresLedger"]:
+        """As Ledger.reading: one read-only REPEATABLE READ transaction (one snapshot) for a burst
+        of reads."""
+        if self._reading is not None:
+            yield self
+            return
+        with self.reader() as con:
+            con.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            self._reading = con
+            try:
+                yield self
+            finally:
+                self._reading = None
+
     def query(self, sql: str, params: Sequence[Any] | None = None, sandboxed: bool = False) -> tuple[list[str], list[tuple]]:
+        if self._reading is not None and not sandboxed:
+            cur = self._reading.execute(*portable(sql, params))
+            return ([d.name for d in cur.description] if cur.description else []), cur.fetchall()
         with self.reader(sandboxed=sandboxed) as con:
             cur = con.execute(*portable(sql, params))
             columns = [d.name for d in cur.description] if cur.description else []
@@ -240,6 +259,11 @@ class PostgresLedger:
             try:  # one snapshot for every table's cursor, whatever other writers append meanwhile
                 con.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
                 views = _view_problems(con)
+                workers = _verify_workers(con)
+                if workers > 1:  # ranges re-hashed in processes of their own, all on this snapshot
+                    from tica.ledger_parallel import verify_postgres
+
+                    return verify_postgres(self.dsn, con, expect, views, workers)
                 with self.streamed_chain_entries(con) as entries:
                     return verify_entries(entries, expect, views)
             finally:
@@ -274,6 +298,17 @@ def _view_problems(con) -> list[str]:
         expected = con.execute("SELECT pg_get_viewdef(%s::regclass)", [f"tica_expected_{name}"]).fetchone()[0]
         if found[name] != expected:
             out.append(f"view {name} is not defined as the code defines it (changed behind the ledger)")
+    # Names the views and the verify's reads resolve: a function (or operator) added in a user schema
+    # can shadow one they call, and a schema that shadows public on the search path its tables.
+    for schema, name in con.execute(
+            "SELECT n.nspname, p.proname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
+            "WHERE n.nspname NOT IN ('pg_catalog', 'information_schema') AND n.nspname NOT LIKE 'pg\\_%%' "
+            "ORDER BY 1, 2").fetchall():
+        out.append(f"function {schema}.{name} was created behind the ledger (it can change what the views compute)")
+    for (schema,) in con.execute(
+            "SELECT s FROM unnest(current_schemas(false)) AS s WHERE s <> 'public' ORDER BY 1").fetchall():
+        out.append(f"schema {schema} is on the search path before or beside public: its tables would be read "
+                   "in place of the ledger's")
     return out
 
 

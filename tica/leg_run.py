@@ -1,10 +1,14 @@
 """`tica leg run`: any external command as a leg (docs/leg-run.md).
 
 TICA runs the command with the arm's switch (VLLM_BATCH_INVARIANT=1|0) in its environment and
-records what it could observe: every switch set, the package versions of the command's own
-interpreter, the device, when the command ran, how the command and the server it names ended,
-the output files it names (copied into the leg under their item file names), and seals the leg.
-A command that fails still leaves a sealed leg: a failed leg is evidence of failure.
+records what it could observe: every switch set, and the switch each process actually ran with
+(/proc/<pid>/environ of the command, the server and their children: another arm's, or none, is
+an error of the leg), the package versions of the command's own interpreter (of the server's,
+for a client leg with a server), the device the command sees, when the command ran, how the
+command and the server it names ended (a process TICA itself signalled did not end by itself:
+`signalled`/`killed`, never a clean exit), the output files it names (copied into the leg under
+their item file names; of a file there before the run, only what the command appended), and
+seals the leg. A command that fails still leaves a sealed leg: a failed leg is evidence of failure.
 
 Unknown is a value: what TICA did not observe is left out of leg.json (absent or None), never
 filled with a default. vLLM's defaults for flags absent from a `vllm bench serve` command line
@@ -294,8 +298,8 @@ def read_bench_command(args: list[str], cwd: Path) -> CommandReading:
                 r.sources.pop(key)
     if f.has("ignore_eos"):
         put("ignore_eos", True, "command line: --ignore-eos")
-    if f.has("profile"):
-        r.profiled = True
+    # read from the command line: --profile there, or not (unknown where a --config file could set it)
+    r.profiled = True if f.has("profile") else None if f.has("config") else False
     if f.has("config"):
         r.notes.append(f"vLLM read more arguments from --config {f.get('config')}: what the command line "
                        "does not state stays unknown")
@@ -364,7 +368,24 @@ def server_url_from(argv: list[str]) -> str | None:
 
 # ------------------------------------------------------------------ reading a server's log
 
-PER_PID_FORCE_KILL = re.compile(r"[^\n]*force killing remaining process (\S+) pid (\d+)[^\n]*")
+PER_PID_FORCE_KILL = re.compile(r"[^\n]*force killing (?:remaining |sub )?process (\S+) pid (\d+)[^\n]*")
+# vLLM's own word that a process died, naming it (and its pid where it does): it outweighs an
+# exit code of 0 reported for that process.
+_DIED_NAMED = (
+    re.compile(r"Engine core proc(?:ess)? (?P<name>[^\s,.]+)[.,]? died unexpectedly[^\n]*"),
+    re.compile(r"Worker proc (?P<name>[^\s,.]+)[.,]? died unexpectedly[^\n]*"),
+    re.compile(r"Process (?P<name>\S+) \(PID: (?P<pid>\d+)\) died with exit code[^\n]*"),
+)
+
+
+def died_named(log_text: str) -> list[tuple[str, int | None, str]]:
+    """(process name, pid or None, the line) for each process vLLM's log says died."""
+    out = []
+    for pattern in _DIED_NAMED:
+        for m in pattern.finditer(log_text):
+            pid = m.groupdict().get("pid")
+            out.append((m.group("name"), int(pid) if pid else None, m.group(0).strip()))
+    return out
 
 
 def engine_records(log_text: str, *, engine_pids: list[int], worker_pids: list[int], names: dict[int, str],
@@ -378,6 +399,7 @@ def engine_records(log_text: str, *, engine_pids: list[int], worker_pids: list[i
     exits = common.reported_exits(log_text)
     forced = {int(m.group(2)): (m.group(1), m.group(0).strip()) for m in PER_PID_FORCE_KILL.finditer(log_text)}
     died = common.first_match(common.ENGINE_DIED_RE.pattern, log_text)
+    named_deaths = died_named(log_text)
     recs: list[dict] = []
     unobserved: list[dict] = []
     pids = list(dict.fromkeys([*engine_pids, *worker_pids, *exits, *forced]))
@@ -388,9 +410,15 @@ def engine_records(log_text: str, *, engine_pids: list[int], worker_pids: list[i
             role = seen.role if seen.role in ("engine_core", "worker") else "engine_core"
         else:
             role = "worker" if pid in worker_pids or "Worker" in (name or "") else "engine_core"
+        death = next((line for n, p, line in named_deaths
+                      if p == pid or (p is None and n in {seen.name if seen else None, names.get(pid)})), None)
         if pid in forced:
             recs.append(common.process_record(role, pid, seen.exit_code if seen else None, evidence=forced[pid][1],
                                               force_killed=True, name=name))
+        elif death is not None and (seen is None or seen.exit_code in (0, None)):
+            # vLLM says it died: a reported 0 (or nothing) is not its clean exit; how it ended is unknown
+            said = f"; its parent reported exitcode={seen.exit_code} (TICA_PROC_EXIT)" if seen else ""
+            recs.append(common.process_record(role, pid, None, name=name, evidence=f"{death}{said}"))
         elif seen is not None:
             recs.append(common.process_record(role, pid, seen.exit_code, name=name,
                                               evidence=f"exit code its parent saw after vLLM's shutdown "
@@ -417,9 +445,12 @@ def recorded_env(env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in sorted(env.items()) if k.startswith(common.RECORDED_ENV_PREFIXES)}
 
 
-def probe_device(run=subprocess.run) -> dict[str, Any]:
+def probe_device(run=subprocess.run, env: dict[str, str] | None = None) -> dict[str, Any]:
     """The GPUs nvidia-smi lists (those CUDA_VISIBLE_DEVICES names, where it names them), else a
-    CPU machine's platform. Without nvidia-smi no accelerator name is known: `name` is absent."""
+    CPU machine's platform. Without nvidia-smi no accelerator name is known: `name` is absent.
+    `env`: the environment the command runs with (its CUDA_VISIBLE_DEVICES, --env included, decides
+    which GPUs it sees); default this process's."""
+    env = os.environ if env is None else env
     queries = ("index,uuid,name,driver_version,memory.total,compute_cap", "index,uuid,name,driver_version,memory.total")
     for query in queries:
         try:
@@ -430,7 +461,7 @@ def probe_device(run=subprocess.run) -> dict[str, Any]:
         except (OSError, subprocess.TimeoutExpired) as err:
             return {"probe": f"nvidia-smi failed: {type(err).__name__}"}
         if q.returncode == 0 and q.stdout.strip():
-            return _gpus(q.stdout, query.split(","), os.environ.get("CUDA_VISIBLE_DEVICES"))
+            return _gpus(q.stdout, query.split(","), env.get("CUDA_VISIBLE_DEVICES"))
     return {"probe": f"nvidia-smi exited {q.returncode}: {(q.stderr or q.stdout).strip()[:200]}"}
 
 
@@ -475,6 +506,22 @@ def _which(name: str, env: dict[str, str], cwd: Path) -> Path | None:
 def interpreter_of(argv: list[str], env: dict[str, str], cwd: Path) -> Path | None:
     """The Python the command runs in: argv[0] itself, or its `#!` line (console scripts such as
     vllm, lm_eval, torchrun). None: not a Python command TICA can name (a shell script, a binary)."""
+    if argv and Path(argv[0]).name == "env":  # `env [-u NAME] [KEY=VALUE]... COMMAND`: the command's
+        env, i = dict(env), 1
+        while i < len(argv) and (argv[i].startswith("-") or "=" in argv[i]):
+            if argv[i] in ("-u", "--unset"):
+                env.pop(argv[i + 1] if i + 1 < len(argv) else "", None)
+                i += 2
+            elif argv[i] in ("-i", "--ignore-environment", "-"):
+                env = {}
+                i += 1
+            elif argv[i].startswith("-"):
+                return None  # -C DIR, -S STRING, ...: not followed
+            else:
+                key, _, value = argv[i].partition("=")
+                env[key] = value
+                i += 1
+        argv = argv[i:]
     if not argv:
         return None
     exe = _which(argv[0], env, cwd)
@@ -555,20 +602,157 @@ def zombie_exit_code(pid: int) -> int | None:
     return -(status & 0x7F) if status & 0x7F else (status >> 8) & 0xFF
 
 
-def read_proc_environ(pid: int) -> dict[str, str] | None:
-    try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return None
-    return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
-
-
 def read_proc_cmdline(pid: int) -> list[str] | None:
     try:
         raw = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return None
     return [x for x in raw.decode(errors="replace").split("\0") if x] or None
+
+
+# ------------------------------------------------------------------ the environment processes ran with
+
+SWITCH = "VLLM_BATCH_INVARIANT"
+MAX_ENVIRON_RECORDS = 128
+
+
+def read_environ(pid: int) -> tuple[dict[str, str] | None, str]:
+    """(environment, "") as /proc/<pid>/environ holds it (what the process was exec'd with: an
+    `env KEY=VALUE cmd` wrapper or a shell's assignment shows there), or (None, why) when it
+    cannot be read (gone, another user's process, a zombie) or no longer holds what exec wrote: a
+    process that retitles itself (setproctitle, as vLLM's EngineCore and workers do) overwrites
+    that memory with its title and NULs, and what is left there is not its environment."""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError as err:
+        return None, f"/proc/{pid}/environ: {type(err).__name__}: {err.strerror or err}"
+    if not raw and not common.pid_alive(pid):
+        return None, f"/proc/{pid}/environ is empty: the process had already exited"
+    items = raw.decode(errors="replace").split("\0")
+    if items and items[-1] == "":
+        items.pop()  # the terminating NUL
+    if any(not item or "=" not in item for item in items):
+        return None, (f"/proc/{pid}/environ was overwritten (not KEY=VALUE strings only: the process rewrote its "
+                      "argv/environ memory, as setproctitle does): its environment is not readable there")
+    return dict(item.split("=", 1) for item in items), ""
+
+
+def process_tree(root: int, limit: int = MAX_ENVIRON_RECORDS) -> list[int]:
+    """The descendants of `root` (children first), from one pass over /proc."""
+    kids: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+            kids.setdefault(int(text[text.rfind(")") + 2:].split()[1]), []).append(int(stat.parent.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    out: list[int] = []
+    todo = [root]
+    while todo and len(out) < limit:
+        for k in sorted(kids.get(todo.pop(0), ())):
+            if k not in out and k != root:
+                out.append(k)
+                todo.append(k)
+    return out[:limit]
+
+
+def environ_record(pid: int, role: str, passed: dict[str, str] | None = None
+                   ) -> tuple[dict[str, Any], dict[str, str] | None]:
+    """What one process's environment said of the arm's switch: {pid, role, name, environ: "read",
+    VLLM_BATCH_INVARIANT: its value (null: unset)} or {..., environ: "unreadable: why"} (unknown).
+    `differs_from_passed`: the recorded switches whose value is not the one TICA passed."""
+    env, why = read_environ(pid)
+    rec: dict[str, Any] = {"pid": pid, "role": role, "name": common.process_name(pid)}
+    if env is None:
+        rec["environ"] = f"unreadable: {why}"
+        return rec, None
+    rec["environ"] = "read"
+    rec[SWITCH] = env.get(SWITCH)
+    if passed is not None:
+        keys = set(recorded_env(env)) | set(recorded_env(passed))
+        if differs := {k: env.get(k) for k in sorted(keys) if env.get(k) != passed.get(k)}:
+            rec["differs_from_passed"] = differs
+    return rec, env
+
+
+def environ_problems(records: list[dict[str, Any]], arm: str) -> list[str]:
+    """An `errors` entry for each process whose environment says another arm (or no switch)."""
+    want = common.ARM_ENV[arm][SWITCH]
+    out = []
+    for r in records:
+        if r.get("environ") == "read" and r.get(SWITCH) != want:
+            got = r.get(SWITCH)
+            out.append(f"{r['role']} pid {r['pid']} ({r.get('name') or '?'}) ran with {SWITCH}="
+                       f"{'(unset)' if got is None else got}, but --arm {arm} is {SWITCH}={want} "
+                       f"(/proc/{r['pid']}/environ): this leg is not a {arm} leg")
+    return out
+
+
+class EnvironWatch:
+    """What /proc says of a running process's environment, and of its children's: read at once,
+    then every 5 ms for its first second (a wrapper such as `env KEY=VALUE cmd` execs within
+    milliseconds), its children every 0.1 s for 5 s, then everything every 1 s up to 60 s. A
+    process is recorded when first seen and again when what it says changes (an exec)."""
+
+    def __init__(self, pid: int, role: str, passed: dict[str, str] | None = None) -> None:
+        self.pid, self.role, self.passed = pid, role, passed
+        self.t0 = time.monotonic()
+        self._ticks = process_start_ticks(pid)
+        self._seen: list[dict[str, Any]] = []
+        self._last: dict[int, tuple] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._sample(tree=False)
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _sample(self, tree: bool) -> bool:
+        if self._ticks is None or process_start_ticks(self.pid) != self._ticks:
+            return False  # it ended and was reaped (its pid may be another process's now)
+        pids = [(self.pid, self.role)] + ([(p, f"{self.role} child") for p in process_tree(self.pid)] if tree else [])
+        for pid, role in pids:
+            rec, _ = environ_record(pid, role, self.passed)
+            read = rec["environ"] == "read"
+            key = (rec["name"], read, rec.get(SWITCH), json.dumps(rec.get("differs_from_passed"), sort_keys=True))
+            if self._last.get(pid) == key or (not read and pid in self._last):
+                continue  # nothing new (unreadable after a read: it exited)
+            self._last[pid] = key
+            rec["after_s"] = round(time.monotonic() - self.t0, 3)
+            with self._lock:
+                if len(self._seen) < MAX_ENVIRON_RECORDS:
+                    self._seen.append(rec)
+        return True
+
+    def _run(self) -> None:
+        next_tree = 0.0
+        while not self._stop.is_set():
+            elapsed = time.monotonic() - self.t0
+            if elapsed > 60:
+                return
+            tree = elapsed >= next_tree
+            if not self._sample(tree):
+                return
+            if tree:  # a pass over /proc costs more on a busy node: never more than ~5% of a core
+                took = time.monotonic() - self.t0 - elapsed
+                next_tree = elapsed + max(0.1 if elapsed < 5 else 1.0, 20 * took)
+            if self._stop.wait(0.005 if elapsed < 1 else 0.1 if elapsed < 5 else 1.0):
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def seen(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return list(self._seen)
+
+
+def observe_environ(root: int, role: str, passed: dict[str, str] | None = None
+                    ) -> tuple[list[dict[str, Any]], dict[str, str] | None]:
+    """One reading of a process's environment and of every descendant's: (records, its own env)."""
+    rec, env = environ_record(root, role, passed)
+    records = [rec] + [environ_record(p, f"{role} child", passed)[0] for p in process_tree(root)]
+    return records, env
 
 
 class _Tee:
@@ -610,6 +794,7 @@ class StartedServer:
 
     def __init__(self, argv: list[str], *, env: dict[str, str], cwd: Path, log_path: Path, url: str) -> None:
         self.argv, self.url, self.log_path = argv, url.rstrip("/"), log_path
+        self.env_passed = env
         self._log = open(log_path, "ab")
         self.started_at = common.now()
         self.proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=self._log, stderr=subprocess.STDOUT,
@@ -621,7 +806,13 @@ class StartedServer:
         self.names: dict[int, str] = {}
         self.stop_evidence = ""
         self.killed_by_tica = False
+        # a SIGTERM outside the end-of-leg stop (the command never ran, the leg was interrupted)
+        self.signalled_by_tica: signal.Signals | None = None
+        self.stop_problem: str | None = None
         self.name: str | None = None
+        # what /proc/<pid>/environ of the server and of its children said once it was ready
+        self.environ_records: list[dict[str, Any]] = []
+        self.environ: dict[str, str] | None = None
 
     def wait_ready(self, timeout: float) -> str | None:
         """None when /health answered 200; else why not (the server exited, or the time ran out)."""
@@ -635,28 +826,39 @@ class StartedServer:
                         self.ready_at = common.now()
                         self.name = common.process_name(self.proc.pid)
                         self.engine_pids, self.worker_pids, self.names = _engine_processes(self.proc.pid)
+                        self.environ_records, self.environ = observe_environ(self.proc.pid, "server", self.env_passed)
                         return None
             except OSError:
                 pass
             time.sleep(1)
         return f"{self.url}/health did not answer 200 within {timeout:.0f} s"
 
-    def stop(self, grace: float) -> None:
+    def stop(self, grace: float, abnormal: str | None = None) -> None:
         """SIGTERM to the server (vLLM's own shutdown stops its engine), then SIGKILL to its
-        session only if it outlives `grace`."""
+        session only if it outlives `grace` (or on Ctrl-C while waiting). `abnormal`: why this is
+        not the end-of-leg stop after the command finished; the server is then recorded
+        `signalled` by that SIGTERM, whatever it exited with."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
+            if abnormal is not None:
+                self.signalled_by_tica = signal.SIGTERM
+                self.stop_problem = f"the server: tica leg run sent SIGTERM outside the end-of-leg stop ({abnormal})"
             try:
                 self.proc.wait(timeout=grace)
-                self.stop_evidence = f"exited after tica leg run's SIGTERM (grace {grace:.0f} s)"
-            except subprocess.TimeoutExpired:
+                self.stop_evidence = f"exited after tica leg run's SIGTERM (grace {grace:.0f} s)" + (
+                    f"; that SIGTERM was not the end-of-leg stop: {abnormal}" if abnormal else "")
+            except (subprocess.TimeoutExpired, KeyboardInterrupt) as err:
                 try:
                     os.killpg(self.proc.pid, signal.SIGKILL)
                 except OSError:
                     self.proc.kill()
                 self.proc.wait()
                 self.killed_by_tica = True
-                self.stop_evidence = f"did not exit within {grace:.0f} s of SIGTERM: tica leg run sent SIGKILL"
+                if isinstance(err, KeyboardInterrupt):
+                    self.stop_evidence = "interrupted (Ctrl-C) while it stopped after SIGTERM: tica leg run sent SIGKILL"
+                else:
+                    self.stop_evidence = f"did not exit within {grace:.0f} s of SIGTERM: tica leg run sent SIGKILL"
+                self.stop_problem = f"the server {self.stop_evidence}"
         else:
             self.stop_evidence = f"had already exited with {self.proc.returncode} before tica leg run stopped it"
         self.stopped_at = common.now()
@@ -670,6 +872,8 @@ class StartedServer:
                                     name=self.name)
         if self.killed_by_tica:
             rec.update(end_state="killed", signal=signal.SIGKILL.value)
+        elif self.signalled_by_tica is not None:
+            rec.update(end_state="signalled", signal=self.signalled_by_tica.value)
         rec["command"] = self.argv
         text = self.log_path.read_text(errors="replace") if self.log_path.is_file() else ""
         alive = {p: common.pid_alive(p) for p in self.engine_pids + self.worker_pids}
@@ -682,9 +886,14 @@ class StartedServer:
         return common.reap_leftovers(self.engine_pids + self.worker_pids)
 
     def config(self) -> dict[str, Any]:
-        return {"how": "started by tica leg run (--server-cmd)", "command": self.argv, "url": self.url,
-                "pid": self.proc.pid, "started_at": self.started_at, "ready_at": self.ready_at,
-                "stopped_at": self.stopped_at}
+        out: dict[str, Any] = {"how": "started by tica leg run (--server-cmd)", "command": self.argv, "url": self.url,
+                               "pid": self.proc.pid, "started_at": self.started_at, "ready_at": self.ready_at,
+                               "stopped_at": self.stopped_at}
+        if self.environ is not None:  # as /proc read it once the server was ready, not as TICA passed it
+            out["env"] = recorded_env(self.environ)
+        if self.environ_records:
+            out["environ_read"] = self.environ_records
+        return out
 
 
 class RunningServer:
@@ -698,7 +907,7 @@ class RunningServer:
         if self.start_ticks is None or not common.pid_alive(pid):
             raise LegRunError("--server-pid", f"no running process {pid}")
         self.argv = read_proc_cmdline(pid)
-        self.environ = read_proc_environ(pid)
+        self.environ_records, self.environ = observe_environ(pid, "server")
         self.name = common.process_name(pid)
         self.log = log
         self.log_offset = log.stat().st_size if log is not None and log.is_file() else 0
@@ -742,6 +951,7 @@ class RunningServer:
                                "command": self.argv}
         if self.environ is not None:
             out["env"] = recorded_env(self.environ)
+        out["environ_read"] = self.environ_records
         if self.log is not None:
             out["log"] = str(self.log)
             out["log_from_byte"] = self.log_offset
@@ -765,10 +975,66 @@ def _state(path: Path) -> dict[str, tuple[int, int]]:
     return out
 
 
+# A file to collect that exists before the command runs is hashed, so that afterwards an append
+# (its earlier bytes an unchanged prefix) can be told from a rewrite; past these sizes it is not,
+# and a change to it cannot be collected as this run's.
+PREFIX_HASH_LIMIT = 256 * 2**20
+PREFIX_HASH_BUDGET = 1024 * 2**20
+
+
+def _sha256_prefix(path: Path, size: int) -> str | None:
+    """sha256 of the first `size` bytes of `path`; None when it holds fewer or cannot be read."""
+    import hashlib
+
+    h = hashlib.sha256()
+    left = size
+    try:
+        with open(path, "rb") as fh:
+            while left > 0:
+                chunk = fh.read(min(left, 1 << 20))
+                if not chunk:
+                    return None
+                h.update(chunk)
+                left -= len(chunk)
+    except OSError:
+        return None
+    return h.hexdigest()
+
+
+@dataclass
+class Before:
+    """An output to collect as it was before the command ran: rel -> (mtime_ns, size) (a file:
+    key ''), and the sha256 of each file's content then (files up to PREFIX_HASH_LIMIT)."""
+
+    state: dict[str, tuple[int, int]] = field(default_factory=dict)
+    digests: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, path: Path, pattern: str | None = None, budget: list[int] | None = None) -> Before:
+        state = _state(path)
+        if pattern is not None:
+            state = {rel: st for rel, st in state.items() if "/" not in rel and Path(rel).match(pattern)}
+        budget = budget if budget is not None else [PREFIX_HASH_BUDGET]
+        digests = {}
+        for rel, (_, size) in state.items():
+            if size <= PREFIX_HASH_LIMIT and size <= budget[0]:
+                if (d := _sha256_prefix(path / rel if rel else path, size)) is not None:
+                    digests[rel] = d
+                    budget[0] -= size
+        return cls(state, digests)
+
+    def only(self, rel: str, as_rel: str = "") -> Before:
+        """What it said of one file, keyed as `as_rel`."""
+        if rel not in self.state:
+            return Before()
+        return Before({as_rel: self.state[rel]}, {as_rel: self.digests[rel]} if rel in self.digests else {})
+
 def check_leg_name(name: str) -> str:
     """A name inside the leg: relative, no '..', not one of the files the leg itself writes."""
     p = Path(name)
-    if not name or p.is_absolute() or ".." in p.parts or p.as_posix() in RESERVED_NAMES:
+    # "." (or "a/..", caught by the ".." rule) would merge a folder into the leg's root, where its own
+    # seal.json or leg.json would land on a name the leg itself writes
+    if not name or p.is_absolute() or ".." in p.parts or p.as_posix() in (".", *RESERVED_NAMES):
         raise LegRunError("--collect", f"{name!r}: a leg file name must be relative, without '..', and not one of "
                                       f"{', '.join(RESERVED_NAMES)}")
     return p.as_posix()
@@ -787,37 +1053,95 @@ def parse_collect(spec: str, cwd: Path) -> tuple[str, Path]:
 
 @dataclass
 class Collection:
-    """What was collected: leg name -> source, and what could not be (each an `errors` entry)."""
+    """What was collected: leg name -> source, and what could not be (each an `errors` entry).
+    `from_byte`: leg file -> the offset in its source from which it was collected (the source
+    existed before the command, which appended to it: only the appended bytes are this run's)."""
 
     collected: dict[str, str] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
+    from_byte: dict[str, int] = field(default_factory=dict)
 
 
-def collect_outputs(leg_dir: Path, wanted: dict[str, Path], before: dict[str, dict], new_in: dict[str, tuple[Path, str]],
-                    new_in_before: dict[str, dict], collection: Collection) -> None:
+def _earlier_part(file: Path, rel: str, old: Before, size_now: int) -> tuple[int | None, str | None]:
+    """For a file that existed before the command and changed: (the offset from which it is this
+    run's output, None): past its earlier size when its earlier bytes are an unchanged prefix (an
+    append), 0 when it was rewritten with exactly its earlier bytes; else (None, why not)."""
+    _, size_before = old.state[rel]
+    if rel not in old.digests:
+        return None, (f"it held {size_before} bytes from before the run, not fingerprinted then (a file over "
+                      f"{PREFIX_HASH_LIMIT // 2**20} MiB, or past {PREFIX_HASH_BUDGET // 2**20} MiB in all): what the "
+                      "command appended cannot be told, not all of it is this run's output")
+    if size_now < size_before or _sha256_prefix(file, size_before) != old.digests[rel]:
+        return None, (f"it held {size_before} bytes from before the run, and they changed during it (they are not "
+                      "an unchanged prefix of it now): not all of it is this run's output")
+    if size_now == size_before:
+        return 0, None  # rewritten with the same bytes (its time changed): the command wrote all of it
+    return size_before, None
+
+
+def _copy_from(src: Path, dest: Path, offset: int) -> None:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with open(src, "rb") as fi, open(dest, "wb") as fo:
+        fi.seek(offset)
+        shutil.copyfileobj(fi, fo)
+    shutil.copystat(src, dest)
+
+
+def _ends_a_line(file: Path, offset: int) -> bool:
+    if offset == 0:
+        return True
+    with open(file, "rb") as fh:
+        fh.seek(offset - 1)
+        return fh.read(1) == b"\n"
+
+
+def collect_outputs(leg_dir: Path, wanted: dict[str, Path], before: dict[str, Before], new_in: dict[str, tuple[Path, str]],
+                    new_in_before: dict[str, Before], collection: Collection) -> None:
     """Copy each output the command wrote into the leg. A file the command did not write or change
-    (it was there before, unchanged) is not this run's output: refused, never collected."""
+    (it was there before, unchanged) is not this run's output: refused, never collected. A file
+    that was there before and that the command appended to is collected from the byte where the
+    command began writing; one it rewrote is refused (some of it may be another run's)."""
     for name, (folder, pattern) in new_in.items():
         if name in wanted:
             continue
-        old = new_in_before.get(name, {})
-        fresh = [folder / rel for rel, st in _state(folder).items() if "/" not in rel and Path(rel).match(pattern)
-                 and not rel.endswith(".pytorch.json") and old.get(rel) != st]
+        old = new_in_before.get(name, Before())
+        fresh = [rel for rel, st in _state(folder).items() if "/" not in rel and Path(rel).match(pattern)
+                 and not rel.endswith(".pytorch.json") and old.state.get(rel) != st]
         if len(fresh) == 1:
-            wanted = {**wanted, name: fresh[0]}
-            before = {**before, name: {}}
+            wanted = {**wanted, name: folder / fresh[0]}
+            before = {**before, name: old.only(fresh[0])}
         else:
             collection.problems.append(f"{name}: expected one new {pattern} in {folder}, found {len(fresh)}: "
-                                       f"{[p.name for p in fresh]}")
+                                       f"{fresh}")
     leg_real = leg_dir.resolve()
     for name, src in wanted.items():
         now = _state(src)
         if not now:
             collection.problems.append(f"{name}: {src} does not exist after the command")
             continue
-        changed = {rel for rel, st in now.items() if before.get(name, {}).get(rel) != st}
+        old = before.get(name, Before())
+        changed = {rel for rel, st in now.items() if old.state.get(rel) != st}
         if not changed:
             collection.problems.append(f"{name}: {src} is unchanged by the command: not this run's output")
+            continue
+        unchanged = len(now) - len(changed)
+        offsets: dict[str, int] = {}
+        for rel in sorted(changed):
+            if rel not in old.state:
+                continue  # a new file: all of it is this run's
+            file = src / rel if rel else src
+            offset, why = _earlier_part(file, rel, old, now[rel][1])
+            if offset is None:
+                collection.problems.append(f"{name}: {file}: {why}; not collected")
+                changed.discard(rel)
+                continue
+            if offset == 0:
+                continue
+            offsets[rel] = offset
+            if not _ends_a_line(file, offset):
+                collection.problems.append(f"{name}: {file}: the {offset} bytes from before the run do not end a line: "
+                                           "the part the command appended may begin mid-line")
+        if not changed:
             continue
         dest = leg_dir / name
         if src.resolve() == dest.resolve():
@@ -826,19 +1150,27 @@ def collect_outputs(leg_dir: Path, wanted: dict[str, Path], before: dict[str, di
         inside = leg_real in src.resolve().parents
         try:
             if src.is_file():
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                (shutil.move if inside else shutil.copy2)(src, dest)
+                if "" in offsets:
+                    _copy_from(src, dest, offsets[""])
+                else:
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    (shutil.move if inside else shutil.copy2)(src, dest)
             else:
                 for rel in sorted(changed):
+                    if rel in offsets:
+                        _copy_from(src / rel, dest / rel, offsets[rel])
+                        continue
                     (dest / rel).parent.mkdir(parents=True, exist_ok=True)
                     (shutil.move if inside else shutil.copy2)(src / rel, dest / rel)
-                if len(changed) < len(now):
-                    collection.problems.append(f"{name}: {len(now) - len(changed)} file(s) in {src} unchanged by "
-                                               "the command were not collected")
+                if unchanged:
+                    collection.problems.append(f"{name}: {unchanged} file(s) in {src} unchanged by the command were "
+                                               "not collected")
         except OSError as err:
             collection.problems.append(f"{name}: cannot copy {src}: {err}")
             continue
         collection.collected[name] = str(src)
+        for rel, offset in offsets.items():
+            collection.from_byte[f"{name}/{rel}" if rel else name] = offset
 
 
 # ------------------------------------------------------------------ one leg
@@ -879,6 +1211,25 @@ class CommandRun:
     started_at: str | None
     ended_at: str | None
     evidence: str
+    # the signals tica leg run itself sent the command (--timeout, Ctrl-C passed on), in order, and why
+    sent: list[signal.Signals] = field(default_factory=list)
+    why_sent: list[str] = field(default_factory=list)
+    # what /proc/<pid>/environ of the command (and its children) said while it ran
+    environ: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def stopped_by_tica(self) -> bool:
+        return bool(self.sent)
+
+    def record(self, role: str) -> dict[str, Any]:
+        """The command's process record. A command tica leg run signalled did not end by itself,
+        whatever exit code it chose on the way out (a SIGTERM handler that exits 0): it is
+        `signalled` (`killed` after SIGKILL), naming the signal TICA sent."""
+        rec = common.process_record(role, self.pid, self.exit_code, evidence=self.evidence)
+        if self.sent:
+            sig = signal.SIGKILL if signal.SIGKILL in self.sent else self.sent[-1]
+            rec.update(end_state="killed" if sig == signal.SIGKILL else "signalled", signal=sig.value)
+        return rec
 
 
 @dataclass
@@ -958,8 +1309,10 @@ def run_command(argv: list[str], *, env: dict[str, str], cwd: Path, log_path: Pa
     except OSError as err:
         return CommandRun(None, None, None, None, f"could not start: {err}")
     started_at, t0 = common.now(), time.monotonic()
+    watch = EnvironWatch(proc.pid, "command", env)
     tee = _Tee(proc.stdout, log_path, echo)
     how: list[str] = []
+    sent: list[signal.Signals] = []
     deadline = None if timeout is None else t0 + timeout
     escalation = [signal.SIGTERM, signal.SIGKILL]
     while True:
@@ -970,18 +1323,21 @@ def run_command(argv: list[str], *, env: dict[str, str], cwd: Path, log_path: Pa
             sig = escalation.pop(0) if escalation else signal.SIGKILL
             how.append(f"tica leg run sent {sig.name} after {time.monotonic() - t0:.0f} s"
                        + (f" (--timeout {timeout:.0f} s)" if len(how) == 0 and timeout is not None else ""))
+            sent.append(sig)
             _signal_group(proc, sig)
             deadline = time.monotonic() + 30
         except KeyboardInterrupt:
             how.append("interrupted: tica leg run passed SIGINT on")
+            sent.append(signal.SIGINT)
             _signal_group(proc, signal.SIGINT)
             deadline = time.monotonic() + 30
     ended_at = common.now()
+    watch.stop()
     tee.close()
     said = "; ".join(how)
     return CommandRun(proc.pid, proc.returncode, started_at, ended_at,
                       f"exited {proc.returncode} after {time.monotonic() - t0:.1f} s (tica leg run's child: wait())"
-                      + (f"; {said}" if said else ""))
+                      + (f"; {said}" if said else ""), sent=sent, why_sent=how, environ=watch.seen())
 
 
 def _signal_group(proc: subprocess.Popen, sig: signal.Signals) -> None:
@@ -1007,9 +1363,10 @@ def bench_result_config(bench: dict[str, Any], config: dict[str, Any], sources: 
     contradiction is an error of the leg, never resolved by picking one."""
     problems = []
     for key in ("num_prompts", "max_concurrency"):
-        if key not in bench or bench[key] is None:
-            continue
-        if key in config and config[key] != bench[key]:
+        if key not in bench or bench[key] is None or (key in config and config[key] is None):
+            continue  # (None: held unknown, as a --metadata label vLLM wrote over its own value)
+        said = _label_value(key, bench[key]) if isinstance(bench[key], str) else bench[key]  # a label is a string
+        if key in config and config[key] != said:
             problems.append(f"{BENCH_FILE}: {key} {bench[key]!r} but the command line says {config[key]!r}")
         elif key not in config:
             config[key] = bench[key]
@@ -1138,6 +1495,79 @@ def _versions(argv: list[str] | None, env: dict[str, str], cwd: Path, python: Pa
     return python, versions, how
 
 
+def _server_versions(python: Path | None, versions: dict[str, str | None] | None, versions_how: str, env: dict[str, str],
+                     cwd: Path, server_argv: list[str] | None, server_env: dict[str, str] | None,
+                     server_cwd: Path | None) -> tuple[dict[str, str | None] | None, str]:
+    """(versions, how) of the server's own interpreter; (None, why) when they are unknown."""
+    if not server_argv:
+        return None, "not recorded: the server's command line is not known"
+    if server_env is None or server_cwd is None:
+        return None, "not recorded: the server's environment or working folder could not be read"
+    server_python = interpreter_of(server_argv, server_env, server_cwd)
+    if server_python is None:
+        return None, "not recorded: the server's Python is not known (not a Python command TICA can name)"
+    if (python is not None and versions is not None and server_env == env and server_cwd == cwd
+            and server_python.absolute().parent == python.absolute().parent):
+        return dict(versions), f"the command's Python, with the same environment: {versions_how}"
+    return probe_versions(server_python, server_env, server_cwd)
+
+
+# Workload fields the throughput judge reads from resolved_config, falling back to the bench
+# JSON (where vLLM writes the --metadata labels) only where resolved_config lacks the key; and
+# the --metadata names that label them (vLLM's own names for the random dataset's lengths too).
+FLAG_WORKLOAD = ("num_warmups", "input_len", "output_len", "ignore_eos")
+METADATA_WORKLOAD = {"num_warmups": "num_warmups", "input_len": "input_len", "output_len": "output_len",
+                     "random_input_len": "input_len", "random_output_len": "output_len", "ignore_eos": "ignore_eos",
+                     "num_prompts": "num_prompts", "max_concurrency": "max_concurrency"}
+
+
+def _label_value(key: str, text: str) -> Any:
+    t = text.strip().lower()
+    if key == "ignore_eos":
+        return {"true": True, "1": True, "false": False, "0": False}.get(t, text)
+    return int(t) if t.lstrip("-").isdigit() else text
+
+
+def workload_from_flags(reading: CommandReading) -> list[str]:
+    """For a `vllm bench serve` command line TICA read: the workload is what its flags say. A
+    field no flag states is recorded unknown (None), so nothing fills it in later (a label in the
+    result JSON is not an observation), and a workload `--metadata` label that no flag supports or
+    that a flag contradicts is an error of the leg, never a value."""
+    problems = []
+    for label, text in reading.metadata.items():
+        key = METADATA_WORKLOAD.get(label)
+        if key is None:
+            continue
+        if key not in reading.config or reading.config[key] is None:
+            if key == "max_concurrency":
+                continue  # vLLM writes its own max_concurrency over the label
+            if key == "num_prompts":  # vLLM writes the label over its own num_prompts: unknown
+                reading.config[key] = None
+                reading.sources[key] = f"--metadata {label}={text} (a label, not what vLLM ran): unknown"
+            problems.append(f"--metadata {label}={text}: no flag on the command line states {key} (vLLM ran with "
+                            f"what it defaults to, not recorded): a label is not an observation, {key} stays unknown")
+        elif _label_value(key, text) != reading.config[key] or isinstance(reading.config[key], bool) != isinstance(
+                _label_value(key, text), bool):
+            problems.append(f"--metadata {label}={text} contradicts the command line ({reading.sources.get(key, key)}): "
+                            f"{key} {reading.config[key]!r} is what vLLM ran with and what is recorded")
+    for key in FLAG_WORKLOAD:
+        if key not in reading.config:
+            reading.config[key] = None
+            reading.sources[key] = "no flag states it: unknown (vLLM's default and --metadata labels are not recorded)"
+    return problems
+
+
+def _stop_reason(interrupted: bool, why: str | None, run: CommandRun) -> str | None:
+    """Why stopping the server now is not the end-of-leg stop (after the command ended), or None."""
+    if interrupted or signal.SIGINT in run.sent:
+        return "the leg was interrupted (Ctrl-C)"
+    if why is not None:
+        return f"the command was not run: {why}"
+    if run.pid is None:
+        return "the command could not start"
+    return None
+
+
 def run_leg(spec: LegRunSpec, *, echo=None, producer_version: str | None = None) -> LegOutcome:
     """Run the command (and the server it names) as one leg; write leg.json and seal it. Bad input
     raises LegRunError before anything ran; everything after is recorded in the sealed leg."""
@@ -1152,7 +1582,7 @@ def run_leg(spec: LegRunSpec, *, echo=None, producer_version: str | None = None)
     python, versions, versions_how = _versions(spec.command, env, spec.cwd, spec.python)
     if python is not None and versions is None:
         errors.append(f"versions not recorded: {versions_how}")
-    device = probe_device()
+    device = probe_device(env=env)  # the GPUs the command's own CUDA_VISIBLE_DEVICES names
     source = _source_record(spec.source) if spec.source is not None else None
     server_argv = spec.server_cmd or (running.argv if running else None)
     server_env = env if spec.server_cmd is not None else (running.environ if running else None)
@@ -1172,21 +1602,31 @@ def run_leg(spec: LegRunSpec, *, echo=None, producer_version: str | None = None)
             errors.append(f"weights not hashed: {weights_dir}: {err}")
     if model is not None and "model" not in reading.config:
         extra["model"] = str(model)
-    server_versions: tuple[dict | None, str] = (None, "not recorded: the server's Python is not known")
-    if server_argv and server_env is not None and server_cwd is not None:
-        server_python = interpreter_of(server_argv, server_env, server_cwd)
-        if server_python is not None and python is not None and server_python.absolute().parent == python.absolute().parent:
-            server_versions = (None, "the command's Python (see versions)")
-        elif server_python is not None:
-            server_versions = probe_versions(server_python, server_env, server_cwd)
-    before = {name: _state(path) for name, path in prep.wanted.items()}
-    new_in_before = {name: _state(folder) for name, (folder, _) in reading.outputs_new_in.items()}
+    has_server = spec.server_cmd is not None or running is not None
+    server_versions = (_server_versions(python, versions, versions_how, env, spec.cwd, server_argv, server_env, server_cwd)
+                       if has_server else (None, "no server"))
+    # A client's tokens come from its server: the leg's versions (vLLM, torch) are the server's.
+    leg_versions, leg_versions_how = versions, versions_how
+    if prep.role == "client" and has_server:
+        extra["client_versions"] = versions if versions is not None else {}
+        extra["client_versions_from"] = versions_how
+        if server_versions[0] is not None:
+            leg_versions, leg_versions_how = server_versions[0], f"the server's interpreter: {server_versions[1]}"
+        else:
+            leg_versions, leg_versions_how = {}, f"not recorded: the server's versions are unknown ({server_versions[1]})"
+            errors.append(f"versions: the server's vLLM and torch are unknown ({server_versions[1]}): the leg's "
+                          "versions are left unknown (the client's are under resolved_config.client_versions)")
+    budget = [PREFIX_HASH_BUDGET]
+    before = {name: Before.of(path, budget=budget) for name, path in prep.wanted.items()}
+    new_in_before = {name: Before.of(folder, pattern, budget) for name, (folder, pattern) in reading.outputs_new_in.items()}
+    serving_item = spec.item in ("throughput", "quality")
 
     processes: list[dict] = []
     server = None
     run = CommandRun(None, None, None, None, "")
+    why = None
+    interrupted = False
     try:
-        why = None
         if spec.server_cmd is not None:
             server = StartedServer(spec.server_cmd, env=env, cwd=spec.cwd, log_path=spec.out / SERVER_LOG,
                                    url=prep.server_url)
@@ -1194,19 +1634,33 @@ def run_leg(spec: LegRunSpec, *, echo=None, producer_version: str | None = None)
         if why is None:
             run = run_command(spec.command, env=env, cwd=spec.cwd, log_path=spec.out / COMMAND_LOG,
                               timeout=spec.timeout, echo=echo)
-            rec = common.process_record(prep.role, run.pid, run.exit_code, evidence=run.evidence)
+            rec = run.record(prep.role)
             rec["command"] = spec.command
             processes.append(rec)
             if run.pid is None:
                 errors.append(f"the command {run.evidence}")
+            if run.stopped_by_tica:
+                errors.append(f"the command did not end by itself: {'; '.join(run.why_sent)} (it then exited "
+                              f"{run.exit_code}): recorded {rec['end_state']}, not a clean exit")
         else:
             errors.append(f"the command was not run: {why}")
     except KeyboardInterrupt:
+        interrupted = True
         errors.append("interrupted before the command ran")
     finally:
         if server is not None:
             grace = spec.server_stop_timeout or float(said.get("shutdown_timeout") or 0) + 60.0
-            server.stop(grace)
+            server.stop(grace, abnormal=_stop_reason(interrupted, why, run))
+
+    # What the processes' own environments said of the arm's switch (/proc/<pid>/environ).
+    if run.environ:
+        extra["command_environ"] = run.environ
+        errors.extend(environ_problems(run.environ, spec.arm))
+    server_environ = server.environ_records if server is not None else running.environ_records if running else []
+    errors.extend(environ_problems(server_environ, spec.arm))
+    if serving_item and server_environ and server_environ[0].get("environ") != "read":
+        errors.append(f"the server's environment could not be read ({server_environ[0]['environ']}): its "
+                      f"{SWITCH} is unknown, so it is not shown to be a {spec.arm} server")
 
     server_config = None
     log_text = ""
@@ -1214,6 +1668,8 @@ def run_leg(spec: LegRunSpec, *, echo=None, producer_version: str | None = None)
     if server is not None:
         recs, unobserved = server.records()
         processes.extend(recs)
+        if server.stop_problem:
+            errors.append(server.stop_problem)
         if cleanup := server.reap_leftovers():
             extra["producer_cleanup"] = cleanup
         server_config = server.config()
@@ -1243,6 +1699,10 @@ def run_leg(spec: LegRunSpec, *, echo=None, producer_version: str | None = None)
     if run.pid is not None:
         collect_outputs(spec.out, prep.wanted, before, reading.outputs_new_in, new_in_before, collection)
         errors.extend(f"collect: {p}" for p in collection.problems)
+        if collection.from_byte:
+            extra["collected_from_byte"] = collection.from_byte
+    if reading.kind == "vllm bench serve":
+        errors.extend(workload_from_flags(reading))
     if BENCH_FILE in collection.collected:
         bench = read_bench_result(spec.out / BENCH_FILE)
         if bench is None:
@@ -1251,7 +1711,7 @@ def run_leg(spec: LegRunSpec, *, echo=None, producer_version: str | None = None)
             errors.extend(bench_result_config(bench, reading.config, reading.sources))
     elif spec.item == "throughput" and run.pid is not None:
         errors.append(f"no {BENCH_FILE}: a throughput leg's result was not collected")
-    meta = build_meta(spec, reading=reading, env=env, run=run, versions=versions, versions_how=versions_how,
+    meta = build_meta(spec, reading=reading, env=env, run=run, versions=leg_versions, versions_how=leg_versions_how,
                       device=device, processes=processes, server_config=server_config, kernels=kernels,
                       errors=errors, collected=collection.collected, extra_config=extra, source=source,
                       producer_version=producer_version)

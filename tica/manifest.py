@@ -158,9 +158,26 @@ class Workload(_Strict):
     output_len: int = Field(1024, ge=1)
     ignore_eos: bool = True
     concurrencies: tuple[int, ...] = (1, 8, 32, 64)
-    num_prompts: int = Field(..., ge=1)
+    # requests per leg: one number for every concurrency, or one per concurrency (each listed)
+    num_prompts: int | dict[int, int] = Field(...)
     warmups: int = Field(1, ge=0)
     seed: int = 0
+
+    @model_validator(mode="after")
+    def _prompts_per_concurrency(self) -> "Workload":
+        counts = self.num_prompts.values() if isinstance(self.num_prompts, dict) else [self.num_prompts]
+        if any(isinstance(n, bool) or n < 1 for n in counts):
+            raise ValueError("num_prompts: a request count is at least 1")
+        if isinstance(self.num_prompts, dict) and set(self.num_prompts) != set(self.concurrencies):
+            raise ValueError(f"num_prompts names concurrencies {sorted(self.num_prompts)}, the workload's are "
+                             f"{sorted(self.concurrencies)}")
+        return self
+
+    def prompts_at(self, concurrency: int) -> int | None:
+        """Requests per leg at this concurrency; None where the workload has no such concurrency."""
+        if concurrency not in self.concurrencies:
+            return None
+        return self.num_prompts[concurrency] if isinstance(self.num_prompts, dict) else self.num_prompts
 
 
 class Deviation(_Strict):

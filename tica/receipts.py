@@ -72,7 +72,9 @@ class LegMeta(_Receipt):
     device: dict[str, Any] = Field(default_factory=dict)
     kernels: dict[str, Any] = Field(default_factory=dict)
     resolved_config: dict[str, Any] = Field(default_factory=dict)
-    profiled: bool = False
+    # None: not recorded (an ingested result that does not say); a profiled run is never a formal
+    # measurement, and one not known to be unprofiled is not shown to be one
+    profiled: bool | None = None
     # The candidate identity a leg records beside the resolved config (tica.binding compares it
     # with the manifest). None / absent: not recorded, which binds nothing.
     source: dict[str, Any] = Field(default_factory=dict, description="repository, commit (git HEAD, +dirty), overlay_digest")
@@ -332,12 +334,22 @@ class ProblemResult(_Receipt):
 
 
 class Sampling(_Receipt):
+    """Sampling parameters as a contract.json records them; None: not recorded (unknown), never
+    vLLM's default filled in (a run whose stop tokens nobody wrote down did not stop on none)."""
+
     temperature: float = Field(..., ge=0)
-    top_p: float = Field(1.0, gt=0, le=1)
-    top_k: int = -1
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = None
     seed: int | None = None
-    n: int = Field(1, ge=1)
-    stop: tuple[str, ...] = ()
+    n: int | None = Field(None, ge=1)
+    stop: tuple[str, ...] | None = None
+
+    def item(self) -> dict[str, Any] | None:
+        """The contract item, None when a parameter the output depends on is unknown: under greedy
+        decoding (temperature 0) the temperature, n and stop tokens; when sampling, all of them."""
+        d = self.model_dump(mode="json")
+        needed = ("temperature", "n", "stop") if self.temperature == 0 else tuple(d)
+        return None if any(d[k] is None for k in needed) else d
 
 
 class RecordedEvalContract(_Receipt):
@@ -361,7 +373,7 @@ class RecordedEvalContract(_Receipt):
         return {
             "dataset version": self.dataset_version,
             "prompt/chat template and thinking mode": template,
-            "sampling parameters": None if self.sampling is None else self.sampling.model_dump(mode="json"),
+            "sampling parameters": None if self.sampling is None else self.sampling.item(),
             "number of repeats": self.repeats,
             "scorer": self.scorer,
             "length cap": self.length_cap,
@@ -413,7 +425,7 @@ class BenchResult(BaseModel):
     p99_tpot_ms: float | None = None
     errors: list[str | None] | None = None
     arm: Arm | None = None
-    round: int | None = None
+    round: int | None = Field(None, ge=1)  # rounds are numbered from 1, as leg.json's (LegMeta.round)
     slot: Literal[1, 2] | None = None
     num_warmups: int | None = None
     ignore_eos: bool | None = None
@@ -518,13 +530,20 @@ class BenchLeg:
         return self.bench.max_concurrency
 
     @property
-    def profiled(self) -> bool:
-        return bool(self.bench.profiled) or bool(self.meta and self.meta.profiled)
+    def profiled(self) -> bool | None:
+        """True if either receipt says the run was profiled, False if one says it was not and none
+        that it was, None where neither records it (unknown: not shown to be a formal measurement)."""
+        said = [self.bench.profiled, self.meta.profiled if self.meta is not None else None]
+        return True if True in said else False if False in said else None
 
     def workload(self, key: str) -> Any:
-        """A workload setting from the leg's resolved config, else from the bench metadata."""
+        """A workload setting from the leg's resolved config, else from the bench metadata. Where a
+        producer read the bench command line itself (`tica leg run`), a setting its flags do not
+        state is unknown: a `--metadata` label is the user's text, not an observation."""
         if self.meta is not None and key in self.meta.resolved_config:
             return self.meta.resolved_config[key]
+        if self.meta is not None and self.meta.resolved_config.get("command_kind") == "vllm bench serve":
+            return None
         return getattr(self.bench, key, None)
 
 

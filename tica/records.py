@@ -131,7 +131,12 @@ def record_leg(
 def record_verdict(ledger: Ledger, candidate_id: str, cell: VerdictCell, rerun_of: str | None = None,
                    checks: Sequence[CheckOutcome] = (), rerun_reason: str | None = None) -> str:
     """Append a verdict with the checks of it, in one transaction; a rerun is linked to the
-    verdict it reruns (with why), never replaces it."""
+    verdict it reruns (with why), never replaces it.
+
+    A rerun is of the same candidate, item and question: `rerun_of` must name a verdict judged for
+    this candidate and item under `cell.question_hash` (`tica.acceptance.materialize` picks it so).
+    A verdict under another question is recorded plainly, never as a rerun: changing criteria is a
+    new question, and the report names criteria changed after a result."""
     verdict_id = new_id("verdict")
     rows = [
         (

@@ -30,7 +30,10 @@ def sha256_file(path: Path, progress: Progress | None = None) -> str:
 
 
 def _leg_files(leg_dir: Path) -> list[Path]:
-    return sorted(p for p in leg_dir.rglob("*") if p.is_file() and not p.is_symlink() and p.name != SEAL_FILE)
+    """Every plain file of the leg but its own top-level seal.json: a file named seal.json deeper
+    in the leg (a collected folder's, an earlier leg's) is the leg's content and sealed like any other."""
+    return sorted(p for p in leg_dir.rglob("*")
+                  if p.is_file() and not p.is_symlink() and p.relative_to(leg_dir).as_posix() != SEAL_FILE)
 
 
 def _foreign(leg_dir: Path) -> list[str]:

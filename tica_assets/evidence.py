@@ -36,7 +36,7 @@ from tica.acceptance import TITLES, Judged, LegBatch, changes_voiding, materiali
 from tica.candidate import CandidateIdentity
 from tica.checks import FROZEN
 from tica.errors import FrozenQuestionError, ManifestError, QuestionError
-from tica.evidence import EvidenceItem, sensitive_components
+from tica.evidence import COVERS, LEG_ITEMS, EvidenceItem, sensitive_components  # noqa: F401 (re-exported)
 from tica.seal import seal_digest
 from tica_assets import core, plots
 from tica_assets.candidates import load_track, observed_version
@@ -45,15 +45,10 @@ from tica_assets.settings import Settings
 from tica_assets.tracks import Track
 
 E = EvidenceItem
-LEG_ITEMS = (E.FORWARD, E.BACKWARD, E.UPDATE, E.QUALITY, E.THROUGHPUT)
-# Evidence whose legs another item covers: clean exit reads every leg's processes, the final
-# artifacts name every sealed receipt.
-# Clean exit judges the vLLM processes (client, API server, EngineCore) of the legs that start
-# them; a backward leg runs the trainer alone and starts none.
-COVERS: dict[EvidenceItem, tuple[EvidenceItem, ...]] = {
-    E.CLEAN_EXIT: tuple(i for i in LEG_ITEMS if i is not E.BACKWARD),
-    E.ARTIFACTS: (*LEG_ITEMS, E.CLEAN_EXIT),
-}
+# Evidence whose legs another item covers (tica.evidence.COVERS, the core's, re-exported here):
+# clean exit reads the processes of every leg that starts vLLM, the final artifacts name every
+# sealed receipt. The report accepts a covering verdict only while it judged every leg of the
+# current verdict of each item it covers.
 
 
 def evidence_deps(track: str, item: EvidenceItem) -> list[AssetKey]:
@@ -81,25 +76,32 @@ def require_observed(context: AssetExecutionContext, track: str, item: EvidenceI
 
 
 def upstream_legs(context: AssetExecutionContext, ledger, track: str, item: EvidenceItem,
-                  current: CandidateIdentity) -> list[Path]:
+                  current: CandidateIdentity) -> tuple[list[Path], list[str]]:
     """The legs the latest materialization of each covered item judged, when that evidence
     still holds for the current candidate (judged for it, or for one that differs only in
-    components that do not void the covered item)."""
+    components that do not void the covered item), and why the others are not covered. A
+    covered item not materialized yet, or voided since, makes the covering verdict inconclusive
+    (`tica.acceptance.materialize`'s `uncovered`): a pass over the legs that are left would say
+    nothing of the legs that run later."""
     legs: list[Path] = []
+    uncovered: list[str] = []
     for covered in COVERS.get(item, ()):
         event = context.instance.get_latest_materialization_event(evidence_key(track, covered))
         mat = event.asset_materialization if event else None
         if mat is None or "candidate_id" not in mat.metadata or "leg_dirs" not in mat.metadata:
-            context.log.warning(f"{covered.value}: not materialized yet; its legs are not covered")
+            uncovered.append(f"{covered.value}: not materialized yet, so its legs cannot be judged")
             continue
         judged_for = mat.metadata["candidate_id"].value
         voiding = changes_voiding(ledger, judged_for, current, covered)
-        if voiding:
-            context.log.warning(f"{covered.value}: judged for {judged_for}, voided since by "
-                                f"{', '.join(c.value for c in voiding)}; its legs are not covered")
+        if voiding is None or voiding:
+            why = ("whose components the ledger does not hold" if voiding is None
+                   else f"voided since by {', '.join(c.value for c in voiding)}")
+            uncovered.append(f"{covered.value}: judged for {judged_for}, {why}; materialize it first")
             continue
         legs += [Path(p) for p in mat.metadata["leg_dirs"].value]
-    return legs
+    for why in uncovered:
+        context.log.warning(f"{item.value} will be inconclusive: not covered: {why}")
+    return legs, uncovered
 
 
 def receipt_table(legs: list[Path]) -> str:
@@ -151,13 +153,20 @@ def cell_metadata(judged: Judged, question, candidate_id: str, runner_kind: str,
     return meta
 
 
+# Checks whose failure is a finding about the evidence, not an integrity fault: the run goes on
+# and the report shows the cell as not accepted (judged after the fact; legs that ran another
+# workload than the candidate's).
+VERDICT_CHECKS = (FROZEN, checks.WORKLOAD)
+
+
 def check_results(key: AssetKey, judged: Judged) -> list[AssetCheckResult]:
     """The verdict's checks, as the ledger holds them, shown as Dagster asset checks. Integrity
     checks that fail stop the run (ERROR); a check with nothing to check (the cell cannot pass
-    anyway) and the advisory ones warn."""
+    anyway), the advisory ones and VERDICT_CHECKS warn (the report refuses the cell)."""
     out = []
     for c in judged.checks:
-        severity = AssetCheckSeverity.ERROR if c.blocking and c.applicable and c.name != FROZEN else AssetCheckSeverity.WARN
+        severity = (AssetCheckSeverity.ERROR if c.blocking and c.applicable and c.name not in VERDICT_CHECKS
+                    else AssetCheckSeverity.WARN)
         out.append(AssetCheckResult(asset_key=key, check_name=c.name, passed=c.passed, severity=severity,
                                     description=c.description[:2000],
                                     metadata={"verdict_id": judged.verdict_id, "blocking": c.blocking,
@@ -174,7 +183,7 @@ def materialize_evidence(context: AssetExecutionContext, track: Track, item: Evi
     require_observed(context, track.name, item, identity.components)
     ledger = context.resources.ledger.ledger()
     runner = getattr(context.resources, runner_key)
-    upstream = upstream_legs(context, ledger, track.name, item, identity)
+    upstream, uncovered = upstream_legs(context, ledger, track.name, item, identity)
 
     def run_legs(question, candidate_id: str) -> list[LegBatch]:
         out_dir = settings.legs_dir / track.name / candidate_id / item.value / context.run.run_id[:8]
@@ -185,7 +194,8 @@ def materialize_evidence(context: AssetExecutionContext, track: Track, item: Evi
         question_path = core.find_question(settings.questions_dir, track.name, item)
         done = materialize(ledger, loaded, identity, item, question_path, run_legs, upstream,
                            log=lambda m: context.log.info(f"{track.name}/{m}"),
-                           track_questions=core.track_questions(settings.questions_dir, track.name))
+                           track_questions=core.track_questions(settings.questions_dir, track.name),
+                           uncovered=uncovered)
     except (QuestionError, FrozenQuestionError) as err:
         raise Failure(description=str(err)) from None
     current = done.current
@@ -212,10 +222,9 @@ def materialize_evidence(context: AssetExecutionContext, track: Track, item: Evi
 
 def check_specs(track: Track, item: EvidenceItem) -> list[AssetCheckSpec]:
     key = evidence_key(track.name, item)
-    names = [*checks.REQUIRED] + ([checks.QUALITY_SUMS] if item is E.QUALITY else []) + (
-        [checks.WORKLOAD] if item is E.THROUGHPUT else [])
-    return [AssetCheckSpec(name, asset=key, blocking=name != checks.WORKLOAD, description=CHECK_DESCRIPTIONS[name])
-            for name in names]
+    # Every check an item's verdict needs before it can be accepted (tica.checks.REQUIRED) is blocking.
+    return [AssetCheckSpec(name, asset=key, blocking=True, description=CHECK_DESCRIPTIONS[name])
+            for name in checks.REQUIRED[item]]
 
 
 CHECK_DESCRIPTIONS = {
@@ -224,7 +233,7 @@ CHECK_DESCRIPTIONS = {
     checks.RECEIPTS: "every judged receipt matches its seal and every hash the ledger recorded for it",
     checks.FROZEN: "the question was frozen before any judged leg started (otherwise: judged after the fact)",
     checks.QUALITY_SUMS: "both_correct + only_bi0 + only_bi1 + both_wrong = N, recounted from the receipts, as judged",
-    checks.WORKLOAD: "each throughput leg ran the fixed-length workload the manifest names (advisory)",
+    checks.WORKLOAD: "each throughput leg ran the fixed-length workload the manifest names (required for acceptance)",
 }
 
 

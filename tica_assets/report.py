@@ -1,22 +1,41 @@
 """The acceptance report asset of a track: `tica.acceptance.report` over the ledger (verdicts and
 the checks of those verdicts), one row per evidence item. Stale evidence, evidence judged after
-the fact and a pass whose blocking check failed are shown as such, never as a silent pass."""
+the fact, a verdict under another question than the track asks now, and a pass whose blocking
+check failed or is missing are shown as such, never as a silent pass."""
 
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 from dagster import AssetExecutionContext, Definitions, MaterializeResult, MetadataValue, asset
 
 from tica.acceptance import report, report_markdown, scope_line
-from tica.errors import ManifestError
+from tica.errors import ManifestError, QuestionError
 from tica.ledger import Head
 from tica.evidence import EvidenceItem
 from tica.judges import JUDGE_VERSION
+from tica.question import load_question
+from tica_assets import core
 from tica_assets.candidates import load_track
 from tica_assets.keys import evidence_key, report_key, safe_name
 from tica_assets.settings import Settings
 from tica_assets.tracks import Track
+
+
+def questions_in_force(context, track: Track, settings: Settings) -> dict[EvidenceItem, str | None]:
+    """Per item, the hash of the question the track asks now: the file the evidence asset would
+    freeze and judge under (`core.find_question`), hashed as it reads now. None where there is
+    none, or it cannot be read (the cell is then not accepted)."""
+    out: dict[EvidenceItem, str | None] = {}
+    for item in EvidenceItem:
+        try:
+            out[item] = load_question(core.find_question(settings.questions_dir, track.name, item)).hash
+        except QuestionError as err:
+            context.log.warning(f"{track.name}/{item.value}: no question in force: {err}")
+            out[item] = None
+    return out
 
 
 def report_defs(track: Track, settings: Settings) -> Definitions:
@@ -36,7 +55,10 @@ def report_defs(track: Track, settings: Settings) -> Definitions:
             context.log.warning(f"manifest unreadable: no verdict can be shown as current: {err}")
             current, conditions = None, ""
         ledger = context.resources.ledger.ledger()
-        rep = report(ledger, track.name, current, conditions, _last_verified(context, str(ledger.path)))
+        key = ledger_key(ledger)
+        questions = questions_in_force(context, track, settings)
+        rep = report(ledger, track.name, current, conditions, _last_verified(context, key), questions=questions)
+        numbers = rep.numbers
         meta = {
             "acceptance": MetadataValue.text("accepted" if rep.accepted else "not accepted: " + "; ".join(rep.why_not)),
             "scope": MetadataValue.text(scope_line(rep.cells)),
@@ -46,24 +68,62 @@ def report_defs(track: Track, settings: Settings) -> Definitions:
             "candidate_id": MetadataValue.text(rep.candidate_id or "unknown (manifest unreadable)"),
             "judge_version": MetadataValue.text(JUDGE_VERSION),
             "shown_under": MetadataValue.text(rep.conditions or "the manifest says nothing"),
-            "verified_head": MetadataValue.json({"ledger": str(ledger.path), **json.loads(rep.verified_head.to_json())}),
+            "questions_in_force": MetadataValue.json({i.value: h for i, h in questions.items()}),
+            "earlier_non_pass": MetadataValue.json(numbers["earlier_non_pass"]),
+            "earlier_non_pass_count": MetadataValue.int(numbers["earlier_non_pass_count"]),
+            "uncovered_legs": MetadataValue.json(numbers["uncovered_legs"]),
+            "verified_head": MetadataValue.json({"ledger": key, **json.loads(rep.verified_head.to_json())}),
         }
         for c in rep.cells:
-            why = "" if c.accepted else (c.stale_cause or "; ".join(c.blocking))
-            meta[f"cell: {c.item.value}"] = MetadataValue.text(c.shown + (f" ({why})" if why else ""))
+            meta[f"cell: {c.item.value}"] = MetadataValue.text(c.shown + (f" ({c.why})" if c.why else ""))
         return MaterializeResult(metadata=meta)
 
     return Definitions(assets=[_report])
 
 
-def _last_verified(context: AssetExecutionContext, ledger_path: str) -> Head | None:
+def ledger_key(ledger) -> str:
+    """What names one ledger however it is spelled: a Postgres ledger by its address without the
+    password (`PostgresLedger.path`), a DuckDB file by its resolved path (symlinks followed)."""
+    if hasattr(ledger, "dsn"):
+        return str(ledger.path)
+    return str(Path(os.path.abspath(ledger.path)).resolve())
+
+
+def same_ledger(recorded: str, key: str) -> bool:
+    """Whether a previous report's `ledger` names the ledger `key` names: the same redacted
+    address, or a path that resolves to the same file (an older report recorded the path as
+    configured: relative, through a symlink, or another spelling of it)."""
+    if recorded == key:
+        return True
+    from tica.ledger_pg import is_postgres
+
+    if is_postgres(recorded) or is_postgres(key):
+        return False
+    old, new = Path(os.path.abspath(recorded)), Path(key)
+    try:
+        if old.exists() and new.exists():
+            return os.path.samefile(old, new)
+    except OSError:
+        pass
+    return str(old.resolve()) == str(new.resolve())
+
+
+def _last_verified(context: AssetExecutionContext, ledger_key_: str) -> Head | None:
     """The head the previous report of this track verified in this ledger, from Dagster's event
     log: the next report refuses a ledger that no longer holds it (truncated or rewritten since).
-    A ledger replaced on purpose is re-anchored by wiping this asset's materializations."""
+    The same ledger named another way (a relative path, a symlink, another spelling of the same
+    file, the same Postgres address) keeps its anchor. A report of another ledger than the
+    previous one is anchored anew, with a warning; a ledger replaced on purpose at the same
+    place is re-anchored only by wiping this asset's materializations."""
     event = context.instance.get_latest_materialization_event(context.asset_key)
     mat = event.asset_materialization if event else None
     value = mat.metadata.get("verified_head") if mat else None
     data = getattr(value, "data", None)
-    if not isinstance(data, dict) or data.get("ledger") != ledger_path:
+    if not isinstance(data, dict):
+        return None
+    recorded = data.get("ledger")
+    if not isinstance(recorded, str) or not same_ledger(recorded, ledger_key_):
+        context.log.warning(f"the previous report verified another ledger ({recorded!r}); {ledger_key_} is anchored "
+                            "anew from this report")
         return None
     return Head.from_json(json.dumps({k: v for k, v in data.items() if k != "ledger"}), "previous report's verified_head")

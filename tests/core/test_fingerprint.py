@@ -76,6 +76,26 @@ def test_a_file_rewritten_within_the_racy_window_is_hashed_again(tmp_path):
     assert fingerprint_checkpoint(root, cache) != before
 
 
+def test_a_file_rewritten_in_place_with_its_size_and_mtime_put_back_is_hashed_again(tmp_path):
+    """cp -p / rsync --inplace -t / touch -r onto an old, cached shard: size, mtime and inode all as
+    cached, outside the racy window. Only the ctime (which no one can set) shows the write."""
+    root = tmp_path / "ckpt"
+    _write(root, {"a.safetensors": b"x" * 1000})
+    shard = root / "a.safetensors"
+    old = (os.stat(shard).st_mtime_ns - 2 * RACY_WINDOW_NS) / 1e9
+    os.utime(shard, (old, old))
+    cache = FingerprintCache(tmp_path / "cache.json")
+    before = fingerprint_checkpoint(root, cache)
+    assert fingerprint_checkpoint(root, cache) == before and cache.hits == 1  # control: unchanged -> cached
+    st = os.stat(shard)
+    with open(shard, "r+b") as f:  # in place: the same inode
+        f.write(b"y")
+    os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns))
+    after = os.stat(shard)
+    assert (after.st_size, after.st_mtime_ns, after.st_ino) == (st.st_size, st.st_mtime_ns, st.st_ino)
+    assert fingerprint_checkpoint(root, cache) != before
+
+
 def test_renaming_a_file_changes_the_fingerprint(tmp_path):
     root = tmp_path / "ckpt"
     _write(root, {"a.safetensors": b"same"})

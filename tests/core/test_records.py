@@ -26,7 +26,9 @@ def _setup(tmp_path, candidate_dir, manifest_data):
     return ledger, old, ids
 
 
-def test_a_scorer_change_makes_only_quality_and_artifacts_stale(tmp_path, candidate_dir, manifest_data):
+def test_a_scorer_change_makes_only_quality_clean_exit_and_artifacts_stale(tmp_path, candidate_dir, manifest_data):
+    # clean exit too: the quality legs rerun under the new contract start new servers, whose exits
+    # are checked again (tica.evidence.INVALIDATION_MATRIX, as for a workload change)
     ledger, old, ids = _setup(tmp_path, candidate_dir, manifest_data)
     changed = copy.deepcopy(manifest_data)
     changed["eval_contract"]["scorer"] = "math-verify==0.9.0"
@@ -35,12 +37,12 @@ def test_a_scorer_change_makes_only_quality_and_artifacts_stale(tmp_path, candid
     record_candidate(ledger, new, new_loaded)
     record_invalidations(ledger, old, new, diff(old, new))
     stale = {r["item"]: r for r in ledger.rows("SELECT * FROM stale_evidence")}
-    assert set(stale) == {"quality", "artifacts"}
+    assert set(stale) == {"quality", "clean_exit", "artifacts"}
     assert stale["quality"]["stale_cause"].startswith("eval_contract: eval_contract sha256:")
     voided = ledger.rows("SELECT voided_verdict_ids_json FROM invalidations WHERE item = 'quality'")
     assert ids[EvidenceItem.QUALITY] in voided[0]["voided_verdict_ids_json"]
     fresh = {r["item"] for r in ledger.rows("SELECT item FROM track_verdicts WHERE NOT stale")}
-    assert fresh == {"forward", "backward", "update", "throughput", "clean_exit"}
+    assert fresh == {"forward", "backward", "update", "throughput"}
 
 
 def test_a_rerun_is_appended_and_linked_never_replacing_the_failure(tmp_path, candidate_dir, manifest_data):

@@ -35,7 +35,7 @@ def test_receipts_bound_to_the_candidate_and_frozen_before_are_accepted(project,
     result = materialize_track(defs, instance, TRACK)
     assert result.success
     checks = {(e.asset_key.path[-1], e.check_name): e.passed for e in result.get_asset_check_evaluations()}
-    failed = {k for k, ok in checks.items() if not ok and k[1] != "workload_receipts"}
+    failed = {k for k, ok in checks.items() if not ok}  # workload_receipts included: acceptance requires it
     assert not failed, failed
     assert report_meta(instance)["acceptance"].value == "accepted"
     ledger = Ledger(project.settings.ledger_path)
@@ -43,6 +43,33 @@ def test_receipts_bound_to_the_candidate_and_frozen_before_are_accepted(project,
     assert {r["item"]: r["verdict"] for r in rows} == {i.value: "pass" for i in EvidenceItem}
     assert not any(r["failed_checks"] or r["after_the_fact"] for r in rows)
     assert ledger.rows("SELECT count(*) AS n FROM checks")[0]["n"] >= 3 * len(EvidenceItem)
+
+
+def test_the_report_asks_the_question_in_force_and_clean_exit_covers_what_ran(project, tmp_path):
+    """Clean exit materialized before the legs it covers is inconclusive (never a pass over the
+    legs that were there); a question file edited in place (the track asks another question now,
+    which no verdict answers) makes the report's cell stale, naming both questions."""
+    defs = fresh_defs(project)
+    instance = kept_instance(tmp_path / "dagster_home")
+    tick(defs, instance)
+    materialize_track(defs, instance, TRACK, keys=[evidence_key(TRACK, EvidenceItem.CLEAN_EXIT)])
+    ledger = Ledger(project.settings.ledger_path)
+    first = ledger.rows("SELECT verdict, summary FROM verdicts WHERE item = 'clean_exit'")
+    assert [r["verdict"] for r in first] == ["inconclusive"] and "not materialized yet" in first[0]["summary"], first
+    materialize_track(defs, instance, TRACK)
+    assert report_meta(instance)["cell: quality"].value == "pass"  # negative control
+    path = project.settings.questions_dir / "quality.yaml"
+    data = yaml.safe_load(path.read_text())
+    data["criteria"]["threshold_points"] = 50.0
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    assert materialize_track(defs, instance, TRACK, job="report").success
+    meta = report_meta(instance)
+    cell = meta["cell: quality"].value
+    assert cell.startswith("stale (was pass) (judged under question test-quality/1 (sha256:"), cell
+    assert "the track asks a question not frozen in this ledger (sha256:" in cell, cell
+    assert meta["acceptance"].value.startswith("not accepted")
+    assert meta["questions_in_force"].value["quality"] != ledger.rows(
+        "SELECT question_hash FROM verdicts WHERE item = 'quality' ORDER BY seq DESC LIMIT 1")[0]["question_hash"]
 
 
 def test_the_report_is_not_accepted_after_a_blocking_check_fails(project, tmp_path, monkeypatch):

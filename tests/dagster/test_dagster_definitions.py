@@ -11,6 +11,7 @@ from dagster_browser import DAGSTER
 from dagster_project import TRACK
 from dagster_helpers import build_defs
 
+from tica import checks as checks_module
 from tica.evidence import Component, EvidenceItem, sensitive_components
 from tica_assets.evidence import COVERS
 from tica_assets.keys import GPU_POOL, LEDGER_POOL, component_key, evidence_key, report_key
@@ -23,8 +24,10 @@ SNAPSHOT = {
     "update": "backends graph_cache hardware image precision recipe runner source weights",
     "quality": "backends eval_contract graph_cache hardware image precision recipe runner source weights",
     "throughput": "backends graph_cache hardware image precision recipe runner source weights workload",
-    # a backward leg runs the trainer alone: it starts no vLLM process for clean exit to judge
-    "clean_exit": "backends graph_cache hardware image precision recipe runner source weights workload"
+    # a backward leg runs the trainer alone: it starts no vLLM process for clean exit to judge;
+    # eval_contract and workload: the quality and throughput legs rerun after such a change start
+    # new servers, whose exits are checked again
+    "clean_exit": "backends eval_contract graph_cache hardware image precision recipe runner source weights workload"
                   " +forward +quality +throughput +update",
     "artifacts": "backends eval_contract graph_cache hardware image precision recipe runner source weights workload"
                  " +backward +clean_exit +forward +quality +throughput +update",
@@ -63,7 +66,10 @@ def test_pools_and_blocking_checks(project):
     quality = {k.name for k in graph.get(evidence_key(TRACK, EvidenceItem.QUALITY)).check_keys}
     assert "quality_sums" in quality
     throughput = {k.name: graph.get_check_spec(k).blocking for k in graph.get(evidence_key(TRACK, EvidenceItem.THROUGHPUT)).check_keys}
-    assert throughput["workload_receipts"] is False
+    assert throughput["workload_receipts"] is True  # required for acceptance (tica.checks.REQUIRED)
+    for item in EvidenceItem:  # every check an item's verdict needs before it is accepted is declared, blocking
+        declared = {k.name: graph.get_check_spec(k).blocking for k in graph.get(evidence_key(TRACK, item)).check_keys}
+        assert declared == {name: True for name in checks_module.REQUIRED[item]}, item
 
 
 @pytest.mark.parametrize("where", ["test project", "repository defaults"])

@@ -23,7 +23,7 @@ from tica.binding import Candidate
 from tica.candidate import CandidateIdentity, identify
 from tica.canaries import default_questions, edit_meta
 from tica.errors import FrozenQuestionError, ManifestError
-from tica.evidence import Component, EvidenceItem
+from tica.evidence import COVERS, Component, EvidenceItem
 from tica.ledger import Ledger
 from tica.manifest import LoadedManifest, load_manifest
 from tica.records import freeze_question, record_verdict
@@ -32,6 +32,8 @@ from tica.verdict import Verdict
 from .conftest import E, manifest_data, utcnow, write_manifest
 
 TRACK = "false-pass"
+# The hash of each item's question the track asks now (the report refuses a verdict under another).
+IN_FORCE: dict[EvidenceItem, str] = {item: q.hash for item, q in default_questions().items()}
 
 
 @dataclass
@@ -47,7 +49,7 @@ class Track:
 
 
 def _materialize(ledger: Ledger, track: Track | None, item: EvidenceItem, dest: Path, *, loaded=None, identity=None,
-                 questions=None, legs=None) -> Materialized:
+                 questions=None, legs=None, upstream=()) -> Materialized:
     loaded = loaded or track.loaded
     identity = identity or track.identity
     cand = Candidate.of(loaded, identity)
@@ -55,7 +57,10 @@ def _materialize(ledger: Ledger, track: Track | None, item: EvidenceItem, dest: 
 
     def run_legs(question, candidate_id):  # after the freeze, as a Dagster run would
         return [LegBatch(legs=legs if legs is not None else build_bound(item, question, cand, dest))]
-    return materialize(ledger, loaded, identity, item, qpath, run_legs)
+    # the track's other questions frozen with it, as Dagster does: clean exit's and the artifacts'
+    # criteria are frozen before the legs they cover ran
+    return materialize(ledger, loaded, identity, item, qpath, run_legs, upstream,
+                       track_questions=list((questions or track.questions).values()))
 
 
 def write_questions(folder: Path) -> dict[EvidenceItem, Path]:
@@ -79,9 +84,10 @@ def baseline(tmp_path_factory) -> Track:
         track = Track(root, root / "ledger.duckdb", manifest, loaded, identity, Candidate.of(loaded, identity),
                       write_questions(root / "questions"), {})
         ledger = Ledger(track.ledger_path)
-        for item in EvidenceItem:
-            track.materialized[item] = _materialize(ledger, track, item, root / "legs" / item.value)
-        rep = report(ledger, TRACK, identity)
+        for item in EvidenceItem:  # clean exit and artifacts over the legs they cover, as Dagster does
+            upstream = [leg for covered in COVERS.get(item, ()) for leg in track.materialized[covered].current.own_legs]
+            track.materialized[item] = _materialize(ledger, track, item, root / "legs" / item.value, upstream=upstream)
+        rep = report(ledger, TRACK, identity, questions=IN_FORCE)
         assert rep.accepted, ("negative control: the bound, frozen-first track must be accepted", rep.why_not)
     return track
 
@@ -101,7 +107,7 @@ def cell_of(rep, item: EvidenceItem):
 
 def test_a_track_bound_to_its_candidate_and_frozen_before_its_legs_is_accepted(track):
     t, ledger = track
-    rep = report(ledger, TRACK, t.identity)
+    rep = report(ledger, TRACK, t.identity, questions=IN_FORCE)
     assert rep.accepted and all(c.verdict == "pass" and not c.blocking for c in rep.cells)
 
 
@@ -115,7 +121,7 @@ def test_evidence_judged_after_the_fact_is_never_accepted(track, tmp_path):
                         started=utcnow() - _dt.timedelta(days=1))
     mat = _materialize(ledger, t, E.FORWARD, tmp_path, legs=early)
     assert mat.current.cell.verdict is Verdict.PASS  # the criteria and binding hold; the timing does not
-    rep = report(ledger, TRACK, t.identity)
+    rep = report(ledger, TRACK, t.identity, questions=IN_FORCE)
     cell = cell_of(rep, E.FORWARD)
     assert not rep.accepted and cell.after_the_fact and not cell.accepted
     assert any("forward: judged after the fact" in w and "frozen_before_run" in w for w in rep.why_not), rep.why_not
@@ -126,7 +132,7 @@ def test_legs_that_record_no_start_time_cannot_show_they_ran_after_the_freeze(tr
     legs = build_bound(E.CLEAN_EXIT, default_questions()[E.CLEAN_EXIT], t.candidate, tmp_path / "legs")
     edit_meta(legs[0], lambda m: m.update(started_at=None))
     _materialize(ledger, t, E.CLEAN_EXIT, tmp_path, legs=legs)
-    rep = report(ledger, TRACK, t.identity)
+    rep = report(ledger, TRACK, t.identity, questions=IN_FORCE)
     cell = cell_of(rep, E.CLEAN_EXIT)
     assert not cell.accepted and any("record no start" in b for b in cell.blocking), cell.blocking
 
@@ -139,7 +145,7 @@ def test_receipts_sealed_before_the_question_was_frozen_are_judged_after_the_fac
     time.sleep(0.01)
     _materialize(ledger, baseline, E.CLEAN_EXIT, tmp_path, legs=legs,
                  questions=write_questions(tmp_path / "questions"))
-    cell = cell_of(report(ledger, TRACK, baseline.identity), E.CLEAN_EXIT)
+    cell = cell_of(report(ledger, TRACK, baseline.identity, questions=IN_FORCE), E.CLEAN_EXIT)
     assert not cell.accepted, f"FALSE PASS: {cell.shown}: {cell.summary}"
     assert cell.after_the_fact or any("seal" in b for b in cell.blocking)
 
@@ -156,17 +162,18 @@ def _rerun(ledger: Ledger, t: Track, item: EvidenceItem, outcomes) -> str:
 def test_a_verdict_without_its_checks_is_not_accepted(track):
     t, ledger = track
     _rerun(ledger, t, E.BACKWARD, ())
-    cell = cell_of(report(ledger, TRACK, t.identity), E.BACKWARD)
-    assert cell.verdict == "pass" and not cell.accepted and cell.shown == "pass, not accepted"
-    for name in checks.REQUIRED:
+    cell = cell_of(report(ledger, TRACK, t.identity, questions=IN_FORCE), E.BACKWARD)
+    assert cell.verdict == "pass" and not cell.accepted and cell.shown == "pass, checks missing"
+    assert cell.missing_checks == checks.REQUIRED[E.BACKWARD]
+    for name in checks.REQUIRED[E.BACKWARD]:
         assert f"check {name} was never run on this verdict" in cell.blocking
 
 
-@pytest.mark.parametrize("missing", checks.REQUIRED)
+@pytest.mark.parametrize("missing", checks.REQUIRED[E.UPDATE])
 def test_a_verdict_missing_a_required_check_row_is_not_accepted(missing, track):
     t, ledger = track
     _rerun(ledger, t, E.UPDATE, [o for o in t.materialized[E.UPDATE].current.checks if o.name != missing])
-    rep = report(ledger, TRACK, t.identity)
+    rep = report(ledger, TRACK, t.identity, questions=IN_FORCE)
     assert not rep.accepted
     assert cell_of(rep, E.UPDATE).blocking == (f"check {missing} was never run on this verdict",)
 
@@ -181,7 +188,7 @@ def test_a_pass_whose_blocking_check_failed_is_not_accepted(track, tmp_path, mon
                         lambda **kw: [r.model_copy(update={"broken": True, "got": "pass"}) for r in real(**kw)])
     mat = _materialize(ledger, t, E.FORWARD, tmp_path / "legs")
     assert mat.current.cell.verdict is Verdict.PASS
-    rep = report(ledger, TRACK, t.identity)
+    rep = report(ledger, TRACK, t.identity, questions=IN_FORCE)
     cell = cell_of(rep, E.FORWARD)
     assert not rep.accepted and cell.shown == "pass, not accepted"
     assert any("check canaries_caught failed" in b for b in cell.blocking), cell.blocking
@@ -194,7 +201,7 @@ def test_a_failed_blocking_check_takes_acceptance_away(name, track):
                 for o in t.materialized[E.QUALITY].current.checks]
     assert any(o.name == name for o in outcomes)
     _rerun(ledger, t, E.QUALITY, outcomes)
-    cell = cell_of(report(ledger, TRACK, t.identity), E.QUALITY)
+    cell = cell_of(report(ledger, TRACK, t.identity, questions=IN_FORCE), E.QUALITY)
     assert not cell.accepted and any(f"check {name} failed" in b for b in cell.blocking)
 
 
@@ -203,7 +210,7 @@ def test_a_required_check_that_failed_blocks_acceptance_whatever_its_row_says(tr
     outcomes = [checks.CheckOutcome(o.name, False, False, "no canary was caught") if o.name == checks.CANARIES else o
                 for o in t.materialized[E.BACKWARD].current.checks]
     _rerun(ledger, t, E.BACKWARD, outcomes)
-    cell = cell_of(report(ledger, TRACK, t.identity), E.BACKWARD)
+    cell = cell_of(report(ledger, TRACK, t.identity, questions=IN_FORCE), E.BACKWARD)
     assert not cell.accepted, f"FALSE PASS: {cell.shown}"
     assert any(checks.CANARIES in b for b in cell.blocking)
 
@@ -212,10 +219,10 @@ def test_a_receipt_resealed_after_the_ledger_recorded_it_is_not_the_receipt_judg
     t, ledger = track
     legs = build_bound(E.BACKWARD, default_questions()[E.BACKWARD], t.candidate, tmp_path / "legs")
     _materialize(ledger, t, E.BACKWARD, tmp_path, legs=legs)
-    assert cell_of(report(ledger, TRACK, t.identity), E.BACKWARD).accepted
+    assert cell_of(report(ledger, TRACK, t.identity, questions=IN_FORCE), E.BACKWARD).accepted
     edit_meta(legs[0], lambda m: m["resolved_config"].update(note="edited after it was recorded"))
     _materialize(ledger, t, E.BACKWARD, tmp_path, legs=legs)
-    cell = cell_of(report(ledger, TRACK, t.identity), E.BACKWARD)
+    cell = cell_of(report(ledger, TRACK, t.identity, questions=IN_FORCE), E.BACKWARD)
     assert cell.verdict == "pass" and not cell.accepted
     assert any("check receipts_sealed failed" in b and "the ledger recorded" in b for b in cell.blocking), cell.blocking
 
@@ -227,7 +234,7 @@ def test_a_receipt_tampered_before_judging_is_inconclusive_and_unaccepted(track,
         f.write("\n")
     mat = _materialize(ledger, t, E.QUALITY, tmp_path, legs=legs)
     assert mat.current.cell.verdict is Verdict.INCONCLUSIVE
-    cell = cell_of(report(ledger, TRACK, t.identity), E.QUALITY)
+    cell = cell_of(report(ledger, TRACK, t.identity, questions=IN_FORCE), E.QUALITY)
     assert not cell.accepted and any("receipts_sealed" in b for b in cell.blocking)
 
 
@@ -244,7 +251,7 @@ def test_evidence_for_the_manifest_before_a_backend_change_is_stale(track, tmp_p
     t, ledger = track
     backends = {**t.loaded.manifest.backends.model_dump(), "attention": "FLASHINFER"}
     _, now = _changed(t, tmp_path, backends=backends)
-    rep = report(ledger, TRACK, now)
+    rep = report(ledger, TRACK, now, questions=IN_FORCE)
     assert not rep.accepted
     for item in (E.FORWARD, E.BACKWARD, E.UPDATE, E.QUALITY, E.THROUGHPUT, E.CLEAN_EXIT, E.ARTIFACTS):
         cell = cell_of(rep, item)
@@ -255,7 +262,7 @@ def test_a_changed_evaluation_contract_voids_the_quality_evidence(track, tmp_pat
     t, ledger = track
     contract = {**t.loaded.manifest.eval_contract.model_dump(mode="json"), "scorer": "tica.scorer.boxed/2"}
     _, now = _changed(t, tmp_path, eval_contract=contract)
-    rep = report(ledger, TRACK, now)
+    rep = report(ledger, TRACK, now, questions=IN_FORCE)
     assert not rep.accepted
     assert cell_of(rep, E.QUALITY).stale and "eval_contract" in cell_of(rep, E.QUALITY).stale_cause
     assert cell_of(rep, E.FORWARD).accepted  # a contract change touches quality (and artifacts) only
@@ -270,23 +277,28 @@ def test_a_recorded_invalidation_keeps_the_old_candidates_evidence_stale(track, 
     changes = record_candidate_change(ledger, loaded, new, dict(t.identity.components))
     assert [c.component for c in changes] == [Component.WEIGHTS]
     for current in (new, t.identity):
-        rep = report(ledger, TRACK, current)
+        rep = report(ledger, TRACK, current, questions=IN_FORCE)
         assert not rep.accepted
         assert all(c.stale and "weights" in c.stale_cause for c in rep.cells), [c.stale_cause for c in rep.cells]
 
 
 def test_evidence_judged_for_another_candidate_of_the_track_is_not_this_candidates(track, tmp_path):
     """Forward rerun for a candidate with other weights on the same track: the newest forward verdict
-    is that candidate's, and it is stale for the candidate the manifest names."""
+    is that candidate's; the report of the candidate the manifest names keeps its own verdict, and
+    the other's verdict is stale for every item it has not judged for the other candidate."""
     t, ledger = track
     path = write_manifest(tmp_path / "other", manifest_data(track=TRACK), weights=b"other checkpoint" * 64)
     loaded = load_manifest(path)
     other = identify(loaded)
     mat = _materialize(ledger, t, E.FORWARD, tmp_path / "legs", loaded=loaded, identity=other)
     assert mat.current.cell.verdict is Verdict.PASS
-    cell = cell_of(report(ledger, TRACK, t.identity), E.FORWARD)
-    assert cell.candidate_id == other.candidate_id and not cell.accepted
-    assert "weights" in cell.stale_cause
+    cell = cell_of(report(ledger, TRACK, t.identity, questions=IN_FORCE), E.FORWARD)
+    assert cell.candidate_id == t.identity.candidate_id and cell.verdict_id == t.materialized[E.FORWARD].current.verdict_id
+    assert cell.accepted and not cell.earlier  # the other's verdict does not hold for this candidate
+    rep = report(ledger, TRACK, other, questions=IN_FORCE)
+    assert cell_of(rep, E.FORWARD).candidate_id == other.candidate_id
+    backward = cell_of(rep, E.BACKWARD)
+    assert backward.candidate_id == t.identity.candidate_id and not backward.accepted and "weights" in backward.stale_cause
 
 
 def test_an_unreadable_manifest_names_no_candidate_and_accepts_nothing(track, tmp_path):
@@ -295,7 +307,7 @@ def test_an_unreadable_manifest_names_no_candidate_and_accepts_nothing(track, tm
     broken.write_text(t.manifest.read_text().replace("track:", "track: [", 1))
     with pytest.raises(ManifestError):
         load_manifest(broken)
-    rep = report(ledger, TRACK, None)
+    rep = report(ledger, TRACK, None, questions=IN_FORCE)
     assert not rep.accepted and rep.candidate_id is None
     assert all(not c.accepted and "manifest could not be read" in c.stale_cause for c in rep.cells)
 
@@ -303,7 +315,7 @@ def test_an_unreadable_manifest_names_no_candidate_and_accepts_nothing(track, tm
 def test_an_item_with_no_verdict_is_not_accepted(baseline, tmp_path):
     ledger = Ledger(tmp_path / "partial.duckdb")
     _materialize(ledger, baseline, E.CLEAN_EXIT, tmp_path / "legs", questions=write_questions(tmp_path / "q"))
-    rep = report(ledger, TRACK, baseline.identity)
+    rep = report(ledger, TRACK, baseline.identity, questions=IN_FORCE)
     assert cell_of(rep, E.CLEAN_EXIT).accepted and not rep.accepted
     assert "forward: not run (no verdict recorded)" in rep.why_not
 

@@ -409,3 +409,72 @@ def test_a_leg_that_does_not_record_its_shutdown_grace_is_not_evidence(bound, gr
     edit_meta(legs[0], lambda m: m["resolved_config"].pop("shutdown_timeout"))
     cell = judge(E.THROUGHPUT, questions[E.THROUGHPUT], legs, graceful)
     assert_unbound(cell, "recipe.shutdown_timeout", "unrecorded")
+
+
+# ------------------------------------------------------------------ the arm's switch, the workload, stop tokens
+
+
+@pytest.mark.parametrize("item", [E.FORWARD, E.QUALITY, E.THROUGHPUT, E.BACKWARD, E.UPDATE])
+def test_a_bi1_leg_that_does_not_record_the_switch_is_not_shown_to_be_bi1(item, bound, candidate, questions):
+    """vLLM reads an unset VLLM_BATCH_INVARIANT as 0: a "BI=1" leg without it is not shown to be BI=1."""
+    legs = bound(item)
+    for leg in [p for p in legs if load(p / "leg.json")["arm"] == "bi1"]:
+        edit_meta(leg, lambda m: m["env"].pop("VLLM_BATCH_INVARIANT", None))
+    cell = judge(item, questions[item], legs, candidate)
+    assert_unbound(cell, "env.VLLM_BATCH_INVARIANT (bi1)", "unrecorded")
+
+
+def test_a_bi0_leg_that_does_not_record_the_switch_is_not_bound_either(bound, candidate, questions):
+    legs = bound(E.QUALITY)
+    edit_meta(leg_of(legs, arm="bi0"), lambda m: m["env"].pop("VLLM_BATCH_INVARIANT", None))
+    cell = judge(E.QUALITY, questions[E.QUALITY], legs, candidate)
+    assert_unbound(cell, "env.VLLM_BATCH_INVARIANT (bi0)", "unrecorded")
+
+
+def test_throughput_legs_with_another_request_count_are_not_this_candidates_workload(bound, candidate, questions):
+    legs = bound(E.THROUGHPUT)
+    leg = tput_leg(legs, "bi1", 1, 1)
+    edit_meta(leg, lambda m: m["resolved_config"].update(num_prompts=m["resolved_config"]["num_prompts"] * 2))
+    cell = judge(E.THROUGHPUT, questions[E.THROUGHPUT], legs, candidate)
+    assert_unbound(cell, "workload.num_prompts (c=1)", "differs")
+
+
+def test_throughput_legs_that_do_not_record_their_request_count_are_not_bound(bound, candidate, questions):
+    legs = bound(E.THROUGHPUT)
+    edit_meta(tput_leg(legs, "bi0", 8, 2), lambda m: m["resolved_config"].pop("num_prompts"))
+    cell = judge(E.THROUGHPUT, questions[E.THROUGHPUT], legs, candidate)
+    assert_unbound(cell, "workload.num_prompts (c=8)", "unrecorded")
+
+
+def test_a_throughput_leg_at_a_concurrency_the_candidate_does_not_pin_is_not_evidence(make_candidate, bound,
+                                                                                        questions):
+    """The same legs, for a candidate whose workload is c = 1/8/32 only: the c=64 legs name another."""
+    legs = bound(E.THROUGHPUT)
+    other = make_candidate("three-c", workload={"input_len": 8192, "output_len": 1024, "ignore_eos": True,
+                                                "concurrencies": [1, 8, 32], "num_prompts": {1: 8, 8: 32, 32: 128},
+                                                "warmups": 1})
+    cell = judge(E.THROUGHPUT, questions[E.THROUGHPUT], legs, other)
+    assert_unbound(cell, "workload.concurrencies", "differs")
+
+
+def test_quality_legs_that_stopped_on_other_tokens_are_not_this_candidates_score(bound, make_candidate, questions):
+    legs = bound(E.QUALITY)
+    other = make_candidate("stops", eval_contract={**load_manifest_contract(), "sampling": {
+        **load_manifest_contract()["sampling"], "stop": ["</answer>"]}})
+    cell = judge(E.QUALITY, questions[E.QUALITY], legs, other)
+    assert_unbound(cell, "eval_contract.sampling.stop", "differs")
+
+
+def test_quality_legs_that_do_not_record_their_stop_tokens_are_not_bound(bound, candidate, questions):
+    legs = bound(E.QUALITY)
+    for leg in legs:
+        edit_json(leg / "contract.json", lambda d: d["sampling"].pop("stop"), leg)
+    cell = judge(E.QUALITY, questions[E.QUALITY], legs, candidate)
+    assert_unbound(cell, "eval_contract.sampling.stop", "unrecorded")
+    assert "sampling parameters" in all_reasons(cell)  # and the contract item is unknown, not vLLM's default
+
+
+def load_manifest_contract() -> dict:
+    from .conftest import manifest_data
+
+    return manifest_data()["eval_contract"]

@@ -61,7 +61,20 @@ def test_the_same_problem_set_smaller_than_the_question_fixes_is_inconclusive(re
         p = leg(legs, arm)
         edit_jsonl(p / "results.jsonl", lambda rows: rows[:-1], p)
     assert judge_criteria("quality", Q, legs).verdict is Verdict.INCONCLUSIVE
-    assert judge_criteria("quality", question("quality", expected_problems=29), legs).verdict is Verdict.PASS
+    # 29 problems resolve 3.45 points: the default 3.34-point threshold cannot be shown met on them
+    assert judge_criteria("quality", question("quality", expected_problems=29), legs).verdict is Verdict.INCONCLUSIVE
+    assert judge_criteria("quality", question("quality", expected_problems=29, threshold_points=3.45),
+                          legs).verdict is Verdict.PASS
+
+
+def test_a_threshold_finer_than_one_problem_is_not_shown_met_by_equal_scores(receipts):
+    """Greedy scores move in steps of 100/N points: a threshold finer than that is met only by two
+    scores that happen to be equal, which shows nothing about a difference below one problem."""
+    legs = receipts("quality")
+    finer = question("quality", threshold_points=1.0)
+    cell = judge_criteria("quality", finer, legs)
+    assert cell.verdict is Verdict.INCONCLUSIVE and any("finer than one problem" in r for r in cell.reasons)
+    assert judge_criteria("quality", question("quality", threshold_points=3.34), legs).verdict is Verdict.PASS
 
 
 def test_a_retried_problem_is_inconclusive(receipts):

@@ -60,7 +60,7 @@ def judge_artifacts(question: Question, leg_paths: Sequence[str | Path]) -> Verd
             if criteria.require_weights_hash:
                 findings.fail(f"{path.name}: weights named {named!r}, not by a content hash")
                 status = "fail"
-        else:
+        elif not meta.not_run_reason:  # a leg that did not run produced nothing: it names no artifact
             weights.setdefault(str(named), set()).add(path.name)
         if meta.item == "update" and (path / METRICS_FILE).is_file():
             for row in load_jsonl(path / METRICS_FILE):

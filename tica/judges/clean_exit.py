@@ -25,6 +25,7 @@ SIDES = {"client": "client", "api_server": "server", "engine_core": "server", "w
          "trainer_engine_core": "trainer", "trainer_worker": "trainer"}
 # vLLM's shutdown path logs this when a child had to be killed; the exit code alone can hide it.
 _FORCED = re.compile(r"force[ _-]?kill", re.IGNORECASE)
+_STOPPED_BY_TICA = re.compile(r"tica leg run sent SIG(TERM|KILL|INT) after")
 ZERO_TIMEOUT_HINT = ("shutdown timeout 0: vLLM force-kills the EngineCore at once; "
                      "set a positive --shutdown-timeout in the recipe")
 
@@ -38,6 +39,8 @@ def exit_problem(p: ProcessExit) -> str | None:
         return f"exit code {p.exit_code}"
     if p.evidence and _FORCED.search(p.evidence):
         return f"force killed: {p.evidence!r}"
+    if p.evidence and _STOPPED_BY_TICA.search(p.evidence):  # legs sealed before leg run recorded it as signalled
+        return f"stopped by tica leg run, not ended by itself: {p.evidence!r}"
     return None
 
 
@@ -89,19 +92,25 @@ def judge_clean_exit(question: Question, leg_paths: Sequence[str | Path]) -> Ver
     legs = [load_leg(p) for p in leg_paths]
     rows: list[list[Any]] = []
     sides: dict[str, Findings] = {"client": Findings(), "server": Findings(), "trainer": Findings()}
-    seen_roles: set[str] = set()
+    seen_roles: dict[str, set[str]] = {}  # arm -> roles whose exits its legs recorded
     for leg in legs:
         name = f"{leg.meta.item} {leg.arm} {leg.path.name}"
         if leg.meta.not_run_reason:
-            findings.note(f"{name}: did not run ({leg.meta.not_run_reason}); no exits to verify")
-            continue
-        if not leg.meta.processes:
+            # "did not run" excuses having no exits; an exit it did record is judged like any other
+            findings.note(f"{name}: did not run ({leg.meta.not_run_reason})"
+                          + ("" if leg.meta.processes else "; no exits to verify"))
+            if not leg.meta.processes:
+                continue
+        elif not leg.meta.processes:
             findings.inconclusive(f"{name}: no exit receipt (processes is empty)")
             continue
-        require_recorded(findings, question, [(name, leg.meta)])
+        else:
+            require_recorded(findings, question, [(name, leg.meta)])
+            seen_roles.setdefault(leg.arm, set())
         for p in leg.meta.processes:
             side = SIDES[p.role]
-            seen_roles.add(p.role)
+            if not leg.meta.not_run_reason:
+                seen_roles[leg.arm].add(p.role)
             problem = exit_problem(p)
             if problem:
                 sides[side].fail(f"{name}: {p.role} pid {p.pid} {problem}{shutdown_note(leg.meta, p)}")
@@ -109,9 +118,10 @@ def judge_clean_exit(question: Question, leg_paths: Sequence[str | Path]) -> Ver
                          "clean" if problem is None else "NOT clean"])
     for side, f in sides.items():
         findings.extend(f, prefix=f"{side}: ")
-    missing = [r for r in criteria.required_roles if r not in seen_roles]
-    if missing:
-        findings.inconclusive(f"no exit receipt for roles {missing}: they cannot be verified")
+    for arm, roles in sorted(seen_roles.items()):  # each arm verified on its own: one's exits never cover another's
+        missing = [r for r in criteria.required_roles if r not in roles]
+        if missing:
+            findings.inconclusive(f"{arm}: no exit receipt for roles {missing}: they cannot be verified")
     if not legs:
         findings.not_run("no legs to read exits from")
     elif not rows:
@@ -125,6 +135,7 @@ def judge_clean_exit(question: Question, leg_paths: Sequence[str | Path]) -> Ver
                                       "status"], r)) for r in rows]
     tables = {"per process": md_table(["leg", "side", "role", "pid", "end state", "exit code", "signal", "evidence",
                                        "status"], rows)}
+    numbers["arms_verified"] = sorted(seen_roles)
     summary = ", ".join(f"{side} {numbers[side]['verdict']} ({numbers[side]['processes']} processes)"
-                        for side in ("client", "server", "trainer"))
+                        for side in ("client", "server", "trainer")) + f"; arms whose legs ran: {sorted(seen_roles) or 'none'}"
     return cell(item, question, findings, summary, numbers, tables, {str(l.path): l.digest for l in legs})

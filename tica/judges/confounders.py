@@ -107,8 +107,10 @@ def confounder_table(
             continue
         if v1 == v0 and len(v1) == 1:
             continue
-        if key in SWITCH_KEYS:
+        if key in SWITCH_KEYS and v1 == ('"1"',) and v0 == ('"0"',):
             status, note = "switch", "the single switch that selects the arm"
+        elif key in SWITCH_KEYS:  # unknown in some leg, or not one value per arm: the arm is not shown
+            status, note = "unquantified", "the switch is not recorded as 1 (BI=1) vs 0 (BI=0) in every leg"
         elif (q := _quantified(key, quantified)) is not None:
             status, note = "quantified", q
         else:

@@ -65,6 +65,10 @@ def _recompute(forward_dir: Path, step: ForwardStep, findings: Findings, label: 
     if not path.is_file():
         return None
     arrays = load_step_arrays(path)
+    t, r = arrays.trainer_logprobs, arrays.rollout_logprobs
+    if t.size > 1 and bool((t == t.flat[0]).all()) and bool((r == t.flat[0]).all()):
+        findings.inconclusive(f"{label}step {step.step}: every scored logprob is {float(t.flat[0])!r} on both sides: "
+                              "a placeholder, not a measurement")
     m = forward_metrics(arrays.trainer_logprobs, arrays.rollout_logprobs)
     out: dict[str, Any] = {
         "max": m["training/rollout_probs_diff_max"],
@@ -132,6 +136,9 @@ def read_forward(
 
     `bi0_range` is the allowed BI=0 mean |diff|; None reports BI=0 without judging its magnitude.
     `grad_norm_required`: a BI=0 step without a recorded grad norm is not a pass (smoke check).
+    Where some steps have arrays, every step must: one receipt is judged from one source, never its
+    arrays where they exist and its logged numbers where they were left out. (Whether the steps
+    begin where the run began is judged over all of an arm's legs: `_arm_covers`.)
     """
     reading = ForwardReading()
     f = reading.findings
@@ -153,11 +160,23 @@ def read_forward(
     if len(steps) < min_steps:
         f.inconclusive(f"{label}{len(steps)} steps present, the question requires {min_steps}")
     arrays_dir = forward_dir / ARRAYS_DIR
+    with_arrays: set[int] = set()
     if arrays_dir.is_dir():
-        numbered = [int(m.group(1)) for p in arrays_dir.glob("step_*.npz") if (m := _STEP_FILE.fullmatch(p.name))]
-        orphan = sorted(n for n in numbered if n not in present)
+        orphan = []
+        for p in sorted(arrays_dir.iterdir()):
+            m = _STEP_FILE.fullmatch(p.name)
+            if m is None or p.name != step_arrays_path(forward_dir, int(m.group(1))).name:
+                f.inconclusive(f"{label}{ARRAYS_DIR}/{p.name}: not a step's arrays file (step_NNNN.npz); what it "
+                               "holds is not judged, so the receipt is not judged whole")
+            elif int(m.group(1)) not in present:
+                orphan.append(int(m.group(1)))
+            else:
+                with_arrays.add(int(m.group(1)))
         if orphan:
-            f.inconclusive(f"{label}arrays exist for steps {orphan} that metrics.jsonl does not report")
+            f.inconclusive(f"{label}arrays exist for steps {sorted(orphan)} that metrics.jsonl does not report")
+    if with_arrays and (without := sorted(set(present) - with_arrays)):
+        f.inconclusive(f"{label}steps {without} have no arrays while steps {sorted(with_arrays)} do: the receipt "
+                       "would be judged partly on its arrays and partly on its logged numbers")
     for s in steps:
         recomputed = _recompute(forward_dir, s, f, label)
         src = "arrays" if recomputed else "logged"
@@ -188,6 +207,29 @@ def read_forward(
     return reading
 
 
+def _first_step(meta: Any) -> int:
+    """The step a forward leg's run began at: 1 unless its producer recorded another (a re-check
+    after an update continues the numbering: resolved_config.first_step)."""
+    declared = meta.resolved_config.get("first_step") if meta is not None else None
+    return declared if isinstance(declared, int) and not isinstance(declared, bool) and declared >= 1 else 1
+
+
+def _arm_covers(findings: Findings, arm: str, legs: list[tuple[int, list[int]]]) -> None:
+    """One arm's forward legs, together, hold every step from the step the run began at (1, or
+    the earliest a leg declares) to the last: a step left out of every leg is a missing step, and
+    steps dropped from the front leave no gap between the ones present."""
+    steps = sorted({s for _, ss in legs for s in ss})
+    if not steps:
+        return
+    first = min(f for f, _ in legs)
+    missing = sorted(set(range(first, steps[-1] + 1)) - set(steps))
+    if missing:
+        findings.inconclusive(f"{arm}: steps {missing} of {first}..{steps[-1]} are in none of the arm's forward legs: "
+                              "a missing step is not a pass")
+    elif steps[0] < first:
+        findings.inconclusive(f"{arm}: steps begin at {steps[0]}, before the step {first} the run says it began at")
+
+
 def _required_arm(criteria: ForwardCriteria) -> str:
     """The arm whose leg must have run: BI=1 when it is judged (the bitwise claim), else BI=0 (smoke)."""
     return "bi1" if "bi1" in criteria.arms else "bi0"
@@ -209,6 +251,7 @@ def judge_forward(question: Question, leg_paths: Sequence[str | Path]) -> Verdic
                                "noise_floor": question.noise_floor}
     tables: dict[str, str] = {}
     arm_verdicts: dict[str, list[Verdict]] = {"bi1": [], "bi0": []}
+    arm_steps: dict[str, list[tuple[int, list[int]]]] = {}  # arm -> per leg (its run's first step, its steps)
     ref, factor = criteria.bi0_reference_mean, criteria.bi0_magnitude_factor
     bi0_range = None if ref is None else (ref / factor, ref * factor)
     for leg in legs:
@@ -223,6 +266,7 @@ def judge_forward(question: Question, leg_paths: Sequence[str | Path]) -> Verdic
             continue
         reading = read_forward(leg.path, leg.arm, criteria.min_steps, bi0_range, label,
                                grad_norm_required=criteria.bi0_smoke, noise_floor=question.noise_floor)
+        arm_steps.setdefault(leg.arm, []).append((_first_step(leg.meta), [s["step"] for s in reading.steps]))
         if leg.arm == "bi1" and leg.meta.trainer == "vllm_engine":
             # The rollout engine scoring its own tokens compares vLLM with itself: no trainer took part.
             reading.findings.inconclusive(f"{label}the trainer is the rollout engine itself (trainer: vllm_engine): "
@@ -236,6 +280,9 @@ def judge_forward(question: Question, leg_paths: Sequence[str | Path]) -> Verdic
         numbers["legs"].append({"path": str(leg.path), "arm": leg.arm, "judged": judged, "steps": reading.steps,
                                 "verdict": reading.findings.verdict.value})
         tables[f"per step: {leg.arm} {leg.path.name}"] = md_table(STEP_HEADERS, reading.rows)
+    for arm in criteria.arms:  # an arm's legs together: from the step its run began at, none missing
+        if arm_steps.get(arm):
+            _arm_covers(findings, arm, arm_steps[arm])
     required = _required_arm(criteria)
     if not arm_verdicts[required]:
         findings.not_run(_NO_LEG[required])

@@ -163,9 +163,13 @@ def judge_quality(question: Question, leg_paths: Sequence[str | Path]) -> Verdic
     greedy = criteria.greedy or bool(c1.greedy and c0.greedy)
     finer = greedy and criteria.threshold_points < resolution
     if finer:
-        findings.note(
+        # A score that moves in steps of one problem cannot show a difference finer than one: such a
+        # threshold is met only by chance (equal scores), unless a frozen statistical basis decides it.
+        (findings.note if criteria.statistical_basis is not None else findings.inconclusive)(
             f"threshold {criteria.threshold_points:g} points is finer than one problem ({resolution:.4g} points of "
             f"{n}) under greedy decoding: smaller differences are invisible"
+            + ("" if criteria.statistical_basis is not None else
+               ", so the threshold cannot be shown met (no statistical basis is frozen to decide it)")
         )
     if diff > criteria.threshold_points + 1e-9:
         findings.fail(f"|{score1:.4g} - {score0:.4g}| = {diff:.4g} points exceeds the threshold {criteria.threshold_points:g}")

@@ -10,7 +10,13 @@ per-round raw throughput and loss 1 - T_BI1/T_BI0; then per concurrency the ques
 formula, labelled. A target c over budget fails whatever the average says; single-round and
 aggregate overruns are reported apart; a loss inside the noise floor is reported as such;
 invalid rounds are kept with their reasons; fast/slow tiers in an arm make the attribution
-`inconclusive`; a profiled leg never counts. Crossed rounds compare the arms on one machine:
+`inconclusive`; a profiled leg never counts. The rounds handed in at a concurrency run 1..max
+with no gap (a missing round, or one numbered below 1, leaves that c inconclusive, named); a
+round past the frozen `repeats` stands in only for an invalid round that is present, never for
+an absent one. A leg whose leg.json resolved_config and bench file record one workload value
+differently is invalid; two legs whose bench files are one measurement (the same bytes, or the
+same recorded date, duration and counts) never count as two rounds, and leave their c
+inconclusive. Crossed rounds compare the arms on one machine:
 where the legs record their node (`env.TICA_NODE`, as resources.ray_legs gives it, or
 `resolved_config.node`), every leg of the valid rounds must name the same one; legs on two nodes,
 or a node some legs record and others do not, are no pass (an overrun found stands, unattributed).
@@ -45,7 +51,8 @@ from tica.judges._common import Findings, cell, md_table, wrong_question
 from tica.judges.clean_exit import exit_problems
 from tica.judges.confounders import confounder_markdown, confounder_table, require_recorded, unquantified
 from tica.question import WORKLOAD_FIELDS, Question, ThroughputCriteria, ThroughputFormula
-from tica.receipts import BENCH_FILE, LEG_FILE, BenchLeg, is_unknown, load_bench_leg, recorded_value
+from tica.receipts import BENCH_FILE, LEG_FILE, BenchLeg, BenchResult, is_unknown, load_bench_leg, recorded_value
+from tica.seal import sha256_file
 from tica.verdict import Verdict, VerdictCell
 
 
@@ -59,7 +66,10 @@ def formal_statistic(formula: ThroughputFormula, t_bi1: Sequence[float], t_bi0: 
 
 
 def expected_order(pairing_order: Sequence[str], round_no: int) -> str:
-    """The frozen order of round r; retest rounds past the frozen ones keep alternating."""
+    """The frozen order of round r (r >= 1); retest rounds past the frozen ones keep alternating.
+    Rounds are numbered from 1: r < 1 is no round of the frozen order (never an index from its end)."""
+    if round_no < 1:
+        raise ValueError(f"round {round_no}: rounds are numbered from 1")
     if round_no <= len(pairing_order):
         return pairing_order[round_no - 1]
     last = pairing_order[-1] if pairing_order else "AB"
@@ -110,6 +120,54 @@ def _self_contradictions(b: Any) -> list[str]:
     return out
 
 
+# Where a bench file records a workload field itself: BenchResult's typed fields, or a top-level
+# key it carries (`--metadata input_len=8192`, vllm's own names for the random dataset's lengths).
+_BENCH_KEYS: dict[str, tuple[str, ...]] = {
+    "num_warmups": ("num_warmups",), "ignore_eos": ("ignore_eos",), "num_prompts": ("num_prompts",),
+    "input_len": ("input_len", "random_input_len"), "output_len": ("output_len", "random_output_len")}
+
+
+def _as_recorded(v: Any) -> Any:
+    """A workload value as a receipt states it, read as bench metadata is (top-level strings)."""
+    if isinstance(v, str):
+        t = v.strip()
+        if t.lower() in ("true", "false"):
+            return t.lower() == "true"
+        if t.lstrip("-").isdigit():
+            return int(t)
+    return v
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    a, b = _as_recorded(a), _as_recorded(b)
+    if isinstance(a, bool) or isinstance(b, bool):
+        return isinstance(a, bool) and isinstance(b, bool) and a == b
+    return a == b
+
+
+def receipt_disagreements(leg: BenchLeg) -> list[str]:
+    """Workload values that the leg's leg.json resolved_config and its bench file both record,
+    and record differently. `BenchLeg.workload` reads resolved_config first: a bench file that
+    says otherwise is not overruled in silence, the leg's workload is simply not known."""
+    if leg.meta is None:
+        return []
+    config = leg.meta.resolved_config
+    extra = leg.bench.model_extra or {}
+    out = []
+    for key in WORKLOAD_FIELDS:
+        said = config.get(key)
+        if is_unknown(said):
+            continue
+        for bkey in _BENCH_KEYS.get(key, (key,)):
+            got = getattr(leg.bench, bkey) if bkey in BenchResult.model_fields else extra.get(bkey)
+            if is_unknown(got) or _same_value(said, got):
+                continue
+            out.append(f"{key}: {leg.path.name}/{LEG_FILE} resolved_config.{key} = {said!r} but "
+                       f"{leg.path.name}/{BENCH_FILE} {bkey} = {got!r}: the leg's two receipts disagree, "
+                       "its workload is not known")
+    return out
+
+
 def check_workload(leg: BenchLeg, criteria: ThroughputCriteria) -> LegCheck:
     """The leg's workload receipt, item by item, against the frozen workload."""
     b = leg.bench
@@ -128,6 +186,8 @@ def check_workload(leg: BenchLeg, criteria: ThroughputCriteria) -> LegCheck:
         p.append("profiled: never a formal end-to-end measurement")
     if leg.round is None or leg.slot is None:
         p.append("round/slot not recorded (--metadata round=R slot=S)")
+    if leg.round is not None and leg.round < 1:
+        p.append(f"round {leg.round}: rounds are numbered from 1")
     c = leg.concurrency
     want = criteria.num_prompts.get(c) if criteria.num_prompts and c is not None else None
     expected = want if want is not None else b.num_prompts
@@ -155,6 +215,7 @@ def check_workload(leg: BenchLeg, criteria: ThroughputCriteria) -> LegCheck:
             p.append(f"{got} warm-up requests, the workload fixes {frozen[key]}")
         elif frozen[key] is not None and got != frozen[key]:
             p.append(f"{key} {got!r}, the workload fixes {frozen[key]!r}")
+    p += receipt_disagreements(leg)
     if not (chk.throughput > 0):
         p.append(f"{criteria.throughput_metric} is {chk.throughput}")
     return chk
@@ -262,10 +323,69 @@ def not_run_legs(leg_paths: Sequence[str | Path]) -> dict[Path, dict]:
     return {Path(p): meta for p in leg_paths if (meta := _not_run_meta(Path(p))) is not None}
 
 
+def leg_name(leg: BenchLeg) -> str:
+    return f"{leg.path.parent.name}/{leg.path.name}"
+
+
+def _bench_path(leg: BenchLeg) -> Path:
+    return leg.path / BENCH_FILE if leg.meta is not None else leg.path
+
+
+@dataclass
+class SameMeasurement:
+    """Legs whose bench files are one measurement: the same bytes, or the same recorded identity."""
+    c: int | None
+    legs: list[LegCheck]
+    why: list[str]
+
+    def names(self) -> str:
+        return " and ".join(leg_name(lc.leg) for lc in self.legs)
+
+
+def _identity(b: BenchResult) -> tuple | None:
+    """What a `vllm bench serve` result records of the run it measured: its date, duration and
+    counts, and the arm/round/slot it records of itself (--metadata). Two runs do not end at the
+    same second after the same duration with the same counts; a file that names another round
+    of its own is a claim of another run (a stale copy of one names the wrong round, which the
+    loader refuses against leg.json). No date recorded: only the bytes are compared."""
+    date = (b.model_extra or {}).get("date")
+    if not isinstance(date, str) or not date.strip():
+        return None
+    return (date.strip(), b.duration, b.num_prompts, b.max_concurrency, b.completed, b.failed,
+            b.total_input_tokens, b.total_output_tokens, b.arm, b.round, b.slot)
+
+
+def same_measurements(checks: Sequence[LegCheck]) -> list[SameMeasurement]:
+    """Groups of two or more legs that hand in one measurement: their bench files have the same
+    sha256, or record the same date, duration and counts (`_identity`). Each such group is one
+    run counted several times, whichever leg it really belongs to."""
+    by_key: dict[tuple, list[int]] = defaultdict(list)
+    for i, chk in enumerate(checks):
+        try:
+            by_key[("sha256", "sha256:" + sha256_file(_bench_path(chk.leg)))].append(i)
+        except OSError:
+            pass
+        ident = _identity(chk.leg.bench)
+        if ident is not None:
+            by_key[("identity", *ident)].append(i)
+    groups: dict[tuple[int, ...], list[str]] = {}
+    for key, idx in by_key.items():
+        if len(idx) < 2:
+            continue
+        why = (f"their bench files have the same content ({key[1][:19]}...)" if key[0] == "sha256" else
+               f"their bench files record the same run: date {key[1]}, duration {key[2]!r} s, "
+               f"{key[5]} completed, {key[7]} input and {key[8]} output tokens")
+        groups.setdefault(tuple(sorted(idx)), []).append(why)
+    return [SameMeasurement(c=checks[idx[0]].leg.concurrency, legs=[checks[i] for i in idx], why=why)
+            for idx, why in sorted(groups.items())]
+
+
 def pair_rounds(question: Question, checks: Sequence[LegCheck],
                 ignore_exits: bool = False) -> tuple[list[Round], list[tuple[LegCheck, str]]]:
     """Checked legs grouped into checked rounds per concurrency (sorted by c, round), and the
-    legs set aside with why (outside the frozen concurrencies, or no round)."""
+    legs set aside with why (outside the frozen concurrencies, or no round). A round numbered
+    below 1 is kept, invalid, and never given a frozen order; a round holding a leg whose bench
+    file is another leg's measurement too (`same_measurements`) is invalid."""
     criteria: ThroughputCriteria = question.criteria  # type: ignore[assignment]
     grouped: dict[tuple[int, int], list[LegCheck]] = defaultdict(list)
     aside: list[tuple[LegCheck, str]] = []
@@ -276,10 +396,23 @@ def pair_rounds(question: Question, checks: Sequence[LegCheck],
             aside.append((chk, f"{why}: c={c}"))
             continue
         grouped[(c, r)].append(chk)
-    rounds = [Round(c=c, number=r, legs=lcs, expected=expected_order(question.pairing_order, r))
+    rounds = [Round(c=c, number=r, legs=lcs, expected=expected_order(question.pairing_order, r) if r >= 1 else "-")
               for (c, r), lcs in sorted(grouped.items())]
+    twice: dict[int, list[str]] = defaultdict(list)
+    for same in same_measurements(checks):
+        for lc in same.legs:
+            others = " and ".join(leg_name(o.leg) for o in same.legs if o is not lc)
+            twice[id(lc)].append(f"the same measurement as {others} ({'; '.join(same.why)})")
     for rnd in rounds:
+        if rnd.number < 1:
+            rnd.problems.append(f"round {rnd.number}: rounds are numbered from 1; no round of the frozen order, "
+                                "refused")
+            continue
         check_round(rnd, criteria, ignore_exits)
+        for lc in rnd.legs:
+            rnd.problems += [f"{lc.leg.arm} leg {lc.leg.path.name}: {why}" for why in twice.get(id(lc), ())]
+        if rnd.problems:
+            rnd.t_bi1 = rnd.t_bi0 = None
     return rounds, aside
 
 
@@ -418,12 +551,35 @@ def judge_throughput(question: Question, leg_paths: Sequence[str | Path]) -> Ver
         findings.inconclusive(f"the statistical basis names test {basis.test!r}, which this TICA does not know "
                               f"({', '.join(sorted(budget_test.KNOWN_TESTS))}): no budget is declared passed")
         basis = None  # never decided by a rule this code does not have
+    # One measurement handed in as several legs never counts as several rounds: those rounds are
+    # invalid (pair_rounds) and their c inconclusive, whichever leg the run belongs to.
+    for same in same_measurements(checks):
+        msg = (f"c={same.c}: {same.names()} are one measurement counted {len(same.legs)} times "
+               f"({'; '.join(same.why)}): a round is its own A/B pair, so none of them counts as a round")
+        (findings.inconclusive if same.c in criteria.concurrencies else findings.note)(msg)
     for c in criteria.concurrencies:
-        # The frozen number of rounds, the first valid ones in round order: a later round only
-        # stands in for an invalid one (its retest). Extra valid rounds are kept and shown, never
-        # added to dilute an overrun.
-        all_valid = [r for r in rounds if r.c == c and r.valid]
-        valid, extra = all_valid[:question.repeats], all_valid[question.repeats:]
+        # Rounds run 1..max with no gap: a round that was run is handed in, invalid or not, never
+        # left out; a round numbered below 1 is no round of the frozen order.
+        at_c = [r for r in rounds if r.c == c]
+        below = sorted(r.number for r in at_c if r.number < 1)
+        numbered = [r for r in at_c if r.number >= 1]
+        top = max((r.number for r in numbered), default=0)
+        missing = sorted(set(range(1, top + 1)) - {r.number for r in numbered})
+        if below:
+            findings.inconclusive(f"c={c}: round(s) {below} numbered below 1: rounds are numbered from 1 in the "
+                                  "frozen order; refused (kept, never judged)")
+        if missing:
+            findings.inconclusive(f"c={c}: round(s) {missing} missing of rounds 1..{top} handed in: every round "
+                                  "that was run is kept (an invalid one with its reason), none is left out, and a "
+                                  "later round never stands in for an absent one")
+        # The frozen rounds 1..repeats; a round past them only stands in for an invalid frozen
+        # round that is present (its retest), never for an absent one. Extra valid rounds are kept
+        # and shown, never added to dilute an overrun.
+        frozen = [r for r in numbered if r.number <= question.repeats]
+        retests = [r for r in numbered if r.number > question.repeats and r.valid]
+        stand_in = sum(not r.valid for r in frozen)
+        valid = [r for r in frozen if r.valid] + retests[:stand_in]
+        extra = retests[stand_in:]
         if extra:
             findings.note(f"c={c}: rounds {[r.number for r in extra]} are valid beyond the {question.repeats} frozen; "
                           "kept, not judged (a retest replaces an invalid round, it does not add to the sample)")
@@ -432,7 +588,7 @@ def judge_throughput(question: Question, leg_paths: Sequence[str | Path]) -> Ver
         entry: dict[str, Any] = {"valid_rounds": [r.number for r in valid], "t_bi1": t1, "t_bi0": t0,
                                  "losses": [r.loss for r in valid], "statistic": None, "budget": budget.get(c),
                                  "over_budget": None, "single_round_overruns": [], "tiers": {},
-                                 "inside_noise_floor": None}
+                                 "inside_noise_floor": None, "missing_rounds": missing, "rounds_below_1": below}
         per_c[c] = entry
         target = c in budget
         # Listed over every round at c; only the judged rounds' required unknowns hold c undecided.
@@ -450,6 +606,8 @@ def judge_throughput(question: Question, leg_paths: Sequence[str | Path]) -> Ver
             findings.note(f"c={c}: unknown: {_listed(relaxed)}: not required by the question, judged without them")
         if len(valid) < question.repeats:
             msg = f"c={c}: {len(valid)} valid round(s) of the {question.repeats} frozen"
+            if top < question.repeats:
+                msg += f" (round(s) {list(range(top + 1, question.repeats + 1))} not handed in)"
             (findings.inconclusive if target else findings.note)(msg)
         for arm, ts in (("bi1", t1), ("bi0", t0)):
             x = tier_ratio(ts)
@@ -533,6 +691,11 @@ def judge_throughput(question: Question, leg_paths: Sequence[str | Path]) -> Ver
     # Confounders, per concurrency (workload settings legitimately differ between concurrencies).
     loose_keys: set[str] = set()
     conf_rows = []
+    unprofiled_unknown = sorted(chk.leg.path.name for chk in checks if chk.leg.profiled is None)
+    if unprofiled_unknown:  # measured values are still shown; the cell cannot pass on them
+        findings.inconclusive(f"{len(unprofiled_unknown)} leg(s) record nowhere whether the run was profiled "
+                              f"({', '.join(unprofiled_unknown[:4])}{' ...' if len(unprofiled_unknown) > 4 else ''}): "
+                              "a profiled run is never a formal measurement, and these are not shown not to be")
     bare = [chk.leg.path.name for chk in checks if chk.leg.meta is None]
     if bare:
         findings.inconclusive(f"{len(bare)} bare bench file(s) carry no resolved config or exit receipts: "

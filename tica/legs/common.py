@@ -276,10 +276,23 @@ class ReportedExit:
     grace: str | None = None
 
 
+# A reported exit is a whole line: the marker at its start, after vLLM's optional
+# `(NAME pid=N) ` prefix and colour codes, then key=value pairs. A marker anywhere else (a logged
+# prompt or output) is text, not an exit.
+_LOG_PREFIX = r"(?:\x1b\[[0-9;]*m)*(?:\([^()\n]*\bpid=\d+\)(?:\x1b\[[0-9;]*m)* ?)?"
+EXIT_LINE_RE = re.compile(r"^" + _LOG_PREFIX + "(" + EXIT_LINE + r"(?: \w+=\S+)+)[ \t\r]*$", re.MULTILINE)
+
+
+def exit_lines(log_text: str) -> str:
+    """Only the whole `TICA_PROC_EXIT` lines of a log, each from its marker on."""
+    return "".join(m.group(1) + "\n" for m in EXIT_LINE_RE.finditer(log_text))
+
+
 def reported_exits(text: str) -> dict[int, ReportedExit]:
-    """pid -> its reported exit. A line without role= (before workers were reported) is an EngineCore's."""
+    """pid -> its reported exit, from whole marker lines only. A line without role= (before workers
+    were reported) is an EngineCore's."""
     out = {}
-    for m in re.finditer(EXIT_LINE + r" ((?:\w+=\S+ ?)+)", text):
+    for m in re.finditer(EXIT_LINE + r" ((?:\w+=\S+ ?)+)", exit_lines(text)):
         kv = dict(part.split("=", 1) for part in m.group(1).split())
         try:
             pid = int(kv["pid"])

@@ -139,6 +139,8 @@ def write_decode_leg(legio, d: Path, kept: list, model, dev, checkpoint: str, ke
     meta["kernels"] = decode_kernels(kern)
     meta["resolved_config"] = dict(base_cfg, tokens="response (generated) tokens only",
                                    rollout_logprobs="vLLM sampled-token logprobs (SamplingParams.logprobs=0)")
+    if kept:  # the first step this run scored (a re-check after an update continues the numbering)
+        meta["resolved_config"]["first_step"] = min(int(st["step"]) for st, _ in kept)
     legio.write_meta(d, meta)
     return rows
 

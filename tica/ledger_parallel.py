@@ -1,0 +1,226 @@
+"""Verify a large ledger in parallel: the chain cut into contiguous seq ranges, each range re-hashed
+by a process of its own, the pieces joined in chain order.
+
+Each row's hash depends only on its own content and its stored link (prev_hash), so a range can be
+re-hashed without the rows before it; what a range cannot check alone is its first row's link, its
+rows' chain positions and the published head, and `tica.ledger.join_segments` checks those from
+what every range reports (the rows before a range are counted first). The report is the one the
+serial verify makes of the same chain, problem for problem (tests/core/test_ledger_parallel_verify.py).
+
+Every process reads the same state: DuckDB readers hold the file shared, so no writer commits while
+they read; on Postgres the parent exports its REPEATABLE READ snapshot and every range imports it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from tica.errors import TicaError
+from tica.ledger import (CHAIN_COLUMNS, TABLES, ChainSegment, Head, VerifyReport, check_segment, join_segments,
+                         merge_chain)
+
+PARALLEL_MIN_ROWS = 200_000  # below this a process start costs more than it saves
+MAX_WORKERS = 16
+FETCH_ROWS = 20_000
+
+
+def workers_for(rows: int) -> int:
+    """How many processes verify `rows` chain rows: TICA_VERIFY_WORKERS if set (1: serial), else one
+    per CPU (at most MAX_WORKERS) once the chain holds PARALLEL_MIN_ROWS rows."""
+    env = os.environ.get("TICA_VERIFY_WORKERS", "").strip()
+    if env:
+        try:
+            return max(1, int(env))
+        except ValueError:
+            from tica.errors import InputError
+
+            raise InputError("TICA_VERIFY_WORKERS", "<env>", f"{env!r} is not a number of processes") from None
+    if rows < PARALLEL_MIN_ROWS:
+        return 1
+    return max(1, min(MAX_WORKERS, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else
+                      os.cpu_count() or 1))
+
+
+def cut_points(seqs: Sequence[int], pieces: int) -> list[int]:
+    """Seq values that cut the chain into `pieces` ranges of about equal rows: range k holds the rows
+    with cuts[k-1] <= seq < cuts[k] (the first range from below any seq, the last to above any)."""
+    if pieces <= 1 or not seqs:
+        return []
+    ordered = sorted(seqs)
+    cuts = sorted({ordered[len(ordered) * k // pieces] for k in range(1, pieces)})
+    return [c for c in cuts if c > ordered[0]]
+
+
+def ranges_of(cuts: Sequence[int]) -> list[tuple[int | None, int | None]]:
+    bounds: list[int | None] = [None, *cuts, None]
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+def range_sql(table: str, lo: int | None, hi: int | None, ordered: bool, placeholder: str = "?") -> tuple[str, list]:
+    names = [n for n, _ in TABLES[table]]
+    where, params = [], []
+    if lo is not None:
+        where.append(f"seq >= {placeholder}")
+        params.append(lo)
+    if hi is not None:
+        where.append(f"seq < {placeholder}")
+        params.append(hi)
+    sql = (f"SELECT {', '.join((*CHAIN_COLUMNS, *names))} FROM {table}"
+           + (f" WHERE {' AND '.join(where)}" if where else "") + (" ORDER BY seq" if ordered else ""))
+    return sql, params
+
+
+def range_entries(execute: Callable[[Any, str, list], None], cursors: Sequence[Any], lo: int | None, hi: int | None,
+                  ordered: bool) -> Iterator[tuple[int, str, str, str, str, tuple]]:
+    """The chain rows with lo <= seq < hi, every table's merged by seq (as the serial stream is)."""
+    from tica.ledger import _OutOfOrder
+
+    def stream(cur, table):
+        sql, params = range_sql(table, lo, hi, ordered)
+        execute(cur, sql, params)
+        last = None
+        while True:
+            rows = cur.fetchmany(FETCH_ROWS)
+            if not rows:
+                return
+            for r in rows:
+                if not ordered:
+                    if last is not None and not last < r[0]:
+                        raise _OutOfOrder(table)
+                    last = r[0]
+                yield (r[0], table, r[1], r[2], r[3], tuple(r[4:]))
+
+    return merge_chain([stream(cur, table) for cur, table in zip(cursors, TABLES)])
+
+
+# ----------------------------------------------------------------------------------- DuckDB
+def _duckdb_range(path: str, lo: int | None, hi: int | None, start: int, want: int | None) -> ChainSegment:
+    from tica.ledger import Ledger, _OutOfOrder
+
+    with Ledger(path).reader() as con:
+        def execute(cur, sql, params):
+            cur.execute(sql, params)
+
+        for ordered in (False, True):  # as stored (DuckDB keeps insertion order), else sorted
+            cursors = [con.cursor() for _ in TABLES]
+            try:
+                return check_segment(range_entries(execute, cursors, lo, hi, ordered), start, want, None)
+            except _OutOfOrder:
+                continue
+            finally:
+                for cur in cursors:
+                    cur.close()
+    raise AssertionError("unreachable")
+
+
+def counts_before(count: Callable[[str], Sequence[int]], cuts: Sequence[int]) -> list[int]:
+    """Chain position of each range's first row: 1 + the rows of every table below its cut."""
+    per = [0] * len(cuts)
+    for table in TABLES:
+        for k, n in enumerate(count(table)):
+            per[k] += n
+    return [1] + [1 + n for n in per]
+
+
+def count_sql(table: str, cuts: Sequence[int], placeholder: str = "?") -> str:
+    return "SELECT " + ", ".join(f"count(*) FILTER (WHERE seq < {placeholder})" for _ in cuts) + f" FROM {table}"
+
+
+def seq_sample_sql() -> str:
+    return " UNION ALL ".join(f"SELECT seq FROM {t}" for t in TABLES)
+
+
+def verify_duckdb(path: str, con, expect: Head | None, views: Sequence[str], workers: int) -> VerifyReport:
+    """`con`: the caller's read-only connection (held open: writers wait until every range is read)."""
+    seqs = [r[0] for r in con.execute(seq_sample_sql()).fetchall()]
+    cuts = cut_points(seqs, workers)
+    starts = counts_before(lambda t: con.execute(count_sql(t, cuts), list(cuts)).fetchone(), cuts)
+    jobs = [(path, lo, hi, start, expect.seq if expect else None) for (lo, hi), start in zip(ranges_of(cuts), starts)]
+    return join_segments(_run("duckdb", jobs), expect, views)
+
+
+# ----------------------------------------------------------------------------------- Postgres
+def _postgres_range(dsn: str, snapshot: str, lo: int | None, hi: int | None, start: int,
+                    want: int | None) -> ChainSegment:
+    from tica.ledger_pg import PostgresLedger
+
+    with PostgresLedger(dsn)._connect() as con:
+        try:
+            con.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            if not re.fullmatch(r"[0-9A-F]+-[0-9A-F]+(-[0-9]+)?", snapshot):
+                raise ValueError(f"{snapshot!r} is not a Postgres snapshot id")
+            con.execute(f"SET TRANSACTION SNAPSHOT '{snapshot}'")  # a utility statement: no bind parameters
+            cursors = [con.cursor(name=f"tica_range_{table}") for table in TABLES]
+
+            def execute(cur, sql, params):
+                cur.execute(sql.replace("?", "%s"), params)
+            try:
+                return check_segment(range_entries(execute, cursors, lo, hi, True), start, want, None)
+            finally:
+                for cur in cursors:
+                    cur.close()
+        finally:
+            con.rollback()
+
+
+def verify_postgres(dsn: str, con, expect: Head | None, views: Sequence[str], workers: int) -> VerifyReport:
+    """`con`: the caller's connection, inside a REPEATABLE READ transaction whose snapshot every range reads."""
+    snapshot = con.execute("SELECT pg_export_snapshot()").fetchone()[0]
+    seqs = [r[0] for r in con.execute(seq_sample_sql()).fetchall()]
+    cuts = cut_points(seqs, workers)
+    starts = counts_before(lambda t: con.execute(count_sql(t, cuts, "%s"), list(cuts)).fetchone(), cuts)
+    jobs = [(dsn, snapshot, lo, hi, start, expect.seq if expect else None)
+            for (lo, hi), start in zip(ranges_of(cuts), starts)]
+    return join_segments(_run("postgres", jobs), expect, views)
+
+
+# ----------------------------------------------------------------------------------- processes
+_WORKERS = {"duckdb": _duckdb_range, "postgres": _postgres_range}
+
+
+def _run(kind: str, jobs: list[tuple]) -> list[ChainSegment]:
+    """Each range in a process of its own (`python -m tica.ledger_parallel`, so nothing depends on
+    how the caller's program was started), one in this process; results in range order."""
+    if len(jobs) == 1:
+        return [_WORKERS[kind](*jobs[0])]
+    procs = [subprocess.Popen([sys.executable, "-m", "tica.ledger_parallel", kind, json.dumps(job)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for job in jobs[1:]]
+    try:
+        first = _WORKERS[kind](*jobs[0])
+        out = [first]
+        for p in procs:
+            stdout, stderr = p.communicate()
+            if p.returncode != 0:
+                raise TicaError(f"ledger verify: a range's process failed (exit {p.returncode}): "
+                                f"{stderr.decode(errors='replace').strip()[-2000:]}")
+            out.append(_segment_from_json(stdout))
+        return out
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def _segment_from_json(data: bytes) -> ChainSegment:
+    d = json.loads(data)
+    return ChainSegment(start=d["start"], linked=d["linked"], count=d["count"],
+                        first=tuple(d["first"]) if d["first"] is not None else None, last_hash=d["last_hash"],
+                        last_at=d["last_at"], held=d["held"], problems=[tuple(p) for p in d["problems"]])
+
+
+def main(argv: Sequence[str]) -> int:
+    kind, job = argv[0], json.loads(argv[1])
+    sys.stdout.write(json.dumps(dataclasses.asdict(_WORKERS[kind](*job))))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
