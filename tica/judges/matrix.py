@@ -13,9 +13,10 @@ a cell that does not pass, from what the leg recorded beside its arrays, in this
    steps compute them, which needs the engine's step composition);
 2. vLLM's own decode and prefill logprobs differing on that batch: the rows depend on the engine
    step (a kernel whose launch or tile follows the step, not isolated by a variant);
-3. a vocabulary that is not a multiple of 64, with vLLM self-consistent: isolated when a control
-   shape (the same model with the vocabulary padded to 64) passes the same load in the same
-   matrix, "suspected" when no such control ran;
+3. a vocabulary that is not a multiple of 64: isolated when a control shape (the same model with the
+   vocabulary padded to 64) passes the same load in the same matrix, "suspected" when no such
+   control ran, and not named at all when the same shape passes the same cell under another
+   candidate of the run (the trainer's logits path is the candidate-independent part);
 4. otherwise ``unexplained``.
 
 Nothing here makes a cell pass: a cause is only ever attached to a cell that did not.
@@ -72,7 +73,7 @@ def _pad64(v: int) -> int:
     return -(-v // 64) * 64
 
 
-def _cause(scored: str, row: dict, cfg: dict, control_passed: bool | None) -> str:
+def _cause(scored: str, row: dict, cfg: dict, control_passed: bool | None, peer_passed: bool) -> str:
     """Every cause the leg's own probes support, in the module docstring's order, joined."""
     kind = "decode" if scored.startswith("decode") else "prefill"
     variants = row.get("tica/variants")
@@ -88,7 +89,7 @@ def _cause(scored: str, row: dict, cfg: dict, control_passed: bool | None) -> st
         causes.append(f"engine step: vLLM's own decode and prefill logprobs differ on {self_gap} generated tokens "
                       "of this batch, so a row's bits follow the step it ran in (no one-change variant reproduces it)")
     vocab = cfg.get("vocab_size")
-    if isinstance(vocab, int) and vocab % 64:
+    if isinstance(vocab, int) and vocab % 64 and not peer_passed:
         if control_passed:
             causes.append(f"vocabulary {vocab} not a multiple of 64: the same model with {_pad64(vocab)} passes this "
                           "load (control shape); the op is not isolated")
@@ -135,6 +136,9 @@ def matrix_cells(question: Question, root: str | Path) -> list[MatrixCell]:
             if (run2 == run and m2["candidate"] == m["candidate"] and m2["load"] == m["load"]
                     and m2["scored"] == m["scored"] and _is_control(cfg, configs[leg2])):
                 control = judged[leg2][0] is Verdict.PASS
+        peer_passed = any(run2 == run and m2["candidate"] != m["candidate"] and m2["shape"] == m["shape"]
+                          and m2["load"] == m["load"] and m2["scored"] == m["scored"]
+                          and judged[leg2][0] is Verdict.PASS for run2, leg2, m2 in legs)
         overlay = cfg.get("source_overlay") or {}
         cells.append(MatrixCell(
             run=run, candidate=m["candidate"], overlay_parts=tuple(overlay.get("parts") or
@@ -143,7 +147,7 @@ def matrix_cells(question: Question, root: str | Path) -> list[MatrixCell]:
             n_diff=row.get("tica/n_bitwise_diff"), n_tokens=row.get("tica/n_tokens"),
             vllm_decode_vs_prefill=row.get("tica/vllm_decode_vs_prefill_n_bitwise_diff"),
             cause=None if verdict is Verdict.PASS else (
-                _cause(m["scored"], row, cfg, control) if verdict is Verdict.FAIL else f"not judged: {verdict.value}"),
+                _cause(m["scored"], row, cfg, control, peer_passed) if verdict is Verdict.FAIL else f"not judged: {verdict.value}"),
             reasons=reasons))
     return cells
 
