@@ -45,6 +45,8 @@ def test_each_leg_records_the_shutdown_timeout_its_server_was_given_and_vllm_app
         meta = leg_json(leg)
         assert meta["resolved_config"]["shutdown_timeout"] == timeout
         assert meta["kernels"]["rollout"]["shutdown_timeout"] == timeout  # vLLM's own log line at shutdown
+        # the workers' grace after the EngineCore's shutdown follows it (vLLM's 5 s is too little on a loaded host)
+        assert meta["env"].get("VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS") == (str(timeout) if timeout else None)
 
 
 def test_with_a_positive_shutdown_timeout_every_process_exits_on_its_own_and_the_cell_passes(exit_legs):

@@ -384,7 +384,8 @@ def test_vllm_bench_serve_against_a_cpu_vllm_server_it_starts(tiny_model, tmp_pa
              "--result-dir", str(tmp_path / "results"), "--result-filename", "run.json"]
     leg = tmp_path / "leg"
     rc = leg_run_cli.main(["run", "--out", str(leg), "--item", "throughput", "--arm", "bi0", "--round", "1",
-                           "--slot", "1", "--cwd", str(repo), "--server-cmd", server, "--", *bench])
+                           "--slot", "1", "--cwd", str(repo), "--server-cmd", server,
+                               "--env", "VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS=60", "--", *bench])
     meta = _meta(leg)
     print(json.dumps({k: meta[k] for k in ("env", "versions", "device", "kernels", "processes")}, indent=1))
     assert rc == 0, meta.get("errors")

@@ -33,6 +33,9 @@ TASK_YAML = REPO / "tica" / "problems" / "lm_eval" / "tica_arith30.yaml"
 ARITH30 = REPO / "tica" / "problems" / "arith30.jsonl"
 LIMIT = 8  # lm_eval --limit: the problems each arm answers
 WORKLOAD = {"input_len": 32, "output_len": 8, "concurrency": 2, "num_prompts": 4, "warmups": 1}
+# vLLM gives its workers 5 s to exit after the EngineCore's shutdown, then SIGTERMs them: too little
+# on a loaded 2-core host (docs/leg-run.md says the same to a user)
+WORKER_GRACE = "VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS=60"
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 REPLAY_YAML = """\
@@ -80,7 +83,8 @@ def bench_legs(folder: Path, model: Path, results: Path) -> dict[str, subprocess
                  "--result-filename", f"r1-{arm}-c{w['concurrency']}.json"]
         out[arm] = _run([str(BIN / "tica"), "leg", "run", "--out", str(folder / "throughput" / f"r1-{arm}-c2"),
                          "--item", "throughput", "--arm", arm, "--round", "1", "--slot", str(slot),
-                         "--server-cmd", server, "--server-timeout", "180", "--cwd", str(REPO), "--json", "--", *bench],
+                         "--server-cmd", server, "--server-timeout", "180", "--env", WORKER_GRACE, "--cwd", str(REPO),
+                         "--json", "--", *bench],
                         cwd=REPO)
     return out
 

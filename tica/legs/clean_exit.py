@@ -31,6 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fault", choices=("kill-engine-core",), default=None, help="planted fault (canaries/tests only)")
     args = ap.parse_args(argv)
     common.set_arm_env(args.arm)
+    common.grant_worker_shutdown(args.shutdown_timeout)
     with common.pipes_context() as pipes:
         leg = common.Leg(args.out, item="clean_exit", arm=args.arm, producer="tica.legs.clean_exit", tee_log=False)
         from tica.models.hashing import weights_hash

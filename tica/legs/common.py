@@ -63,6 +63,20 @@ FORCE_KILL_RE = re.compile(r"force killing remaining process(?:es)?[^\n]*")
 ENGINE_DIED_RE = re.compile(r"(Engine core process \S+ died unexpectedly|EngineDeadError[^\n]*|EngineCore encountered a fatal error[^\n]*)")
 
 
+# vLLM's executor then gives its workers VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS (default 5) before it
+# SIGTERMs them (vllm/v1/executor/multiproc_executor.py _ensure_worker_termination): on a loaded
+# 2-core CI host a worker that needed 6 s ended "signalled (exit -15)". Measured twice in CI.
+WORKER_SHUTDOWN_ENV = "VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS"
+VLLM_WORKER_SHUTDOWN_DEFAULT_S = 5
+
+
+def grant_worker_shutdown(shutdown_timeout: int) -> None:
+    """The recipe's shutdown grace for the workers too, in this process's env (so the leg records
+    it and its servers inherit it); a value the caller already set is kept, 0 leaves vLLM's default."""
+    if shutdown_timeout > 0:
+        os.environ.setdefault(WORKER_SHUTDOWN_ENV, str(max(VLLM_WORKER_SHUTDOWN_DEFAULT_S, shutdown_timeout)))
+
+
 def now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat()
 

@@ -165,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gen-tokens", type=int, default=16)
     args = ap.parse_args(argv)
     common.set_arm_env(args.arm)
+    common.grant_worker_shutdown(args.shutdown_timeout)
     with common.pipes_context() as pipes:
         leg = common.Leg(args.out, item="forward", arm=args.arm, producer="tica.legs.forward", trainer=args.trainer)
         with leg.errors_recorded():

@@ -257,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fault", default=None, help=f"planted faults, comma-separated, of {FAULTS} (canaries/tests only)")
     args = ap.parse_args(argv)
     common.set_arm_env(args.arm)
+    common.grant_worker_shutdown(args.shutdown_timeout)
     faults = set(args.fault.split(",")) if args.fault else set()
     if faults - set(FAULTS):
         raise SystemExit(f"unknown --fault {sorted(faults - set(FAULTS))}; one of {FAULTS}")
