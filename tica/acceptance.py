@@ -150,13 +150,14 @@ def materialize(
     question*: a verdict under another question is recorded plainly (changing criteria is a new
     question, never a rerun), and one that follows a non-pass under another question is logged as
     criteria changed after a result (the report names it and does not accept it)."""
-    candidate_id = record_candidate(ledger, identity, loaded)
-    question = freeze_question(ledger, question_path)  # frozen before the first leg runs
-    for other in track_questions:
-        try:
-            freeze_question(ledger, other)
-        except (InputError, FrozenQuestionError) as err:
-            log(f"{other}: not frozen with this item ({err}); its own materialization will say why")
+    with ledger.session():  # one burst of appends (each its own transaction) on one connection
+        candidate_id = record_candidate(ledger, identity, loaded)
+        question = freeze_question(ledger, question_path)  # frozen before the first leg runs
+        for other in track_questions:
+            try:
+                freeze_question(ledger, other)
+            except (InputError, FrozenQuestionError) as err:
+                log(f"{other}: not frozen with this item ({err}); its own materialization will say why")
     frozen_at = question_frozen_at(ledger, question.hash)
     log(f"{item.value}: question {question.name} {question.hash}, frozen at {frozen_at}")
     batches = run_legs(question, candidate_id)
@@ -173,9 +174,10 @@ def materialize(
             f"this verdict under {question.name} is recorded plainly, not as a rerun of them")
     judged: list[Judged] = []
     for batch in batches or [LegBatch(legs=())]:
-        for leg in batch.legs:
-            meta = _leg_meta(leg)
-            record_leg(ledger, candidate_id, question, leg, meta, leg_status(leg, meta))
+        with ledger.session():
+            for leg in batch.legs:
+                meta = _leg_meta(leg)
+                record_leg(ledger, candidate_id, question, leg, meta, leg_status(leg, meta))
         legs = [*batch.legs, *upstream_legs]
         cell = judge(item, question, legs, candidate)
         if uncovered:

@@ -104,16 +104,31 @@ def input_text(path: str | Path, exc_cls: type[InputError] = InputError) -> str:
 def read_yaml_mapping(path: str | Path, exc_cls: type[InputError]) -> tuple[bytes, dict]:
     """A YAML file's bytes and its top-level mapping; failures name the file and what broke.
     Only a regular file is read; duplicate keys and nesting past strict_io.MAX_DEPTH are refused."""
+    raw = read_file_bytes(path, exc_cls)
+    return raw, yaml_mapping_of(raw, path, exc_cls)
+
+
+def read_file_bytes(path: str | Path, exc_cls: type[InputError]) -> bytes:
+    """A regular file's bytes; failures name the file."""
+    from tica import strict_io
+
+    try:
+        return strict_io.regular_file_bytes(path)
+    except OSError as err:
+        raise exc_cls(path, "<file>", f"cannot read: {err.strerror}") from None
+    except strict_io.StrictInputError as err:
+        raise exc_cls(path, "<file>", str(err)) from None
+
+
+def yaml_mapping_of(raw: bytes, path: str | Path, exc_cls: type[InputError]) -> dict:
+    """The top-level mapping of YAML bytes read from `path` (named in every failure)."""
     import yaml
 
     from tica import strict_io
 
     try:
-        raw = strict_io.regular_file_bytes(path)
         data = yaml.load(strict_io.text_of(raw), Loader=_strict_yaml_loader())  # noqa: S506 - a SafeLoader
         strict_io.depth(data)
-    except OSError as err:
-        raise exc_cls(path, "<file>", f"cannot read: {err.strerror}") from None
     except strict_io.StrictInputError as err:
         raise exc_cls(path, "<file>", str(err)) from None
     except yaml.YAMLError as err:
@@ -124,7 +139,7 @@ def read_yaml_mapping(path: str | Path, exc_cls: type[InputError]) -> tuple[byte
         raise exc_cls(path, "<yaml>", f"unreadable value: {err}") from None
     if not isinstance(data, dict):
         raise exc_cls(path, "<root>", "must be a mapping of fields")
-    return raw, data
+    return data
 
 
 def pydantic_errors(exc_cls: type[InputError], file: str | Path, err: Exception) -> InputError:

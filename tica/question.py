@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections import OrderedDict
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from tica.errors import QuestionError, pydantic_errors, read_yaml_mapping
+from tica.errors import QuestionError, pydantic_errors, read_file_bytes, yaml_mapping_of
 from tica.evidence import EvidenceItem
 from tica.receipts import LegMeta
 from tica.stats.bases import THROUGHPUT_TESTS, QualityBasis, ThroughputBasis
@@ -339,6 +340,21 @@ def parse_question(data: Any, source: str | Path = "<memory>") -> Question:
         raise pydantic_errors(QuestionError, source, err) from None
 
 
+# (path, the file's bytes) -> its Question: a track's materialization looks for its questions
+# hundreds of times and YAML parsing was most of that. Keyed on the bytes read, never on mtime
+# (an edit inside the clock's granularity keeps it); a Question is frozen, so sharing it is safe.
+_LOADED: "OrderedDict[tuple[str, bytes], Question]" = OrderedDict()
+_LOADED_MAX = 256
+
+
 def load_question(path: str | Path) -> Question:
-    _, data = read_yaml_mapping(path, QuestionError)
-    return parse_question(data, path)
+    raw = read_file_bytes(path, QuestionError)
+    key = (str(path), raw)
+    if (hit := _LOADED.get(key)) is not None:
+        _LOADED.move_to_end(key)
+        return hit
+    question = parse_question(yaml_mapping_of(raw, path, QuestionError), path)
+    _LOADED[key] = question
+    if len(_LOADED) > _LOADED_MAX:
+        _LOADED.popitem(last=False)
+    return question

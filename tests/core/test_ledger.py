@@ -8,13 +8,18 @@ from pathlib import Path
 import duckdb
 import pytest
 
+from tests.long import size
 from tica.cli import main
 from tica.errors import TicaError
 from tica.ledger import TABLES, Ledger
 
 
-def _append_rows(path: str, writer: int, n: int) -> None:
+def _append_rows(path: str, writer: int, n: int, gate: str | None = None) -> None:
+    import time
+
     ledger = Ledger(path)
+    while gate is not None and not Path(gate).exists():  # all four start appending together
+        time.sleep(0.01)
     for i in range(n):
         ledger.append("reruns", {"rerun_id": f"w{writer}-{i}", "original_kind": "leg", "original_id": "x",
                                  "new_id": "y", "reason": "concurrency test"})
@@ -43,20 +48,25 @@ def test_unknown_columns_and_tables_are_refused(tmp_path):
     assert ledger.verify().rows == 0
 
 
-def test_four_processes_appending_500_rows_each_leave_2000_rows_and_a_valid_chain(tmp_path):
+def test_four_processes_appending_at_once_lose_no_row_and_leave_a_valid_chain(tmp_path):
+    """4 x 500 rows under TICA_TESTS=full, 4 x 60 by default (tests/long.py): each append locks,
+    connects and commits on its own, so the four processes interleave either way."""
+    per = size(60, 500)
     path = str(tmp_path / "l.duckdb")
     Ledger(path).init()
     ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_append_rows, args=(path, w, 500)) for w in range(4)]
+    gate = tmp_path / "go"
+    procs = [ctx.Process(target=_append_rows, args=(path, w, per, str(gate))) for w in range(4)]
     for p in procs:
         p.start()
+    gate.touch()
     for p in procs:
         p.join(timeout=600)
     assert [p.exitcode for p in procs] == [0, 0, 0, 0]
     ledger = Ledger(path)
-    assert ledger.query("SELECT count(*), count(DISTINCT rerun_id), max(seq) FROM reruns")[1] == [(2000, 2000, 2000)]
+    assert ledger.query("SELECT count(*), count(DISTINCT rerun_id), max(seq) FROM reruns")[1] == [(4 * per,) * 3]
     report = ledger.verify()
-    assert report.ok and report.rows == 2000
+    assert report.ok and report.rows == 4 * per
 
 
 def _three_rows(tmp_path: Path) -> Ledger:

@@ -35,6 +35,22 @@ def test_hash_depends_on_content_not_formatting(tmp_path, question_data):
     assert load_question(_write(tmp_path, question_data, "c.yaml")).hash != a.hash
 
 
+def test_a_file_rewritten_in_place_is_read_again_whatever_its_mtime(tmp_path, question_data):
+    """load_question keeps parsed questions by the bytes read: an edit that keeps size and mtime
+    (inside the clock's granularity) is still the new question."""
+    import os
+
+    path = _write(tmp_path, question_data)
+    first = load_question(path)
+    stat = path.stat()
+    question_data["noise_floor"] = 0.07
+    path.write_text(yaml.safe_dump(question_data))
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    second = load_question(path)
+    assert second.noise_floor == 0.07 and second.hash != first.hash
+    assert load_question(path) is second  # the same bytes again: parsed once
+
+
 def test_the_two_throughput_formulas_carry_their_own_labels(tmp_path, question_data):
     q = load_question(_write(tmp_path, question_data))
     assert q.formula_label == FORMULA_LABELS[ThroughputFormula.MEDIAN_PER_ROUND_PAIRED_LOSS]
