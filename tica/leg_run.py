@@ -616,18 +616,28 @@ SWITCH = "VLLM_BATCH_INVARIANT"
 MAX_ENVIRON_RECORDS = 128
 
 
-def read_environ(pid: int) -> tuple[dict[str, str] | None, str]:
+def read_environ(pid: int, proc: Path = Path("/proc")) -> tuple[dict[str, str] | None, str]:
     """(environment, "") as /proc/<pid>/environ holds it (what the process was exec'd with: an
     `env KEY=VALUE cmd` wrapper or a shell's assignment shows there), or (None, why) when it
     cannot be read (gone, another user's process, a zombie) or no longer holds what exec wrote: a
     process that retitles itself (setproctitle, as vLLM's EngineCore and workers do) overwrites
     that memory with its title and NULs, and what is left there is not its environment."""
     try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
+        raw = (proc / str(pid) / "environ").read_bytes()
     except OSError as err:
         return None, f"/proc/{pid}/environ: {type(err).__name__}: {err.strerror or err}"
     if not raw and not common.pid_alive(pid):
         return None, f"/proc/{pid}/environ is empty: the process had already exited"
+    if not raw:
+        # execve closes the close-on-exec pipe Popen waits on before it writes the new stack: read
+        # at once, a child still in exec shows an empty environ *and* an empty cmdline (seen on a
+        # loaded 2-core host). A process exec'd with no environment (`env -i cmd`) has a cmdline.
+        try:
+            argv = (proc / str(pid) / "cmdline").read_bytes()
+        except OSError:
+            argv = b""
+        if not argv:
+            return None, f"/proc/{pid}/environ and cmdline are empty: the process was still in exec"
     items = raw.decode(errors="replace").split("\0")
     if items and items[-1] == "":
         items.pop()  # the terminating NUL

@@ -508,3 +508,28 @@ def test_a_collected_folder_is_never_merged_into_the_legs_root():
         with pytest.raises(LegRunError):
             check_leg_name(name)
     assert check_leg_name("out/seal.json") == "out/seal.json"  # control: deeper down it is the leg's content
+
+
+def _fake_proc(tmp_path: Path, environ: bytes, cmdline: bytes) -> Path:
+    d = tmp_path / "proc" / str(os.getpid())  # a live pid, so the empty environ is not an exit
+    d.mkdir(parents=True)
+    (d / "environ").write_bytes(environ)
+    (d / "cmdline").write_bytes(cmdline)
+    return tmp_path / "proc"
+
+
+def test_a_process_read_while_still_in_exec_is_unknown_not_a_process_without_the_switch(tmp_path):
+    """Popen returns when exec closes its close-on-exec pipe, before the kernel writes the new
+    stack: a reading then finds environ and cmdline empty. That is not "ran with the switch
+    unset" (a loaded CI host flagged an honest leg so); it is not readable yet."""
+    env, why = leg_run.read_environ(os.getpid(), _fake_proc(tmp_path, b"", b""))
+    assert env is None and "still in exec" in why
+
+
+def test_a_process_execd_with_no_environment_is_read_as_such_and_is_an_error(tmp_path):
+    """The negative control: `env -i cmd` leaves a cmdline and an empty environ: read, switch
+    unset, and the leg's environ check names it."""
+    env, why = leg_run.read_environ(os.getpid(), _fake_proc(tmp_path, b"", b"python\0graceful.py\0"))
+    assert env == {} and why == ""
+    rec = {"pid": 1, "role": "command", "name": "python", "environ": "read", leg_run.SWITCH: env.get(leg_run.SWITCH)}
+    assert leg_run.environ_problems([rec], "bi1")

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from scipy import stats
+from tica.stats._scipy import stats
 
 from tica.errors import ReceiptError
 from tica.judges import judge_criteria

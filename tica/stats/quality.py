@@ -28,7 +28,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
+from tica.stats._scipy import stats
 
 from tica.stats.bases import EXACT_MCNEMAR_EQUIVALENCE, FAIL, INCONCLUSIVE, PASS, QualityBasis
 from tica.stats.bases import QUALITY_TESTS as KNOWN_TESTS

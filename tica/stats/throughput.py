@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
+from tica.stats._scipy import stats
 
 from tica.stats.bases import FAIL, INCONCLUSIVE, PASS, SIGN_TEST_MEDIAN, ThroughputBasis, min_rounds
 from tica.stats.bases import THROUGHPUT_TESTS as KNOWN_TESTS
