@@ -65,13 +65,34 @@ def _meta(leg: Path) -> dict[str, Any]:
 # ---------------------------------------------------------------------------- canaries
 
 
+# (item, question hash, the runner, what the judging code is now) -> its canaries' results. A
+# canary's outcome is a function of the frozen question and the code that builds and judges its
+# receipts; a track's materialization asks for it once per item and a process (Dagster's
+# in-process executor, the test suite) asks again for every track it materializes.
+_CANARY_RESULTS: dict[tuple, list] = {}
+_JUDGING_MODULES = ("tica.canaries", "tica.judges", "tica.binding", "tica.receipts", "tica.seal", "tica.metrics")
+
+
+def _judging_code() -> int:
+    """Changes when any attribute of a module that builds or judges canaries is rebound (a
+    monkeypatched judge or reader must never be answered from a run of the real one)."""
+    import sys
+
+    mods = [m for name, m in sorted(sys.modules.items()) if m is not None and name.startswith(_JUDGING_MODULES)]
+    return hash(tuple(id(v) for m in mods for v in vars(m).values()))
+
+
 def canaries(item: EvidenceItem, question: Question,
              run: Callable[..., Sequence[Any]] | None = None) -> CheckOutcome:
     """Every canary of the item's criteria under this frozen question returned fail; the ones
     the question switches off are listed with the reason, one by one."""
     if run is None:
         from tica.canaries import run_canaries as run
-    results = [r for r in run(questions={item: question}, only=[f"{item.value}."]) if r.item == item.value]
+    key = (item, question.hash, run, _judging_code())
+    if key not in _CANARY_RESULTS:
+        _CANARY_RESULTS[key] = [r for r in run(questions={item: question}, only=[f"{item.value}."])
+                                if r.item == item.value]
+    results = _CANARY_RESULTS[key]
     rows = [{"canary": r.name, "rule": r.rule, "expected": list(r.expected), "got": r.got,
              "caught": not r.broken and not r.not_applicable, "off": r.not_applicable, "detail": r.detail}
             for r in results]
