@@ -469,6 +469,196 @@ def verify_entries(entries: Iterable[tuple[int, str, str, str, str, tuple]], exp
     return join_segments([check_segment(entries, 1, want, GENESIS)], expect, problems)
 
 
+# ----------------------------------------------------------------------------------- verify in the database
+# The chain re-hashed by the store itself (issue 15: most of a Python verify was fetching the rows
+# and building their bodies). The store computes each row's body with a SQL expression written
+# from TABLES, byte for byte `_body`'s for every row whose text is printable ASCII (0x20-0x7E) and
+# NULL for any other row (never a guessed escape), hashes it with its own sha256, and checks every
+# row's seq, link and content in one query over the chain in chain order. Python stays the
+# authority: the rows the SQL body leaves NULL are hashed here, and a chain with anything at all
+# out of place (a seq, a link, a hash, a NULL where none belongs) is verified again by the Python
+# path, whose report names each problem as it always has. The SQL is trusted only where nothing in
+# the store can change what it computes: it runs after the checks that refuse functions, macros
+# and schemas created behind the ledger, only on tables defined exactly as the code defines them,
+# and calls every function by its qualified builtin name.
+
+IN_DB_ENV = "TICA_VERIFY_IN_DB"  # 0: verify in Python only (both paths give the same report)
+_PRINTABLE = re.compile(r"[ -~]*")
+_LITERAL = re.compile(r"[A-Za-z0-9_{}\":, ]*")  # constant body text: no quote, no backslash
+
+
+def in_db_enabled(in_db: bool | None = None) -> bool:
+    """Whether verify hashes in the database first: `in_db` if given, else TICA_VERIFY_IN_DB (1 or
+    unset: yes; 0: no)."""
+    if in_db is not None:
+        return in_db
+    env = os.environ.get(IN_DB_ENV, "").strip()
+    if env in ("", "1"):
+        return True
+    if env == "0":
+        return False
+    from tica.errors import InputError
+
+    raise InputError(IN_DB_ENV, "<env>", f"{env!r} is not 0 or 1")
+
+
+class DuckDBSql:
+    """The pieces of the in-database verify in DuckDB's SQL: every function called by its builtin's
+    qualified name (a macro stored in the file can shadow an unqualified name, operators
+    included: `||` is called as the function system.main."||")."""
+
+    fn = "system.main."
+
+    def concat(self, parts: Sequence[str]) -> str:
+        out = parts[0]
+        for part in parts[1:]:
+            out = f'{self.fn}"||"({out}, {part})'
+        return out
+
+    def literal(self, text: str) -> str:
+        if not _LITERAL.fullmatch(text):
+            raise ValueError(f"{text!r}: not a constant of a row's body")
+        return f"'{text}'"
+
+    def text(self, column: str) -> str:
+        """A text column as the body reads it."""
+        return column
+
+    def printable(self, expr: str) -> str:
+        """True when the text holds printable ASCII only (0x20-0x7E), else false (NULL for NULL)."""
+        return f"{self.fn}regexp_full_match({expr}, '[ -~]*')"
+
+    def int_text(self, expr: str) -> str:
+        return f"CAST({expr} AS VARCHAR)"
+
+    def char(self, code: int) -> str:
+        return f"{self.fn}chr({code})"
+
+    def sha256_hex(self, expr: str) -> str:
+        return f"{self.fn}sha256({expr})"
+
+    def eq(self, a: str, b: str) -> str:
+        return f"({a} = {b})"
+
+    def call(self, name: str, *args: str) -> str:
+        return f"{self.fn}{name}({', '.join(args)})"
+
+
+def _sql_string_parts(sql: DuckDBSql, column: str, nullable: bool) -> list[tuple[bool, str]]:
+    """json.dumps of a text value (ensure_ascii) as pieces of one concatenation, (constant?, text
+    or SQL): '"' + the text with each backslash and double quote escaped by a backslash + '"', or
+    'null' for NULL when `nullable` (else nothing: the caller refuses that row). Exact for printable
+    ASCII text only: the row's body is refused unless all of it is printable (body_sql). The
+    backslash is chr(92), never a literal: no string-literal setting can change it."""
+    col = sql.text(column)
+    backslash = sql.char(92)
+    escaped = sql.call("replace", sql.call("replace", col, backslash, sql.concat([backslash, backslash])),
+                       sql.literal('"'), sql.concat([backslash, sql.literal('"')]))
+    if not nullable:
+        return [(True, '"'), (False, escaped), (True, '"')]
+    return [(False, f"CASE WHEN {column} IS NULL THEN {sql.literal('null')} ELSE {sql.literal(chr(34))} END"),
+            (False, escaped), (False, f"CASE WHEN {column} IS NOT NULL THEN {sql.literal(chr(34))} END")]
+
+
+def body_parts_sql(sql: DuckDBSql, table: str) -> str:
+    """`_body(table, seq, recorded_at, payload)` as one SQL concatenation, keys in json.dumps's
+    sort_keys order worked out here from TABLES: exact for a row whose every text value is
+    printable ASCII and whose seq and recorded_at are not NULL (body_sql refuses any other)."""
+    kinds = dict(TABLES[table])
+    pieces: list[tuple[bool, str]] = [(True, '{"payload":{')]  # (constant?, text or SQL)
+    for k, name in enumerate(sorted(kinds)):
+        pieces.append((True, ("," if k else "") + _quote(name) + ":"))
+        if kinds[name] == "BIGINT":
+            pieces.append((False, f"coalesce({sql.int_text(name)}, {sql.literal('null')})"))
+        else:
+            pieces += _sql_string_parts(sql, name, nullable=True)
+    pieces += [(True, '},"recorded_at":'), *_sql_string_parts(sql, "recorded_at", nullable=False),
+               (True, ',"seq":'), (False, sql.int_text("seq")), (True, f',"table":{_quote(table)}}}')]
+    merged: list[str] = []
+    constant = ""
+    for is_constant, text in pieces:
+        if is_constant:
+            constant += text
+            continue
+        if constant:
+            merged.append(sql.literal(constant))
+            constant = ""
+        merged.append(text)
+    if constant:
+        merged.append(sql.literal(constant))
+    return sql.call("concat", *merged)  # concat skips a NULL: every piece that may be NULL is guarded
+
+
+def body_sql(sql: DuckDBSql, table: str) -> str:
+    """A SELECT of `table`'s chain columns and `body`: `_body(table, seq, recorded_at, payload)`
+    byte for byte for every row whose seq and recorded_at are set and whose text is all printable
+    ASCII (0x20-0x7E), NULL for any other row (Python hashes those). The escaping inserts only
+    printable characters, so the body is printable exactly when every text value is."""
+    return (f"SELECT seq, prev_hash, row_hash, recorded_at, CASE WHEN seq IS NOT NULL AND recorded_at IS NOT NULL "
+            f"AND {sql.printable('raw_body')} THEN raw_body END AS body "
+            f"FROM (SELECT seq, prev_hash, row_hash, recorded_at, {body_parts_sql(sql, table)} AS raw_body "
+            f"FROM {table}) {table}_bodies")
+
+
+def in_db_chain_sql(sql: DuckDBSql, want: int | None) -> str:
+    """One row for the whole chain: (rows, rows whose body is NULL (hashed in Python), rows with
+    anything out of place, the last row's row_hash and recorded_at, the stored row_hash at seq
+    `want`). Chain order as merge_chain orders it: seq, then TABLES order."""
+    parts = []
+    for k, table in enumerate(TABLES):
+        hashed = sql.call("concat", sql.text("prev_hash"), sql.char(10), "body")
+        parts.append(f"SELECT seq, {k} AS t, prev_hash, row_hash, recorded_at, "
+                     f"CASE WHEN prev_hash IS NOT NULL AND body IS NOT NULL THEN {sql.sha256_hex(hashed)} END AS digest "
+                     f"FROM ({body_sql(sql, table)}) {table}_rows")
+    clean = (f"coalesce({sql.eq('seq', 'pos')} AND {sql.eq(sql.text('prev_hash'), 'link')} AND "
+             f"(digest IS NULL OR {sql.eq('digest', sql.text('row_hash'))}), false)")
+    held = "NULL" if want is None else f"CASE WHEN {sql.eq('seq', str(int(want)))} THEN row_hash END"
+    count, max_ = sql.fn + "count", sql.fn + "max"
+    return (f"WITH chain AS ({' UNION ALL '.join(parts)}), "
+            f"placed AS (SELECT seq, row_hash, recorded_at, prev_hash, digest, {sql.fn}row_number() OVER w AS pos, "
+            f"{sql.fn}lag(row_hash, 1, {sql.literal(GENESIS)}) OVER w AS link, {sql.fn}lead(seq) OVER w AS next_seq "
+            f"FROM chain WINDOW w AS (ORDER BY seq, t)) "
+            f"SELECT {count}(*), {count}(*) FILTER (WHERE digest IS NULL), {count}(*) FILTER (WHERE NOT {clean}), "
+            f"{max_}(CASE WHEN next_seq IS NULL THEN row_hash END), "
+            f"{max_}(CASE WHEN next_seq IS NULL THEN recorded_at END), {max_}({held}) FROM placed")
+
+
+def in_db_python_rows_sql(sql: DuckDBSql, table: str) -> str:
+    """The rows of `table` whose SQL body is NULL, as chain entries' columns: hashed in Python."""
+    names = [n for n, _ in TABLES[table]]
+    return (f"SELECT {', '.join((*CHAIN_COLUMNS, *names))} FROM {table} "
+            f"WHERE seq NOT IN (SELECT seq FROM ({body_sql(sql, table)}) b WHERE body IS NOT NULL)")
+
+
+def in_db_report(fetch: Callable[[str], list[tuple]], sql: DuckDBSql, expect: Head | None) -> VerifyReport | None:
+    """The report of a chain the store re-hashed (`fetch(query)`: its rows, on a connection that
+    sees one state of the ledger), or None when anything is out of place: the caller verifies in
+    Python then, which names every problem. Only for a store whose functions, schemas and tables
+    are the code's (the caller has checked)."""
+    want = expect.seq if expect is not None else None
+    count, in_python, suspect, last_hash, last_at, held = fetch(in_db_chain_sql(sql, want))[0]
+    if suspect:
+        return None
+    if in_python:
+        rechecked = 0
+        for table in TABLES:
+            body = FAST_BODIES[table]
+            for seq, prev_hash, digest, recorded_at, *values in fetch(in_db_python_rows_sql(sql, table)):
+                try:
+                    recomputed = hashlib.sha256(f"{prev_hash}\n{body(seq, recorded_at, values)}".encode()).hexdigest()
+                except Exception:  # noqa: BLE001 - what the Python path makes of it, it says there
+                    return None
+                if recomputed != digest:
+                    return None
+                rechecked += 1
+        if rechecked != in_python:
+            return None
+    seg = ChainSegment(start=1, count=count, problems=[])
+    if count:  # every row in place: the first is seq 1, linked to genesis (checked above)
+        seg.first, seg.last_hash, seg.last_at, seg.held = (1, "", GENESIS), last_hash, last_at, held
+    return join_segments([seg], expect)
+
+
 class Ledger:
     """Append-only access to one DuckDB ledger file."""
 

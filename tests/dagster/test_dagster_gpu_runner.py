@@ -143,6 +143,8 @@ def test_an_item_with_no_gpu_producer_fails_clearly(project, tmp_path, fake_prod
 
 
 @pytest.mark.slow
+@pytest.mark.long  # ~3.5 min on two cores; the short slice: test_forward_legs_run_through_pipes_on_the_leased_gpu
+# (the same runner and Pipes with stand-in producers); the real producers ran on the H200 (calls/pipes receipts)
 def test_the_real_producers_dry_run_through_pipes_on_the_leased_gpu(project, tmp_path, monkeypatch):
     """The producers themselves (tiny model, torch reference kernels, fake rollout: about two
     minutes on two cores), one step each way."""
