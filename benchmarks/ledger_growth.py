@@ -27,11 +27,13 @@ append) would take about two hours for 100k verdicts on DuckDB. At each size it 
   through `ledger.rows`, which connects per call, and its logic; not the verify it starts with, timed
   as `verify`), which reads the track's verdict history to list earlier non-pass verdicts.
 - verify: `ledger.verify()`, what `tica ledger verify` runs (every row re-hashed, every view
-  compared; from 200,000 chain rows in one process per CPU, `procs`, each re-hashing a seq range:
-  tica.ledger_parallel), median of --verify-repeats; `serial` the same verify in one process, split
-  into fetching the rows (`chain_entries`) and recomputing the chain (`verify_entries`); the peer
-  fetches the same rows from the plain tables
-  into Python (`SELECT *` of each).
+  compared), median of --verify-repeats; its paths apart: `in-db` the chain re-hashed by the
+  database itself (`verify(in_db=True)`: tica.ledger.in_db_report, the Python path's report),
+  `serial` the Python path in one process (TICA_VERIFY_IN_DB=0, TICA_VERIFY_WORKERS=1), split into
+  fetching the rows (`chain_entries`) and recomputing the chain (`verify_entries`), `par` the Python
+  path in one process per CPU (`procs`, each re-hashing a seq range: tica.ledger_parallel; from
+  200,000 chain rows, else `-`); the peer fetches the same rows from the plain tables into Python
+  (`SELECT *` of each).
 
 Postgres 15 is started by the script (tests/postgres_server.py's fixture: fsync off, loopback) and
 stopped at the end; its tables get `VACUUM ANALYZE` after each bulk load (autovacuum's job on a
@@ -432,10 +434,15 @@ def measure_store(store: Store, sizes: Sequence[int], appends: int, repeats: int
             assert found[False] == found[True] > 0, found
         report_api = median_time(_report_call(store.ledger, track), repeats, budget_s=30)
 
-        assert store.ledger.verify().ok
+        assert store.ledger.verify().ok and store.ledger.verify(in_db=True).ok
         verify, _ = median_time(store.ledger.verify, verify_repeats)  # as `tica ledger verify` runs it
-        with _serial_verify():
+        verify_in_db, _ = median_time(lambda: store.ledger.verify(in_db=True), verify_repeats)
+        with _python_verify(workers=1):
             verify_serial, _ = median_time(store.ledger.verify, verify_repeats)
+        verify_parallel = math.nan
+        if workers_for(chain_rows) > 1:
+            with _python_verify(workers=None):
+                verify_parallel, _ = median_time(store.ledger.verify, verify_repeats)
         parts = store.verify_parts()
         scan, _ = median_time(store.plain_scan, verify_repeats)
         log(f"{store.name}: {size}: report {report[False][0] * 1e3:.1f} ms, plain {report[True][0] * 1e3:.1f} ms, "
@@ -463,7 +470,8 @@ def measure_store(store: Store, sizes: Sequence[int], appends: int, repeats: int
         out.append(Row(size, chain_rows, grow, ledger_append / n_rows, plain_append / n_rows, report[False][0],
                        report[True][0], report_api[0], verify, scan, parts, found.get(False, -1),
                        {"report_runs": report[False][1], "plain_runs": report[True][1], "api_runs": report_api[1],
-                        "verify_serial_s": verify_serial, "verify_workers": workers_for(chain_rows)}))
+                        "verify_serial_s": verify_serial, "verify_in_db_s": verify_in_db,
+                        "verify_parallel_s": verify_parallel, "verify_workers": workers_for(chain_rows)}))
     return out
 
 
@@ -495,16 +503,24 @@ def _report_call(ledger: Any, track: str) -> Callable[[], Any]:
 
 
 @contextmanager
-def _serial_verify() -> Iterator[None]:
-    saved = os.environ.get("TICA_VERIFY_WORKERS")
-    os.environ["TICA_VERIFY_WORKERS"] = "1"
+def _python_verify(workers: int | None) -> Iterator[None]:
+    """Verify's Python path only (TICA_VERIFY_IN_DB=0), in `workers` processes (None: as many as it
+    picks)."""
+    wanted = {"TICA_VERIFY_IN_DB": "0", "TICA_VERIFY_WORKERS": None if workers is None else str(workers)}
+    saved = {k: os.environ.get(k) for k in wanted}
+    for k, v in wanted.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
     try:
         yield
     finally:
-        if saved is None:
-            os.environ.pop("TICA_VERIFY_WORKERS", None)
-        else:
-            os.environ["TICA_VERIFY_WORKERS"] = saved
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def exponent(xs: Sequence[float], ys: Sequence[float]) -> float:
@@ -516,6 +532,10 @@ def exponent(xs: Sequence[float], ys: Sequence[float]) -> float:
 
 def _ms(x: float, timeout_s: float) -> str:
     return f">{timeout_s * 1e3:.0f}" if math.isinf(x) else f"{x * 1e3:.1f}"
+
+
+def _s(x: float) -> str:
+    return "-" if math.isnan(x) else f"{x:.2f}"
 
 
 def _ratio(a: float, b: float) -> str:
@@ -536,7 +556,8 @@ def print_table(name: str, rows: list[Row], timeout_s: float) -> None:
     print(f"\n{name}")
     head = (f"{'verdicts':>9} {'chain rows':>10} | {'append ms/row':>13} {'plain':>6} {'ratio':>6} | "
             f"{'report ms':>9} {'plain':>7} {'ratio':>6} {'runs':>4} {'report()':>8} | {'verify s':>8} {'plain':>6} "
-            f"{'ratio':>6} {'procs':>5} {'serial':>6} | {'fetch s':>7} {'hash s':>6} {'views s':>7}")
+            f"{'ratio':>6} {'in-db':>6} {'serial':>6} {'procs':>5} {'par':>6} | {'fetch s':>7} {'hash s':>6} "
+            f"{'views s':>7}")
     print(head)
     print("-" * len(head))
     for r in rows:
@@ -546,7 +567,8 @@ def print_table(name: str, rows: list[Row], timeout_s: float) -> None:
               f"{r.extra['report_runs']:>4} "
               f"{_ms(r.report_api_s, timeout_s) if r.extra['api_runs'] else 'skipped':>8} | "
               f"{r.verify_s:>8.2f} {r.plain_scan_s:>6.2f} {_ratio(r.verify_s, r.plain_scan_s):>6} "
-              f"{r.extra['verify_workers']:>5} {r.extra['verify_serial_s']:>6.2f} | "
+              f"{r.extra['verify_in_db_s']:>6.2f} {r.extra['verify_serial_s']:>6.2f} {r.extra['verify_workers']:>5} "
+              f"{_s(r.extra['verify_parallel_s']):>6} | "
               f"{r.verify_parts[0]:>7.2f} {r.verify_parts[1]:>6.2f} {r.verify_parts[2]:>7.2f}")
     xs = [r.verdicts for r in rows]
     if len(rows) >= 2:
@@ -564,7 +586,9 @@ def print_table(name: str, rows: list[Row], timeout_s: float) -> None:
     r = at[0]
     for what, got, target, unit in (("report query", r.report_s * 1e3, REPORT_TARGET_S * 1e3, "ms"),
                                     ("report()", r.report_api_s * 1e3, REPORT_TARGET_S * 1e3, "ms"),
-                                    ("verify", r.verify_s, VERIFY_TARGET_S, "s")):
+                                    ("verify", r.verify_s, VERIFY_TARGET_S, "s"),
+                                    ("verify in-db", r.extra["verify_in_db_s"], VERIFY_TARGET_S, "s"),
+                                    ("verify python serial", r.extra["verify_serial_s"], VERIFY_TARGET_S, "s")):
         if math.isinf(got):
             verdict = f"MISS: cancelled after {timeout_s:g} s (over {timeout_s * 1e3 / target:.0f}x the target)"
             shown = "-"

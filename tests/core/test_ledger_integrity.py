@@ -71,13 +71,20 @@ def test_a_stuck_writer_makes_others_fail_clearly_naming_it_and_writes_nothing(t
     assert ledger.verify().ok and ledger.verify().rows == 1
 
 
+@pytest.fixture(params=["1", "0"], ids=["in-db", "python"])
+def either_verify(request, monkeypatch):
+    """Verify's two paths (TICA_VERIFY_IN_DB): each tamper below must fail verify on both."""
+    monkeypatch.setenv("TICA_VERIFY_IN_DB", request.param)
+    return request.param
+
+
 def _published(tmp_path: Path, ledger: Ledger) -> Path:
     head = tmp_path / "head.json"
     assert main(["--ledger", str(ledger.path), "ledger", "head", "--out", str(head)]) == 0
     return head
 
 
-def test_a_truncated_tail_fails_against_the_published_head(tmp_path):
+def test_a_truncated_tail_fails_against_the_published_head(tmp_path, either_verify):
     ledger = Ledger(tmp_path / "l.duckdb").init()
     ledger.append_many([_rerun(i) for i in range(5)])
     head = _published(tmp_path, ledger)
@@ -88,7 +95,7 @@ def test_a_truncated_tail_fails_against_the_published_head(tmp_path):
     assert main(["--ledger", str(ledger.path), "ledger", "verify", "--expect-head", str(head)]) == 1  # ...not with it
 
 
-def test_a_rehashed_rewrite_fails_against_the_published_head(tmp_path):
+def test_a_rehashed_rewrite_fails_against_the_published_head(tmp_path, either_verify):
     ledger = Ledger(tmp_path / "l.duckdb").init()
     ledger.append_many([_rerun(i) for i in range(3)])
     head = Head.from_json(_published(tmp_path, ledger).read_text())
@@ -109,7 +116,7 @@ def test_a_rehashed_rewrite_fails_against_the_published_head(tmp_path):
     assert not report.ok and "rewritten" in report.problems[0]
 
 
-def test_a_view_replaced_behind_the_ledger_fails_verify(tmp_path):
+def test_a_view_replaced_behind_the_ledger_fails_verify(tmp_path, either_verify):
     ledger = Ledger(tmp_path / "l.duckdb").init()
     con = duckdb.connect(str(ledger.path))
     con.execute("CREATE OR REPLACE VIEW track_verdicts AS SELECT 'x' AS track, 'forward' AS item, 'pass' AS verdict")
@@ -206,7 +213,7 @@ def test_a_signed_head_verifies_under_its_public_key(tmp_path):
     assert _verify(ledger, _signed_head(tmp_path, ledger, private), public) == 0
 
 
-def test_a_head_edited_to_match_a_rewritten_chain_fails_its_signature(tmp_path):
+def test_a_head_edited_to_match_a_rewritten_chain_fails_its_signature(tmp_path, either_verify):
     ledger = Ledger(tmp_path / "l.duckdb").init()
     ledger.append_many([_rerun(i) for i in range(3)])
     private, public = _keys(tmp_path)
