@@ -71,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--limit", type=int, default=None, help="first N problems only (tests)")
     args = ap.parse_args(argv)
     common.set_arm_env(args.arm)
+    common.grant_worker_shutdown(args.shutdown_timeout)
     with common.pipes_context() as pipes:
         leg = common.Leg(args.out, item="quality", arm=args.arm, producer="tica.legs.quality", trainer=None)
         with leg.errors_recorded():

@@ -55,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n-prompts", type=int, default=2)
     args = ap.parse_args(argv)
     common.set_arm_env(args.arm)
+    common.grant_worker_shutdown(args.shutdown_timeout)
     with common.pipes_context() as pipes:
         leg = common.Leg(args.out, item="update", arm=args.arm, producer="tica.legs.update", trainer=args.trainer)
         with leg.errors_recorded():
