@@ -1,5 +1,5 @@
 """Suite-wide: tests marked `long` run only under TICA_TESTS=full (tests/long.py); under
-pytest-xdist (`scripts/test.sh` runs two workers, `--dist loadgroup`) each file stays on one
+pytest-xdist (`TICA_TEST_WORKERS=2 bash scripts/test.sh`: two workers, `--dist loadgroup`) each file stays on one
 worker, so its module fixtures are made once, and the files that share an expensive session
 fixture share a worker too: the demo leg set (about ten minutes of real vLLM legs) is produced
 once, and one Ray test cluster runs at a time."""

@@ -90,6 +90,8 @@ def canaries(item: EvidenceItem, question: Question,
         from tica.canaries import run_canaries as run
     key = (item, question.hash, run, _judging_code())
     if key not in _CANARY_RESULTS:
+        if len(_CANARY_RESULTS) >= 256:  # a long-lived process: bounded, never stale (the key says what ran)
+            _CANARY_RESULTS.clear()
         _CANARY_RESULTS[key] = [r for r in run(questions={item: question}, only=[f"{item.value}."])
                                 if r.item == item.value]
     results = _CANARY_RESULTS[key]

@@ -21,9 +21,9 @@ requires every workload field (`required_workload`, the default).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
-from collections import OrderedDict
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
@@ -340,21 +340,13 @@ def parse_question(data: Any, source: str | Path = "<memory>") -> Question:
         raise pydantic_errors(QuestionError, source, err) from None
 
 
-# (path, the file's bytes) -> its Question: a track's materialization looks for its questions
-# hundreds of times and YAML parsing was most of that. Keyed on the bytes read, never on mtime
-# (an edit inside the clock's granularity keeps it); a Question is frozen, so sharing it is safe.
-_LOADED: "OrderedDict[tuple[str, bytes], Question]" = OrderedDict()
-_LOADED_MAX = 256
-
-
 def load_question(path: str | Path) -> Question:
-    raw = read_file_bytes(path, QuestionError)
-    key = (str(path), raw)
-    if (hit := _LOADED.get(key)) is not None:
-        _LOADED.move_to_end(key)
-        return hit
-    question = parse_question(yaml_mapping_of(raw, path, QuestionError), path)
-    _LOADED[key] = question
-    if len(_LOADED) > _LOADED_MAX:
-        _LOADED.popitem(last=False)
-    return question
+    return _parsed(str(path), read_file_bytes(path, QuestionError))
+
+
+# Keyed on the bytes read, never on mtime (an edit inside the clock's granularity keeps it): a
+# track's materialization looks for its questions hundreds of times and YAML parsing was most of
+# that. A Question is frozen, so sharing one is safe; a file that fails is not kept.
+@functools.lru_cache(maxsize=256)
+def _parsed(path: str, raw: bytes) -> Question:
+    return parse_question(yaml_mapping_of(raw, path, QuestionError), path)
