@@ -808,7 +808,7 @@ class StartedServer:
         self._log = open(log_path, "ab")
         self.started_at = common.now()
         self.proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=self._log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+                                     start_new_session=True, preexec_fn=common.stoppable())
         self.ready_at: str | None = None
         self.stopped_at: str | None = None
         self.engine_pids: list[int] = []
@@ -1315,7 +1315,7 @@ def run_command(argv: list[str], *, env: dict[str, str], cwd: Path, log_path: Pa
     to it and the wait goes on (30 s more); past `timeout` it gets SIGTERM, 30 s later SIGKILL."""
     try:
         proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=common.stoppable())
     except OSError as err:
         return CommandRun(None, None, None, None, f"could not start: {err}")
     started_at, t0 = common.now(), time.monotonic()

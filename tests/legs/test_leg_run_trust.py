@@ -124,7 +124,16 @@ def test_a_command_tica_stopped_at_its_timeout_is_signalled_even_when_it_exits_0
     assert judge_criteria("clean_exit", CLEAN_EXIT, [box / "honest"]).verdict is Verdict.PASS
 
 
-def test_ctrl_c_passed_on_to_the_command_is_recorded_signalled_sigint(box):
+@pytest.fixture
+def ctrl_c_raises():
+    """Ctrl-C raises KeyboardInterrupt here, as in a terminal, even when this test process was
+    started in the background (SIGINT ignored from the start)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_ctrl_c_passed_on_to_the_command_is_recorded_signalled_sigint(box, ctrl_c_raises):
     def interrupt_once_started():
         deadline = time.monotonic() + 20
         while not (box / "started").exists() and time.monotonic() < deadline:
@@ -533,3 +542,55 @@ def test_a_process_execd_with_no_environment_is_read_as_such_and_is_an_error(tmp
     assert env == {} and why == ""
     rec = {"pid": 1, "role": "command", "name": "python", "environ": "read", leg_run.SWITCH: env.get(leg_run.SWITCH)}
     assert leg_run.environ_problems([rec], "bi1")
+
+
+# ------------------------------------------------------------------ the stop signals reach the command
+_PROBE = [PY, "-c", "print(open('/proc/self/status').read())"]
+_STOP_BITS = (1 << (signal.SIGINT - 1)) | (1 << (signal.SIGTERM - 1))
+
+
+def _inherited(status: str) -> tuple[int, int]:
+    """(ignored, blocked) of SIGINT and SIGTERM in a child's /proc status."""
+    masks = dict(line.split(":", 1) for line in status.splitlines() if line.startswith(("SigIgn", "SigBlk")))
+    return int(masks["SigIgn"], 16) & _STOP_BITS, int(masks["SigBlk"], 16) & _STOP_BITS
+
+
+@pytest.fixture
+def stop_signals_ignored():
+    """This process as Dagster's capture_interrupts leaves one started with SIGINT ignored (SIGTERM
+    mapped to SIG_IGN), with SIGINT and SIGTERM blocked in this thread besides."""
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    for s in previous:
+        signal.signal(s, signal.SIG_IGN)
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    yield
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    for s, handler in previous.items():
+        signal.signal(s, handler)
+
+
+def test_a_command_stops_at_its_timeout_when_tica_itself_ignores_sigterm(work, stop_signals_ignored):
+    import subprocess
+
+    from tica.legs import common
+
+    # negative control: a child started plainly inherits both, and would shrug off its SIGTERM
+    assert _inherited(subprocess.run(_PROBE, capture_output=True, text=True).stdout) == (_STOP_BITS, _STOP_BITS)
+    assert common.stop_signals_inherited()
+    assert _inherited(subprocess.run(_PROBE, capture_output=True, text=True,
+                                     preexec_fn=common.stoppable()).stdout) == (0, 0)
+    spec = leg_run.LegRunSpec(out=work / "leg", item="forward", arm="bi1", cwd=work, timeout=1,
+                              command=[PY, "-c", "import time; time.sleep(60)"])
+    [trainer] = _meta(leg_run.run_leg(spec).leg_dir)["processes"]
+    # ended by the first SIGTERM, not by the SIGKILL sent 30 s after a SIGTERM that did nothing
+    assert (trainer["end_state"], trainer["signal"]) == ("signalled", signal.SIGTERM.value)
+
+
+def test_a_child_needs_no_reset_when_nothing_is_ignored_or_blocked():
+    from tica.legs import common
+
+    if common.stop_signals_inherited():
+        pytest.skip("this test process was started with SIGINT or SIGTERM ignored or blocked")
+    assert common.stoppable() is None  # the plain spawn, no preexec_fn
+    marker = []
+    assert common.stoppable(lambda: marker.append(1)) is not None

@@ -77,6 +77,57 @@ def grant_worker_shutdown(shutdown_timeout: int) -> None:
         os.environ.setdefault(WORKER_SHUTDOWN_ENV, str(max(VLLM_WORKER_SHUTDOWN_DEFAULT_S, shutdown_timeout)))
 
 
+# The signals TICA stops a leg's processes with. A child inherits an ignored signal and the
+# blocked mask across exec: started from a process that ignores SIGTERM (Dagster's
+# capture_interrupts maps SIGTERM to the SIGINT handler on the way out, SIG_IGN when the process
+# started in the background with SIGINT ignored), a vLLM server shrugs off its SIGTERM and the leg
+# records `killed` 30 s later instead of a clean shutdown.
+STOP_SIGNALS = (_signal.SIGINT, _signal.SIGTERM)
+
+
+def _masks_of_this_thread() -> tuple[int, int]:
+    """(ignored, blocked) signal bit masks of the calling thread, as the kernel holds them."""
+    fields: dict[str, int] = {}
+    try:
+        with open(f"/proc/self/task/{threading.get_native_id()}/status") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key in ("SigIgn", "SigBlk"):
+                    fields[key] = int(value.strip(), 16)
+    except OSError:  # no /proc: assume the worst, the reset is cheap
+        return -1, -1
+    return fields.get("SigIgn", -1), fields.get("SigBlk", -1)
+
+
+def stop_signals_inherited() -> bool:
+    """Whether a child started now would begin with SIGINT or SIGTERM ignored or blocked."""
+    bits = sum(1 << (int(s) - 1) for s in STOP_SIGNALS)
+    ignored, blocked = _masks_of_this_thread()
+    return bool((ignored | blocked) & bits)
+
+
+def reset_stop_signals() -> None:
+    """In a forked child before exec: SIGINT and SIGTERM at their defaults, unblocked."""
+    for sig in STOP_SIGNALS:
+        _signal.signal(sig, _signal.SIG_DFL)
+    _signal.pthread_sigmask(_signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
+def stoppable(then=None):
+    """`preexec_fn` for a child TICA may stop with SIGTERM or SIGINT: None (no preexec_fn, the fast
+    spawn) unless this thread would hand it those signals ignored or blocked, or `then` (another
+    preexec step) is given."""
+    if not stop_signals_inherited():
+        return then
+    if then is None:
+        return reset_stop_signals
+
+    def both() -> None:
+        reset_stop_signals()
+        then()
+    return both
+
+
 def now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat()
 

@@ -60,7 +60,7 @@ class Server:
         self.cmd = [sys.executable, "-m", "tica.legs.api_server", *self.args]
         self._log = open(log_path, "ab")
         self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
-                                     env=env)
+                                     env=env, preexec_fn=common.stoppable())
         self.engine_pids: list[int] = []
         self.worker_pids: list[int] = []
         self.names: dict[int, str] = {}  # pid -> the OS's name for it while it ran
@@ -187,7 +187,7 @@ def run_client(leg_dir: Path, server: Server, model: str, *, concurrency: int, n
     cmd = [sys.executable, "-m", "tica.legs.bench_client", *args]
     with open(leg_dir / "client.log", "wb") as log:
         started_at, t0 = common.now(), time.monotonic()
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=common.stoppable())
         code = proc.wait()
         ended_at = common.now()
     rec = common.process_record("client", proc.pid, code,

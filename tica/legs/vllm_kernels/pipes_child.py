@@ -31,7 +31,7 @@ import threading
 import time
 from pathlib import Path
 
-from tica.legs.common import pipes_context
+from tica.legs.common import pipes_context, stoppable
 
 PRODUCER = "tica.legs.vllm_kernels.producers"
 PROGRESS_PREFIX = "[tica"
@@ -145,7 +145,7 @@ def run(a: argparse.Namespace, producer_args: list[str]) -> int:
         proc = subprocess.Popen(
             [sys.executable, "-m", a.producer_module, *producer_args], env=env, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, start_new_session=True,
-            preexec_fn=lambda: die_with_parent(signal.SIGKILL))
+            preexec_fn=stoppable(lambda: die_with_parent(signal.SIGKILL)))
         report["pid"] = proc.pid
         stopped: list[str] = []
 
