@@ -27,11 +27,12 @@ append) would take about two hours for 100k verdicts on DuckDB. At each size it 
   through `ledger.rows`, which connects per call, and its logic; not the verify it starts with, timed
   as `verify`), which reads the track's verdict history to list earlier non-pass verdicts.
 - verify: `ledger.verify()`, what `tica ledger verify` runs (every row re-hashed, every view
-  compared), median of --verify-repeats; its paths apart: `in-db` the chain re-hashed by the
+  compared; in batches of columns, tica.ledger_batches, in one process per CPU from 200,000 chain
+  rows), median of --verify-repeats; its other paths apart: `in-db` the chain re-hashed by the
   database itself (`verify(in_db=True)`: tica.ledger.in_db_report, the Python path's report),
-  `serial` the Python path in one process (TICA_VERIFY_IN_DB=0, TICA_VERIFY_WORKERS=1), split into
-  fetching the rows (`chain_entries`) and recomputing the chain (`verify_entries`), `par` the Python
-  path in one process per CPU (`procs`, each re-hashing a seq range: tica.ledger_parallel; from
+  `serial` the row-by-row Python path in one process (TICA_VERIFY_IN_DB=0, TICA_VERIFY_BATCHES=0,
+  TICA_VERIFY_WORKERS=1), split into fetching the rows (`chain_entries`) and recomputing the chain
+  (`verify_entries`), `par` the row-by-row path in one process per CPU (`procs`, each re-hashing a seq range: tica.ledger_parallel; from
   200,000 chain rows, else `-`); the peer fetches the same rows from the plain tables into Python
   (`SELECT *` of each).
 
@@ -504,9 +505,10 @@ def _report_call(ledger: Any, track: str) -> Callable[[], Any]:
 
 @contextmanager
 def _python_verify(workers: int | None) -> Iterator[None]:
-    """Verify's Python path only (TICA_VERIFY_IN_DB=0), in `workers` processes (None: as many as it
-    picks)."""
-    wanted = {"TICA_VERIFY_IN_DB": "0", "TICA_VERIFY_WORKERS": None if workers is None else str(workers)}
+    """Verify's row-by-row Python path only (TICA_VERIFY_IN_DB=0, TICA_VERIFY_BATCHES=0), in `workers`
+    processes (None: as many as it picks)."""
+    wanted = {"TICA_VERIFY_IN_DB": "0", "TICA_VERIFY_BATCHES": "0",
+              "TICA_VERIFY_WORKERS": None if workers is None else str(workers)}
     saved = {k: os.environ.get(k) for k in wanted}
     for k, v in wanted.items():
         if v is None:
@@ -588,7 +590,7 @@ def print_table(name: str, rows: list[Row], timeout_s: float) -> None:
                                     ("report()", r.report_api_s * 1e3, REPORT_TARGET_S * 1e3, "ms"),
                                     ("verify", r.verify_s, VERIFY_TARGET_S, "s"),
                                     ("verify in-db", r.extra["verify_in_db_s"], VERIFY_TARGET_S, "s"),
-                                    ("verify python serial", r.extra["verify_serial_s"], VERIFY_TARGET_S, "s")):
+                                    ("verify row by row, serial", r.extra["verify_serial_s"], VERIFY_TARGET_S, "s")):
         if math.isinf(got):
             verdict = f"MISS: cancelled after {timeout_s:g} s (over {timeout_s * 1e3 / target:.0f}x the target)"
             shown = "-"

@@ -334,36 +334,59 @@ class VerifyReport:
         return not self.problems
 
 
-def _fast_body_source(table: str) -> str:
-    """The source of `table`'s body function: `_body` for that table's payload (every column of
-    TABLES[table], in TABLES order) with the key order, the key quoting and the constant parts
-    worked out once; each value encoded as `_json_value` would (a str or int inline, anything
-    else, None included, through `_json_value` itself)."""
+def _body_parts(table: str, plain: frozenset[str] = frozenset()) -> tuple[list[str], list[str]]:
+    """`_body` for `table`'s payload as the parts of one ''.join: (the local name of each payload
+    column in TABLES order, the parts as Python expressions). The key order, the key quoting and the
+    constant text are worked out once; each value is encoded as `_json_value` would (a str or int
+    inline, anything else, None included, through `_json_value` itself), except the columns named
+    in `plain` (recorded_at among them): text that the caller knows is set and plain (printable
+    ASCII without a quote or a backslash), which json.dumps writes as it is between quotes."""
     names = [n for n, _ in TABLES[table]]
     kinds = dict(TABLES[table])
     local = {n: f"v{k}" for k, n in enumerate(names)}
-    pieces = []
+    parts: list[str] = []
+    constant = '{"payload":{'
+
+    def value(expr: str, text_is_plain: bool, enc: str) -> None:
+        nonlocal constant
+        if text_is_plain:
+            parts.extend([repr(constant + '"'), expr])
+            constant = '"'
+        else:
+            parts.extend([repr(constant), enc])
+            constant = ""
+
     for k, name in enumerate(sorted(names)):
         v = local[name]
+        constant += ("," if k else "") + _quote(name) + ":"
         if kinds[name] == "BIGINT":
-            enc = f"(_int_repr({v}) if {v}.__class__ is int else _json_value({v}))"
+            value(v, False, f"(_int_repr({v}) if {v}.__class__ is int else _json_value({v}))")
         else:
-            enc = f"(_quote({v}) if {v}.__class__ is str else _NULL if {v} is None else _json_value({v}))"
-        pieces.append(("," if k else "") + _quote(name) + ":")
-        pieces.append(enc)
-    parts = [repr('{"payload":{')]  # literal text as Python literals, the values as expressions
-    for k in range(0, len(pieces), 2):
-        parts += [repr(pieces[k]), pieces[k + 1]]
-    parts += [repr('},"recorded_at":'), "_quote(recorded_at)", repr(',"seq":'),
-              "(_int_repr(seq) if seq.__class__ is int else _json_value(seq))",
-              repr(f',"table":{_quote(table)}}}')]
-    unpack = f"    {', '.join(local[n] for n in names)}, = values\n" if names else ""
+            value(v, name in plain,
+                  f"(_quote({v}) if {v}.__class__ is str else _NULL if {v} is None else _json_value({v}))")
+    constant += '},"recorded_at":'
+    value("recorded_at", "recorded_at" in plain, "_quote(recorded_at)")
+    constant += ',"seq":'
+    value("seq", False, "(_int_repr(seq) if seq.__class__ is int else _json_value(seq))")
+    parts.append(repr(constant + f',"table":{_quote(table)}}}'))
+    return [local[n] for n in names], parts
+
+
+def _fast_body_source(table: str) -> str:
+    """The source of `table`'s body function: `_body` for that table's payload (every column of
+    TABLES[table], in TABLES order), from `_body_parts`."""
+    names, parts = _body_parts(table)
+    unpack = f"    {', '.join(names)}, = values\n" if names else ""
     return (f"def body(seq, recorded_at, values):\n{unpack}"
             f"    return ''.join(({', '.join(parts)}))\n")
 
 
+_BODY_NAMESPACE = {"_quote": _quote, "_json_value": _json_value, "_int_repr": int.__repr__, "_NULL": "null",
+                   "_sha256": hashlib.sha256}
+
+
 def _make_fast_body(table: str) -> Callable[[int, str, Sequence[Any]], str]:
-    namespace = {"_quote": _quote, "_json_value": _json_value, "_int_repr": int.__repr__, "_NULL": "null"}
+    namespace = dict(_BODY_NAMESPACE)
     exec(compile(_fast_body_source(table), f"<tica.ledger body of {table}>", "exec"), namespace)  # noqa: S102
     return namespace["body"]
 
@@ -952,8 +975,9 @@ class Ledger:
         whose definition is not the code's, and, given a published head, a chain that no longer
         holds it (truncated, or rewritten up to it). First re-hashed by DuckDB itself (`in_db`,
         else TICA_VERIFY_IN_DB; in_db_report), on a ledger with no problem in its views, functions
-        or schemas and every table as the code creates it; any row out of place there, and any
-        other ledger, is verified in Python, which names the problems."""
+        or schemas and every table as the code creates it; then in batches of columns
+        (tica.ledger_batches; TICA_VERIFY_BATCHES=0 skips them); any row out of place there, and
+        any other ledger, is verified row by row in Python, which names the problems."""
         with self.reader() as con:
             views = self._view_problems(con)
             if not views and in_db_enabled(in_db) and self._tables_as_created(con):
@@ -961,6 +985,14 @@ class Ledger:
                 if report is not None:
                     return report
             workers = _verify_workers(con)
+            from tica.ledger_batches import batches_enabled
+
+            if batches_enabled():  # in batches of columns (tica.ledger_batches), ranges in processes when large
+                from tica.ledger_parallel import verify_batches
+
+                report = verify_batches("duckdb", con, str(self.path), expect, views, workers)
+                if report is not None:
+                    return report
             if workers > 1:  # a large chain: ranges re-hashed in processes of their own (tica.ledger_parallel)
                 from tica.ledger_parallel import verify_duckdb
 

@@ -16,13 +16,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import re
 import subprocess
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from tica.errors import TicaError
+from tica.ledger_batches import on_snapshot
 from tica.ledger import (CHAIN_COLUMNS, TABLES, ChainSegment, Head, VerifyReport, check_segment, join_segments,
                          merge_chain)
 
@@ -149,25 +149,16 @@ def verify_duckdb(path: str, con, expect: Head | None, views: Sequence[str], wor
 # ----------------------------------------------------------------------------------- Postgres
 def _postgres_range(dsn: str, snapshot: str, lo: int | None, hi: int | None, start: int,
                     want: int | None) -> ChainSegment:
-    from tica.ledger_pg import PostgresLedger
+    with on_snapshot(dsn, snapshot) as con:
+        cursors = [con.cursor(name=f"tica_range_{table}") for table in TABLES]
 
-    with PostgresLedger(dsn)._connect() as con:
+        def execute(cur, sql, params):
+            cur.execute(sql.replace("?", "%s"), params)
         try:
-            con.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-            if not re.fullmatch(r"[0-9A-F]+-[0-9A-F]+(-[0-9]+)?", snapshot):
-                raise ValueError(f"{snapshot!r} is not a Postgres snapshot id")
-            con.execute(f"SET TRANSACTION SNAPSHOT '{snapshot}'")  # a utility statement: no bind parameters
-            cursors = [con.cursor(name=f"tica_range_{table}") for table in TABLES]
-
-            def execute(cur, sql, params):
-                cur.execute(sql.replace("?", "%s"), params)
-            try:
-                return check_segment(range_entries(execute, cursors, lo, hi, True), start, want, None)
-            finally:
-                for cur in cursors:
-                    cur.close()
+            return check_segment(range_entries(execute, cursors, lo, hi, True), start, want, None)
         finally:
-            con.rollback()
+            for cur in cursors:
+                cur.close()
 
 
 def verify_postgres(dsn: str, con, expect: Head | None, views: Sequence[str], workers: int) -> VerifyReport:
@@ -181,11 +172,49 @@ def verify_postgres(dsn: str, con, expect: Head | None, views: Sequence[str], wo
     return join_segments(_run("postgres", jobs), expect, views)
 
 
+# ----------------------------------------------------------------------------------- in batches
+def _duckdb_batch_range(path: str, lo: int | None, hi: int | None, start: int, want: int | None) -> ChainSegment | None:
+    from tica.ledger import Ledger
+    from tica.ledger_batches import duckdb_batches, range_segment
+
+    with Ledger(path).reader() as con:
+        return range_segment(duckdb_batches(con, lo, hi), start, want)
+
+
+def _postgres_batch_range(dsn: str, snapshot: str, lo: int | None, hi: int | None, start: int,
+                          want: int | None) -> ChainSegment | None:
+    from tica.ledger_batches import postgres_batches, range_segment
+
+    return range_segment(postgres_batches(dsn, snapshot, lo, hi), start, want)
+
+
+def verify_batches(kind: str, con, source: str, expect: Head | None, views: Sequence[str], workers: int,
+                   snapshot: str | None = None) -> VerifyReport | None:
+    """The chain verified in batches (tica.ledger_batches), in `workers` seq ranges each in a
+    process of its own (one range: in this process); None when any range is out of place. DuckDB:
+    `source` the file, read on `con` for one range; Postgres: `source` the DSN, every read on the
+    caller's exported `snapshot`."""
+    from tica.ledger_batches import duckdb_batches, join_or_none, postgres_batches, range_segment
+
+    want = expect.seq if expect else None
+    if workers <= 1:
+        batches = duckdb_batches(con) if kind == "duckdb" else postgres_batches(source, snapshot)
+        return join_or_none([range_segment(batches, 1, want)], expect, views)
+    placeholder = "?" if kind == "duckdb" else "%s"
+    seqs = [r[0] for r in con.execute(seq_sample_sql()).fetchall()]
+    cuts = cut_points(seqs, workers)
+    starts = counts_before(lambda t: con.execute(count_sql(t, cuts, placeholder), list(cuts)).fetchone(), cuts)
+    head = (source,) if kind == "duckdb" else (source, snapshot)
+    jobs = [(*head, lo, hi, start, want) for (lo, hi), start in zip(ranges_of(cuts), starts)]
+    return join_or_none(_run(f"{kind}-batches", jobs), expect, views)
+
+
 # ----------------------------------------------------------------------------------- processes
-_WORKERS = {"duckdb": _duckdb_range, "postgres": _postgres_range}
+_WORKERS = {"duckdb": _duckdb_range, "postgres": _postgres_range,
+            "duckdb-batches": _duckdb_batch_range, "postgres-batches": _postgres_batch_range}
 
 
-def _run(kind: str, jobs: list[tuple]) -> list[ChainSegment]:
+def _run(kind: str, jobs: list[tuple]) -> list[ChainSegment | None]:
     """Each range in a process of its own (`python -m tica.ledger_parallel`, so nothing depends on
     how the caller's program was started), one in this process; results in range order."""
     if len(jobs) == 1:
@@ -209,8 +238,10 @@ def _run(kind: str, jobs: list[tuple]) -> list[ChainSegment]:
                 p.wait()
 
 
-def _segment_from_json(data: bytes) -> ChainSegment:
+def _segment_from_json(data: bytes) -> ChainSegment | None:
     d = json.loads(data)
+    if d is None:  # a range out of place (the batch path)
+        return None
     return ChainSegment(start=d["start"], linked=d["linked"], count=d["count"],
                         first=tuple(d["first"]) if d["first"] is not None else None, last_hash=d["last_hash"],
                         last_at=d["last_at"], held=d["held"], problems=[tuple(p) for p in d["problems"]])
@@ -218,7 +249,8 @@ def _segment_from_json(data: bytes) -> ChainSegment:
 
 def main(argv: Sequence[str]) -> int:
     kind, job = argv[0], json.loads(argv[1])
-    sys.stdout.write(json.dumps(dataclasses.asdict(_WORKERS[kind](*job))))
+    seg = _WORKERS[kind](*job)
+    sys.stdout.write(json.dumps(None if seg is None else dataclasses.asdict(seg)))
     return 0
 
 

@@ -303,6 +303,15 @@ class PostgresLedger:
                     if report is not None:
                         return report
                 workers = _verify_workers(con)
+                from tica.ledger_batches import batches_enabled
+
+                if batches_enabled():  # in batches of columns, ranges in processes (on this snapshot) when large
+                    from tica.ledger_parallel import verify_batches
+
+                    snapshot = con.execute("SELECT pg_export_snapshot()").fetchone()[0]
+                    report = verify_batches("postgres", con, self.dsn, expect, views, workers, snapshot)
+                    if report is not None:
+                        return report
                 if workers > 1:  # ranges re-hashed in processes of their own, all on this snapshot
                     from tica.ledger_parallel import verify_postgres
 

@@ -24,6 +24,7 @@ def ledger(tmp_path) -> Ledger:
 def parallel(monkeypatch):
     monkeypatch.setenv("TICA_VERIFY_WORKERS", "3")
     monkeypatch.setenv("TICA_VERIFY_IN_DB", "0")  # the ranges re-hashed in Python, intact ledgers included
+    monkeypatch.setenv("TICA_VERIFY_BATCHES", "0")  # row by row (tests/core/test_ledger_batch_verify.py: in batches)
 
 
 def test_cut_points_split_the_rows_and_cover_every_seq():
