@@ -23,7 +23,8 @@ from typing import Any
 
 from tica.errors import TicaError
 from tica.ledger_batches import on_snapshot
-from tica.ledger import (CHAIN_COLUMNS, TABLES, ChainSegment, Head, VerifyReport, check_segment, join_segments,
+from tica.ledger_batches import range_sql as batch_range_sql
+from tica.ledger import (TABLES, ChainSegment, Head, VerifyReport, check_segment, join_segments,
                          merge_chain)
 
 PARALLEL_MIN_ROWS = 200_000  # below this a process start costs more than it saves
@@ -64,17 +65,8 @@ def ranges_of(cuts: Sequence[int]) -> list[tuple[int | None, int | None]]:
 
 
 def range_sql(table: str, lo: int | None, hi: int | None, ordered: bool, placeholder: str = "?") -> tuple[str, list]:
-    names = [n for n, _ in TABLES[table]]
-    where, params = [], []
-    if lo is not None:
-        where.append(f"seq >= {placeholder}")
-        params.append(lo)
-    if hi is not None:
-        where.append(f"seq < {placeholder}")
-        params.append(hi)
-    sql = (f"SELECT {', '.join((*CHAIN_COLUMNS, *names))} FROM {table}"
-           + (f" WHERE {' AND '.join(where)}" if where else "") + (" ORDER BY seq" if ordered else ""))
-    return sql, params
+    sql, params = batch_range_sql(table, lo, hi, placeholder)
+    return sql + (" ORDER BY seq" if ordered else ""), params
 
 
 def range_entries(execute: Callable[[Any, str, list], None], cursors: Sequence[Any], lo: int | None, hi: int | None,
