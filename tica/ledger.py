@@ -334,23 +334,27 @@ class VerifyReport:
         return not self.problems
 
 
-def _body_parts(table: str, plain: frozenset[str] = frozenset()) -> tuple[list[str], list[str]]:
+def _body_parts(table: str, plain: frozenset[str] = frozenset(),
+                quoted: frozenset[str] = frozenset()) -> tuple[list[str], list[str]]:
     """`_body` for `table`'s payload as the parts of one ''.join: (the local name of each payload
     column in TABLES order, the parts as Python expressions). The key order, the key quoting and the
     constant text are worked out once; each value is encoded as `_json_value` would (a str or int
-    inline, anything else, None included, through `_json_value` itself), except the columns named
-    in `plain` (recorded_at among them): text that the caller knows is set and plain (printable
-    ASCII without a quote or a backslash), which json.dumps writes as it is between quotes."""
+    inline, anything else, None included, through `_json_value` itself), except the text columns
+    the caller has checked (recorded_at among them): those in `plain` are set and plain (printable
+    ASCII without a quote or a backslash), which json.dumps writes as it is between quotes; those in
+    `quoted` are set, printable ASCII and without a backslash, which json.dumps writes between
+    quotes with each '"' as '\\"' and nothing else changed."""
     names = [n for n, _ in TABLES[table]]
     kinds = dict(TABLES[table])
     local = {n: f"v{k}" for k, n in enumerate(names)}
     parts: list[str] = []
     constant = '{"payload":{'
 
-    def value(expr: str, text_is_plain: bool, enc: str) -> None:
+    def value(name: str, expr: str, enc: str) -> None:
         nonlocal constant
-        if text_is_plain:
-            parts.extend([repr(constant + '"'), expr])
+        if name in plain or name in quoted:
+            parts.extend([repr(constant + '"'),
+                          expr if name in plain else f"{expr}.replace({chr(34)!r}, {chr(92) + chr(34)!r})"])
             constant = '"'
         else:
             parts.extend([repr(constant), enc])
@@ -360,14 +364,13 @@ def _body_parts(table: str, plain: frozenset[str] = frozenset()) -> tuple[list[s
         v = local[name]
         constant += ("," if k else "") + _quote(name) + ":"
         if kinds[name] == "BIGINT":
-            value(v, False, f"(_int_repr({v}) if {v}.__class__ is int else _json_value({v}))")
+            value("", v, f"(_int_repr({v}) if {v}.__class__ is int else _json_value({v}))")
         else:
-            value(v, name in plain,
-                  f"(_quote({v}) if {v}.__class__ is str else _NULL if {v} is None else _json_value({v}))")
+            value(name, v, f"(_quote({v}) if {v}.__class__ is str else _NULL if {v} is None else _json_value({v}))")
     constant += '},"recorded_at":'
-    value("recorded_at", "recorded_at" in plain, "_quote(recorded_at)")
+    value("recorded_at", "recorded_at", "_quote(recorded_at)")
     constant += ',"seq":'
-    value("seq", False, "(_int_repr(seq) if seq.__class__ is int else _json_value(seq))")
+    value("", "seq", "(_int_repr(seq) if seq.__class__ is int else _json_value(seq))")
     parts.append(repr(constant + f',"table":{_quote(table)}}}'))
     return [local[n] for n in names], parts
 
@@ -1079,9 +1082,10 @@ class Ledger:
 
 
 def _verify_workers(con: Any) -> int:
-    from tica.ledger_parallel import workers_for
+    from tica.ledger_parallel import max_seq_sql, workers_for
 
-    return workers_for(sum(con.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in TABLES))
+    # the chain's rows as its highest seq counts them: only a choice of speed hangs on it
+    return workers_for(con.execute(max_seq_sql()).fetchone()[0] or 0)
 
 
 class _OutOfOrder(Exception):

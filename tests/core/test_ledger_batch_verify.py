@@ -2,10 +2,13 @@
 The rules, each with the way it must fail:
 
 - a text column is written as it is only where json.dumps writes it so ('"' + the text + '"'),
-  checked on every character there is;
+  and with only its quotes escaped only where json.dumps writes it so, checked on every character
+  there is;
 - every generated hasher, whichever columns it takes as plain, hashes as the spec does;
 - the report is the row-by-row report, intact or tampered, with or without a head, in one range or
   in several processes, on DuckDB and Postgres; on anything out of place the batch path declines;
+- ranges cut at seq values must meet: a chain re-linked over a row deleted right below a cut,
+  each range whole on its own, is verified row by row;
 - a row re-hashed with a body that is not the spec's (an unescaped quote, a raw newline) is caught,
   and a column retyped behind the ledger is verified row by row."""
 
@@ -23,9 +26,10 @@ from tests.core.test_ledger_fast_verify import _reference, _tamper
 from tests.core.test_ledger_in_db_verify import (_EDITS, _FORGED, _HEADS, _filled, _forge_last, _pg_filled,
                                                  _pg_reference, _pg_sql)
 from tests.postgres_server import pg_dsn, postgres_server  # noqa: F401  (fixtures)
-from tica.ledger import TABLES, Ledger, _now, _quote, check_segment, row_hash
-from tica.ledger_batches import (batch_hashes, batches_enabled, duckdb_batches, hasher, is_plain, postgres_batches,
-                                 psycopg_batches, range_segment)
+from tica.ledger import CHAIN_COLUMNS, GENESIS, TABLES, ChainSegment, Ledger, _now, _quote, check_segment, row_hash
+from tica.ledger_batches import (batch_hashes, batches_enabled, duckdb_batches, hasher, is_plain, join_or_none,
+                                 postgres_batches, psycopg_batches, range_segment, text_class)
+from tica.ledger_parallel import even_cuts
 from tica.ledger_pg import PostgresLedger
 
 
@@ -47,22 +51,51 @@ def test_plain_values_are_each_written_as_they_are(values):
     assert is_plain(values) == all(isinstance(v, str) and _quote(v) == f'"{v}"' for v in values)
 
 
+def _quotes_escaped(text: str) -> str:
+    return '"' + text.replace('"', '\\"') + '"'
+
+
+def test_quoted_is_exactly_where_json_dumps_escapes_the_quotes_and_nothing_else():
+    for code in range(sys.maxunicode + 1):
+        if 0xD800 <= code <= 0xDFFF:
+            continue
+        c = chr(code)
+        kind = text_class([c])
+        assert (kind is not None) == (_quote(c) == _quotes_escaped(c)), hex(code)
+        assert (kind == "quoted") == (_quote(c) == _quotes_escaped(c) != f'"{c}"'), hex(code)
+    assert text_class(['say "hi"', "plain"]) == "quoted"
+    assert text_class(['say "hi"', "back\\slash"]) is None  # negative control: replace would miss the backslash
+    assert text_class(['say "hi"', None]) is None and text_class(['"', 1]) is None and text_class([]) == "plain"
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.none(), st.integers(), st.text(max_size=8),
+                          st.text(alphabet=st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=8)),
+                max_size=6))
+def test_quoted_values_are_each_written_with_only_their_quotes_escaped(values):
+    escaped = all(isinstance(v, str) and _quote(v) == _quotes_escaped(v) for v in values)
+    assert (text_class(values) in ("plain", "quoted")) == escaped
+
+
 # ----------------------------------------------------------------------------------- the hashers
 _printable = st.text(alphabet=st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=20)
 
 
 @settings(max_examples=300, deadline=None)
 @given(table=st.sampled_from(sorted(TABLES)), data=st.data())
-def test_every_hasher_hashes_as_the_spec_whichever_columns_are_plain(table, data):
+def test_every_hasher_hashes_as_the_spec_whichever_columns_are_plain_or_quoted(table, data):
     names = [n for n, _ in TABLES[table]]
     rows = data.draw(st.integers(1, 4))
     texts = [n for n, kind in TABLES[table] if kind == "VARCHAR"] + ["recorded_at"]
     plain = frozenset(data.draw(st.sets(st.sampled_from(texts))) if texts else ())
+    quoted = frozenset(data.draw(st.sets(st.sampled_from(sorted(set(texts) - plain)))) if set(texts) - plain else ())
     columns: dict[str, list] = {}
     for name, kind in [*TABLES[table], ("recorded_at", "VARCHAR")]:
         if name in plain:  # what the caller passes as plain: set, printable, no quote or backslash
             columns[name] = [data.draw(_printable.map(lambda t: t.replace('"', "").replace("\\", "")))
                              for _ in range(rows)]
+        elif name in quoted:  # as quoted: set, printable, no backslash
+            columns[name] = [data.draw(_printable.map(lambda t: t.replace("\\", ""))) for _ in range(rows)]
         elif kind == "BIGINT":
             columns[name] = [data.draw(st.one_of(st.none(), st.integers(-(2**63), 2**63 - 1))) for _ in range(rows)]
         elif name == "recorded_at":
@@ -71,7 +104,7 @@ def test_every_hasher_hashes_as_the_spec_whichever_columns_are_plain(table, data
             columns[name] = [data.draw(st.one_of(st.none(), st.text(max_size=10), _printable)) for _ in range(rows)]
     seqs = list(range(1, rows + 1))
     prevs = [data.draw(st.text(max_size=4)) for _ in range(rows)]
-    got = hasher(table, plain)(seqs, prevs, columns["recorded_at"], *(columns[n] for n in names))
+    got = hasher(table, plain, quoted)(seqs, prevs, columns["recorded_at"], *(columns[n] for n in names))
     want = [row_hash(prevs[i], table, seqs[i], columns["recorded_at"][i], {n: columns[n][i] for n in names})
             for i in range(rows)]
     assert got == want
@@ -182,6 +215,61 @@ def test_a_column_retyped_behind_the_ledger_is_verified_row_by_row(tmp_path, mon
     assert on == off == _reference(ledger) and not on.ok
 
 
+def _relink_over(rows, gone: int):
+    """The chain's rows (chain_entries) without the row at seq `gone`, every later row re-linked and
+    re-hashed as the spec says, each keeping its seq: (table, seq, prev_hash, row_hash) to write."""
+    prev, out = GENESIS, []
+    for seq, table, _prev, digest, at, values in rows:
+        if seq == gone:
+            continue
+        if seq > gone:
+            digest = row_hash(prev, table, seq, at, dict(zip([n for n, _ in TABLES[table]], values)))
+            out.append((table, seq, prev, digest))
+        prev = digest
+    return out
+
+
+def _gap_at_a_cut(read, write, workers: int) -> int:
+    """Delete the row right below the first cut `workers` ranges make and re-link the chain over it:
+    each range then holds contiguous seqs and links, and only where the ranges meet is a seq missing."""
+    rows = read()
+    gone = even_cuts(rows[-1][0], workers)[0] - 1
+    table = next(t for s, t, *_ in rows if s == gone)
+    write(f"DELETE FROM {table} WHERE seq = ?", [gone])
+    for t, seq, prev, digest in _relink_over(rows, gone):
+        write(f"UPDATE {t} SET prev_hash = ?, row_hash = ? WHERE seq = ?", [prev, digest, seq])
+    return gone
+
+
+def test_ranges_that_do_not_meet_are_not_joined():
+    a = ChainSegment(start=1, linked=False, count=3, first=(1, "legs", GENESIS), last_hash="h3", problems=[])
+    b = ChainSegment(start=5, linked=False, count=2, first=(5, "legs", "h3"), last_hash="h6", problems=[])
+    assert join_or_none([a, b], None, []) is None
+    b.start = 4  # negative control: ranges that meet
+    assert join_or_none([a, b], None, []).ok
+
+
+@pytest.mark.parametrize("workers", ["2", "3"])
+def test_a_chain_relinked_over_a_row_deleted_below_a_cut_is_verified_row_by_row(tmp_path, monkeypatch, python_paths,
+                                                                                 workers):
+    monkeypatch.setenv("TICA_VERIFY_WORKERS", workers)
+    for gap in (False, True):
+        ledger = _filled(tmp_path / str(gap))
+        con = duckdb.connect(str(ledger.path))
+        rows = Ledger.chain_entries(con)
+        if gap:
+            gone = _gap_at_a_cut(lambda: rows, lambda q, p: con.execute(q, p), int(workers))
+        else:  # negative control: the same re-hashing over no deleted row leaves a chain that verifies
+            for t, seq, prev, digest in _relink_over(rows, rows[-1][0] + 1):
+                con.execute(f"UPDATE {t} SET prev_hash = ?, row_hash = ? WHERE seq = ?", [prev, digest, seq])
+        con.close()
+        on, off = _both(ledger, None, monkeypatch)
+        assert on == off == _reference(ledger)
+        assert on.ok != gap
+        if gap:
+            assert any(f"seq={gone + 1}" in p for p in on.problems), on.problems
+
+
 def test_the_variable_turns_the_batches_on_and_off(monkeypatch):
     monkeypatch.delenv("TICA_VERIFY_BATCHES", raising=False)
     assert batches_enabled()
@@ -221,8 +309,11 @@ def test_postgres_batches_through_adbc_hold_the_values_psycopg_reads(pg_dsn, mon
     ledger = _pg_filled(pg_dsn)
     through_adbc, through_psycopg = _pg_columns(ledger, postgres_batches), _pg_columns(ledger, psycopg_batches)
     assert through_adbc == through_psycopg and any("中" in str(v) for c in through_adbc.values() for v in c)
-    monkeypatch.setitem(sys.modules, "adbc_driver_postgresql.dbapi", None)  # not installed: psycopg's
-    assert _pg_columns(ledger, postgres_batches) == through_psycopg
+    monkeypatch.setitem(sys.modules, "adbc_driver_postgresql", None)  # not installed: psycopg's
+    used = []
+    monkeypatch.setattr("tica.ledger_batches.psycopg_batches",
+                        lambda *a, **k: used.append(a) or psycopg_batches(*a, **k))
+    assert _pg_columns(ledger, postgres_batches) == through_psycopg and used
     assert _pg_segment(ledger) is not None
 
 
@@ -251,6 +342,18 @@ def test_postgres_a_tampered_ledger_gets_the_row_by_row_report_with_batches_on(p
         assert on == off == _pg_reference(ledger, expect) and not (expect is head and on.ok)
     if edit[0].startswith(("UPDATE", "INSERT")):
         assert _pg_segment(ledger) is None
+
+
+def test_postgres_a_chain_relinked_over_a_row_deleted_below_a_cut_is_verified_row_by_row(pg_dsn, monkeypatch,  # noqa: F811
+                                                                                          python_paths):
+    monkeypatch.setenv("TICA_VERIFY_WORKERS", "2")
+    ledger = _pg_filled(pg_dsn)
+    with psycopg.connect(pg_dsn) as con:
+        gone = _gap_at_a_cut(lambda: PostgresLedger.chain_entries(con),
+                             lambda q, p: con.execute(q.replace("?", "%s"), p), 2)
+    on, off = _both(ledger, None, monkeypatch)
+    assert on == off == _pg_reference(ledger) and not on.ok
+    assert any(f"seq={gone + 1}" in p for p in on.problems), on.problems
 
 
 def test_postgres_a_forged_row_is_caught_in_batches(postgres_server, monkeypatch, python_paths):  # noqa: F811
