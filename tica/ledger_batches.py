@@ -2,16 +2,18 @@
 
 The row-wise path (`tica.ledger.check_segment`) pays, for every row, a merge step, a call to the
 body function and a call to the JSON escaper per text value. Here each table arrives in batches of
-columns (DuckDB hands them over as Arrow, Postgres's rows are turned into columns), and a batch is
-hashed by one list comprehension generated for its table from `tica.ledger._body_parts`, the
-layout the row-wise body comes from. A text column whose every value in the batch is set and plain
-(printable ASCII without a quote or a backslash: where json.dumps changes nothing) is written as
-it is between quotes; every other value is encoded exactly as the row-wise body encodes it. The
-seqs and links are then checked over the whole range at once, in chain order.
+columns (DuckDB hands them over as Arrow, Postgres through ADBC as Arrow or psycopg's rows turned
+into columns), and a batch is hashed by one list comprehension generated for its table from
+`tica.ledger._body_parts`, the layout the row-wise body comes from. A text column whose every value
+in the batch is set and plain (printable ASCII without a quote or a backslash: where json.dumps
+changes nothing) is written as it is between quotes; one whose every value is set, printable ASCII
+and without a backslash has only its quotes escaped (where json.dumps escapes nothing else); every
+other value is encoded exactly as the row-wise body encodes it. The seqs and links are then checked
+over the whole range at once, in chain order.
 
 The answer is a segment only for a range with nothing out of place: a row whose hash, seq or link
 does not match, a value the generated code cannot take, a column of a type the code did not create,
-and the caller verifies row by row instead, whose report names each problem.
+ranges that do not meet, and the caller verifies row by row instead, whose report names each problem.
 """
 
 from __future__ import annotations

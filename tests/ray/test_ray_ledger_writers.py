@@ -1,5 +1,6 @@
 """Eight ledger writers as Ray tasks pinned to different nodes, appending to one Postgres ledger:
-nothing lost, the chain verifies (TICA_SCALE_APPENDS=500 for the issue's full 8 x 500)."""
+nothing lost, the chain verifies: 8 x 40 by default, the issue's full 8 x 500 under TICA_TESTS=full
+(or TICA_SCALE_APPENDS=500)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import os
 
 import pytest
 
+from tests.long import size
 from tests.ray.conftest import PREFIX
 from tests.ray.writers import append_reruns
 from tica.ledger_pg import PostgresLedger
@@ -17,7 +19,7 @@ pytestmark = pytest.mark.scale
 def test_eight_writers_on_different_nodes_lose_nothing_and_the_chain_verifies(ray_cluster, pg_dsn):
     import ray
 
-    writers, appends = 8, int(os.environ.get("TICA_SCALE_APPENDS", 40))
+    writers, appends = 8, int(os.environ.get("TICA_SCALE_APPENDS", size(40, 500)))
     names = sorted(n for n in ray_cluster.nodes if n != "victim")
     PostgresLedger(pg_dsn).init()
     ray.init(address=ray_cluster.cluster.address, log_to_driver=False)

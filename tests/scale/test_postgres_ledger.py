@@ -11,6 +11,7 @@ import pytest
 
 pytestmark = pytest.mark.scale
 
+from tests.long import size
 from tica.cli import main
 from tica.ledger import Ledger
 from tica.ledger_pg import PostgresLedger
@@ -108,12 +109,11 @@ def _writer(dsn: str, n: int, w: int) -> None:
         ledger.append("reruns", {"rerun_id": f"w{w}-{i}", "reason": "concurrent"})
 
 
-@pytest.mark.parametrize("writers,appends", [(8, 40)])
-def test_concurrent_writers_lose_nothing_and_the_chain_verifies(pg_dsn, writers, appends):
-    """The CI slice; the issue's 8 x 500 runs with TICA_SCALE_APPENDS=500 (see the marker below)."""
+def test_concurrent_writers_lose_nothing_and_the_chain_verifies(pg_dsn):
+    """The CI slice, 8 x 40; the issue's 8 x 500 under TICA_TESTS=full (or TICA_SCALE_APPENDS=500)."""
     import os
 
-    appends = int(os.environ.get("TICA_SCALE_APPENDS", appends))
+    writers, appends = 8, int(os.environ.get("TICA_SCALE_APPENDS", size(40, 500)))
     PostgresLedger(pg_dsn).init()
     ctx = mp.get_context("spawn")
     procs = [ctx.Process(target=_writer, args=(pg_dsn, appends, w)) for w in range(writers)]
