@@ -356,6 +356,39 @@ def test_postgres_a_chain_relinked_over_a_row_deleted_below_a_cut_is_verified_ro
     assert any(f"seq={gone + 1}" in p for p in on.problems), on.problems
 
 
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_postgres_every_range_reads_the_snapshot_verify_began_with(pg_dsn, monkeypatch, python_paths,  # noqa: F811
+                                                                   workers):
+    """Rows appended after verify exported its snapshot, before any range is read, are not seen by
+    any range (the range in this process and the one in a process of its own)."""
+    import tica.ledger_batches
+    import tica.ledger_parallel
+
+    monkeypatch.setenv("TICA_VERIFY_WORKERS", workers)
+    ledger = _pg_filled(pg_dsn)
+    before = ledger.verify()
+
+    def append_first(original):
+        def wrapped(*args, **kwargs):
+            ledger.append_many([("reruns", {"rerun_id": f"late-{k}", "reason": "after the snapshot"}) for k in range(3)])
+            return original(*args, **kwargs)
+        return wrapped
+
+    if workers == "1":
+        monkeypatch.setattr(tica.ledger_batches, "postgres_batches", append_first(tica.ledger_batches.postgres_batches))
+    else:
+        monkeypatch.setattr(tica.ledger_parallel, "_run", append_first(tica.ledger_parallel._run))
+    answered = []
+    join = tica.ledger_batches.join_or_none
+    monkeypatch.setattr(tica.ledger_batches, "join_or_none", lambda *a: answered.append(join(*a)) or answered[-1])
+    during = ledger.verify()
+    assert during.ok and (during.rows, during.head) == (before.rows, before.head)
+    assert answered and answered[-1] == during  # the batches answered, not the row-by-row path
+    monkeypatch.undo()
+    after = ledger.verify()  # negative control: the rows were there to be seen
+    assert after.ok and after.rows == before.rows + 3
+
+
 def test_postgres_a_forged_row_is_caught_in_batches(postgres_server, monkeypatch, python_paths):  # noqa: F811
     for spec in (False, True):
         dsn = pg_dsn.__wrapped__(postgres_server)
