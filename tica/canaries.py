@@ -39,6 +39,7 @@ E = EvidenceItem
 WEIGHTS = "blake3:" + "5e1f" * 16
 IMAGE_VERSIONS = {"python": "3.12.3", "torch": "2.11.0+cu130", "vllm": "0.26.0", "transformers": "4.57.1"}
 DEVICE = {"kind": "cuda", "name": "NVIDIA H200", "driver": "580.95.05", "capability": "9.0", "count": 1}
+NODE = "h200-node-a (boot 6f1c2a9e-0b7d-4e55-9a3c-2d8e5b1f7c40)"  # resolved_config.node, as tica.legs.common.this_node
 DEFAULT_PROMPTS = {1: 8, 8: 32, 32: 128, 64: 256}
 # Output tok/s of BI=0 at each concurrency on one H200 (8192 in / 1024 out), for realistic fixtures.
 _BASE_TPUT = {1: 151.2, 8: 1013.5, 32: 2871.4, 64: 4102.9}
@@ -126,7 +127,7 @@ def _meta(item: str, arm: str, **over: Any) -> dict[str, Any]:
         "kernels": {"attention": "FLASH_ATTN"},
         "resolved_config": {"model": "/ckpt/qwen3-8b", "weights_hash": WEIGHTS, "max_model_len": 12288,
                             "enforce_eager": False, "enable_prefix_caching": False, "enable_chunked_prefill": False,
-                            "tensor_parallel_size": 1, "gpu_memory_utilization": 0.85},
+                            "tensor_parallel_size": 1, "gpu_memory_utilization": 0.85, "node": NODE},
         "profiled": False, "started_at": "2026-11-29T10:00:00+00:00", "ended_at": "2026-11-29T10:05:00+00:00",
         "processes": [], "not_run_reason": None,
     }
@@ -765,6 +766,19 @@ def _receipts_disagree(q: Question, legs: Sequence[Path]) -> None:
     edit_meta(leg, lambda m: m["resolved_config"].update(num_prompts=n + 1))
 
 
+def _round_on_another_node(q: Question, legs: Sequence[Path]) -> None:
+    """The last round of the first target c run on another machine (both its legs)."""
+    c, r = _targets(q)[0], q.repeats
+    for arm in ("bi1", "bi0"):
+        edit_meta(tput_leg(legs, arm, c, r), lambda m: m["resolved_config"].update(node="h200-node-b (boot 0c5e)"))
+
+
+def _node_unrecorded(q: Question, legs: Sequence[Path]) -> None:
+    """Legs that do not say which machine they ran on (as receipts of another tool may not)."""
+    for leg in legs:
+        edit_meta(leg, lambda m: m["resolved_config"].pop("node", None))
+
+
 def _arm_roles_missing(q: Question, legs: Sequence[Path]) -> None:
     """One arm's legs record no EngineCore exit (as a lost or killed engine leaves them)."""
     arm = _load(legs[0] / "leg.json")["arm"]
@@ -902,6 +916,10 @@ CANARIES: tuple[Canary, ...] = (
            INCONCLUSIVE, _measurement_twice),
     Canary("throughput.receipts_agree", E.THROUGHPUT, "leg.json and the bench result record one workload",
            INCONCLUSIVE, _receipts_disagree),
+    Canary("throughput.one_node", E.THROUGHPUT, "crossed rounds on one node: a round on another node is not paired",
+           INCONCLUSIVE, _round_on_another_node),
+    Canary("throughput.node_recorded", E.THROUGHPUT, "the one node is shown: legs that record none do not pass",
+           INCONCLUSIVE, _node_unrecorded),
     # clean exit
     Canary("clean_exit.force_killed", E.CLEAN_EXIT, "vLLM's force kill of EngineCore is not clean", FAIL,
            process_exit("engine_core", evidence="Force killing remaining process EngineCore (pid 9002)")),

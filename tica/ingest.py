@@ -162,6 +162,13 @@ def ingest_bench(path: str | Path, out: str | Path, arm: str, round: int | None 
     labels = {k: data[k] for k in _LABEL_KEYS if data.get(k) is not None}
     if labels:
         config["metadata"] = labels
+    # The node the run measured, where the file says (`--metadata node=...`); else unknown, and the
+    # throughput judge does not take the pairing for one on a single node.
+    node = data.get("node")
+    if node is not None:
+        if not isinstance(node, str) or not node.strip():
+            raise InputError(path, "node", f"{node!r} is not a node's name")
+        config["node"] = node
     # profiled: as the file records it; absent, it stays absent (unknown), never written as false.
     meta = _meta(path, "throughput", arm, BENCH_PRODUCER, version, round=round_, slot=slot_, concurrency=conc,
                  versions={"vllm": version} if version else None, resolved_config=config,
@@ -651,7 +658,7 @@ def leg_unknowns(leg: str | Path) -> list[str]:
     elif meta["item"] == "throughput":
         config = meta.get("resolved_config") or {}
         unknown += [k for k in ("round", "slot", "concurrency", "profiled") if meta.get(k) is None]
-        unknown += [f"resolved_config.{k}" for k in _BENCH_WORKLOAD if k not in config]
+        unknown += [f"resolved_config.{k}" for k in (*_BENCH_WORKLOAD, "node") if k not in config]
     elif meta["item"] == "quality":
         if not (leg / CONTRACT_FILE).exists():
             unknown.append("contract")

@@ -1384,6 +1384,38 @@ def bench_result_config(bench: dict[str, Any], config: dict[str, Any], sources: 
     return problems
 
 
+def _is_this_host(address: str | None) -> bool:
+    """Whether a URL or host name a command was given reaches this host (loopback or unspecified)."""
+    import ipaddress
+    from urllib.parse import urlsplit
+
+    if not address:
+        return True
+    host = urlsplit(address).hostname if "//" in address else address
+    if host is None or host.lower() == "localhost":
+        return host is not None
+    try:
+        ip = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return False  # a name: another host, as far as TICA knows
+    return ip.is_loopback or ip.is_unspecified
+
+
+def leg_node(spec: LegRunSpec, reading: CommandReading) -> str | None:
+    """The node the leg ran on (resolved_config.node, the throughput judge's one-node rule): this
+    host when every address the leg was given (--server-url, the command's --base-url and --host)
+    reaches this host; None (unknown) when one names another host, whose server may run elsewhere."""
+    addresses = [spec.server_url]
+    if reading.kind == "vllm bench serve":
+        addresses += [reading.config.get("base_url"), reading.config.get("host")]
+    elif reading.kind == "lm_eval":  # --model-args base_url=...,model=...
+        args = str((reading.config.get("lm_eval") or {}).get("model_args") or "")
+        addresses += [kv.partition("=")[2] for kv in args.split(",") if kv.strip().startswith("base_url=")]
+    if all(_is_this_host(a if a is None else str(a)) for a in addresses):
+        return common.this_node()
+    return None
+
+
 def build_meta(spec: LegRunSpec, *, reading: CommandReading, env: dict[str, str], run: CommandRun,
                versions: dict[str, str | None] | None, versions_how: str, device: dict[str, Any],
                processes: list[dict], server_config: dict[str, Any] | None, kernels: dict[str, Any],
@@ -1398,6 +1430,8 @@ def build_meta(spec: LegRunSpec, *, reading: CommandReading, env: dict[str, str]
         config["command_line_notes"] = list(reading.notes)
     if collected:
         config["collected"] = collected
+    if (node := leg_node(spec, reading)) is not None:
+        config["node"] = node
     if server_config is not None:
         config["server"] = server_config
     config["versions_from"] = versions_how

@@ -1,7 +1,8 @@
-"""Throughput pairing on one node (issue 15): crossed rounds compare the arms on one machine. Legs
-that record their node (RayLegRunner puts it in leg.json's env as TICA_NODE; resolved_config.node
-elsewhere) must all name the same one; a pairing spread over two nodes is confounded by the node
-and never passes. Legs that record no node are judged as before."""
+"""Throughput pairing on one node (issue 15): crossed rounds compare the arms on one machine. Every
+leg must record its node (RayLegRunner puts it in leg.json's env as TICA_NODE; TICA's producers and
+`tica leg run` record this host as resolved_config.node) and all must name the same one; a pairing
+spread over two nodes is confounded by the node, and one whose legs record none is not shown to be
+free of it: neither passes."""
 
 from __future__ import annotations
 
@@ -27,12 +28,15 @@ def _round(leg: Path) -> int:
     return json.loads((leg / "leg.json").read_text())["round"]
 
 
-def record_node(leg: Path, node: str, key: str = "env") -> None:
+def record_node(leg: Path, node: str | None, key: str = "env") -> None:
+    """The leg records `node` under `key` alone (None: no node at all)."""
     def put(meta: dict) -> None:
-        if key == "env":
-            meta.setdefault("env", {})["TICA_NODE"] = node
-        else:
-            meta.setdefault("resolved_config", {})["node"] = node
+        meta.setdefault("env", {}).pop("TICA_NODE", None)
+        meta.setdefault("resolved_config", {}).pop("node", None)
+        if node is not None and key == "env":
+            meta["env"]["TICA_NODE"] = node
+        elif node is not None:
+            meta["resolved_config"]["node"] = node
     edit_json(leg / "leg.json", put, reseal=leg)
 
 
@@ -73,17 +77,31 @@ def test_a_node_in_resolved_config_counts_too(legs):
 
 def test_a_node_recorded_by_some_legs_only_does_not_pass(legs):
     for leg in legs:
-        if _round(leg) != 3:
-            record_node(leg, "h200a")
+        record_node(leg, "h200a" if _round(leg) != 3 else None)
     cell = judge_criteria("throughput", basis_question(), legs)
     assert cell.verdict is Verdict.INCONCLUSIVE
     assert any("not known to have run on one node" in r for r in cell.reasons), cell.reasons
 
 
-def test_legs_that_record_no_node_are_judged_as_before(legs):
+def test_legs_that_record_no_node_do_not_pass(legs):
+    """The negative control is the first test: the same receipts, each naming one node, pass."""
+    for leg in legs:
+        record_node(leg, None)
+    cell = judge_criteria("throughput", basis_question(), legs)
+    assert cell.verdict is Verdict.INCONCLUSIVE
+    assert cell.numbers["nodes"] is None
+    assert any("no leg records the node it ran on" in r and "not shown to have run on one node" in r
+               for r in cell.reasons), cell.reasons
+
+
+def test_the_ray_node_and_the_host_recorded_together_name_one_node(legs):
+    """Under RayLegRunner a leg records both (TICA_NODE and this host): one node, both named."""
+    for leg in legs:
+        record_node(leg, "h200a")
+        edit_json(leg / "leg.json", lambda m: m["resolved_config"].update(node="gpu-host-1 (boot 5e1f)"), reseal=leg)
     cell = judge_criteria("throughput", basis_question(), legs)
     assert cell.verdict is Verdict.PASS, cell.reasons
-    assert cell.numbers["nodes"] is None
+    assert cell.numbers["nodes"] == {"gpu-host-1 (boot 5e1f) + h200a": len(legs)}
 
 
 def test_an_overrun_on_two_nodes_still_fails_with_the_nodes_named(tmp_path):

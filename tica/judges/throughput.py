@@ -17,9 +17,10 @@ an absent one. A leg whose leg.json resolved_config and bench file record one wo
 differently is invalid; two legs whose bench files are one measurement (the same bytes, or the
 same recorded date, duration and counts) never count as two rounds, and leave their c
 inconclusive. Crossed rounds compare the arms on one machine:
-where the legs record their node (`env.TICA_NODE`, as resources.ray_legs gives it, or
-`resolved_config.node`), every leg of the valid rounds must name the same one; legs on two nodes,
-or a node some legs record and others do not, are no pass (an overrun found stands, unattributed).
+every leg of the valid rounds must record the node it ran on (`env.TICA_NODE`, as
+resources.ray_legs gives it, or `resolved_config.node`, as TICA's producers and `tica leg run`
+record this host) and name the same one; legs on two nodes, a node some legs record and others do
+not, or none recorded are no pass (an overrun found stands, unattributed).
 
 With a reviewed statistical basis (tica.stats.throughput) a target c passes only when the
 frozen test's one-sided upper bound is under its budget; short of that it is inconclusive and
@@ -454,18 +455,22 @@ def leg_node(leg: BenchLeg) -> str | None:
 
 
 def same_node(findings: Findings, numbers: dict[str, Any], legs: Sequence[BenchLeg]) -> None:
-    """Every leg of the pairing on one node, where the legs record one. Legs on different nodes, or
-    a node recorded by some legs and not others, are no pass: the comparison is confounded by the
-    node (or not known to be free of it). An overrun already found stands, its cause not attributed."""
+    """Every leg of the pairing on one node, as the practice demands ("same node, same resources").
+    Legs on different nodes, a node recorded by some legs and not others, or no node recorded at
+    all are no pass: the comparison is confounded by the node, or not known to be free of it. An
+    overrun already found stands, its cause not attributed."""
     by_node: dict[str | None, list[str]] = defaultdict(list)
     for leg in legs:
         by_node[leg_node(leg)].append(leg.path.parent.name + "/" + leg.path.name if leg.meta else leg.path.name)
     recorded = {n: ls for n, ls in by_node.items() if n is not None}
     numbers["nodes"] = {n: len(ls) for n, ls in sorted(recorded.items())} or None
-    if not recorded:
+    if not legs:
         return
     problem = None
-    if len(recorded) > 1:
+    if not recorded:
+        problem = (f"no leg records the node it ran on ({' or '.join(NODE_KEYS)}): the pairing is not shown to "
+                   "have run on one node")
+    elif len(recorded) > 1:
         problem = ("the pairing's legs ran on different nodes: " + "; ".join(
             f"{n}: {len(ls)} leg(s) ({', '.join(ls[:3])}{' ...' if len(ls) > 3 else ''})" for n, ls in sorted(recorded.items()))
             + ": a throughput comparison across nodes is confounded by the node, not attributed to the switch")
@@ -685,7 +690,7 @@ def judge_throughput(question: Question, leg_paths: Sequence[str | Path]) -> Ver
                               f"{criteria.tier_ratio:g}): the loss's causal attribution is inconclusive")
 
     # One node: crossed rounds compare the arms on one machine; rounds spread over nodes confound
-    # the loss with the node. Legs that record no node keep the older behaviour.
+    # the loss with the node, and a node no leg records leaves that unknown.
     same_node(findings, numbers, [lc.leg for r in rounds if r.valid for lc in r.legs])
 
     # Confounders, per concurrency (workload settings legitimately differ between concurrencies).

@@ -18,6 +18,7 @@ import os
 import platform
 import re
 import signal as _signal
+import socket
 import subprocess
 import sys
 import threading
@@ -196,6 +197,23 @@ def versions() -> dict[str, str | None]:
     if "torch" in sys.modules:
         out["torch"] = sys.modules["torch"].__version__
     return out
+
+
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+
+
+@functools.lru_cache(maxsize=1)
+def this_node() -> str:
+    """The machine a leg ran on, recorded as resolved_config.node for the throughput judge's
+    one-node rule: the host name and the running kernel's boot id. Two machines that share a name
+    differ in the boot id; two containers on one machine may differ in the name, and are then taken
+    for two nodes (never a pairing wrongly taken for one node)."""
+    name = socket.gethostname()
+    try:
+        boot = BOOT_ID.read_text().strip()
+    except OSError:
+        return name
+    return f"{name} (boot {boot})" if boot else name
 
 
 def device_info() -> dict:
@@ -541,6 +559,7 @@ class Leg:
             self.meta.setdefault("resolved_config", {})["env_set_by_vllm"] = changed
         self.meta["versions"] = versions()
         self.meta["device"] = device_info()
+        self.meta.setdefault("resolved_config", {}).setdefault("node", this_node())
         if not_run_reason is not None:
             self.meta["not_run_reason"] = not_run_reason
         if self.tee is not None:
