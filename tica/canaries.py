@@ -716,6 +716,9 @@ def _arrays_renamed(q: Question, legs: Sequence[Path]) -> None:
         perturb_arrays(leg, 1)
         edit_jsonl(leg / "metrics.jsonl", _set_row(0, **{"training/rollout_probs_diff_max": 0.0,
                                                          "training/rollout_probs_diff_mean": 0.0,
+                                                         "training/rollout_probs_diff_std": 0.0,
+                                                         "rollout_corr/k3_kl": 0.0,
+                                                         "tica/logprob_abs_diff_max": 0.0,
                                                          "tica/n_bitwise_diff": 0}), leg)
     (leg / "arrays" / "step_0001.npz").rename(leg / "arrays" / "step_1.npz")
     seal_leg(leg)
@@ -834,7 +837,8 @@ CANARIES: tuple[Canary, ...] = (
            lambda q, legs: edit_jsonl(legs[0] / "metrics.jsonl", _set_row(1, **{"actor/grad_norm": float("nan"),
                                                                              "grad_finite": False}), legs[0])),
     Canary("backward.reaches_master", E.BACKWARD, "gradients reach the master weights", FAIL,
-           lambda q, legs: edit_jsonl(legs[0] / "metrics.jsonl", _set_row(0, params_with_grad=18), legs[0])),
+           lambda q, legs: edit_jsonl(legs[0] / "metrics.jsonl", _set_row(0, params_with_grad=18, params_nonzero_grad=18),
+                                      legs[0])),
     Canary("backward.zero_grad_vs_rewards", E.BACKWARD, "grad norm 0 with varied group rewards is a fault", FAIL,
            lambda q, legs: edit_jsonl(legs[0] / "metrics.jsonl", _set_row(1, **{"actor/grad_norm": 0.0}), legs[0])),
     Canary("backward.deployed_bytes", E.BACKWARD, "forward equals the deployed bytes", FAIL,

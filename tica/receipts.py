@@ -37,7 +37,10 @@ EndState = Literal["exited", "killed", "force_killed", "signalled", "running", "
 
 
 class _Receipt(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    # strict: a value of another JSON type is malformed, never converted (false read as 0, "0" as 0,
+    # true as 1.0). JSON arrays still fill tuple fields (strict=False on those alone; their items
+    # stay strict).
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, strict=True)
 
 
 # ---------------------------------------------------------------- leg.json
@@ -52,7 +55,7 @@ class ProcessExit(_Receipt):
     signal: str | int | None = None
     evidence: str | None = None
     name: str | None = Field(None, description="process name as the OS reported it (e.g. EngineCore)")
-    command: tuple[str, ...] | None = None
+    command: tuple[str, ...] | None = Field(None, strict=False)
 
 
 class LegMeta(_Receipt):
@@ -82,9 +85,9 @@ class LegMeta(_Receipt):
     # When the leg's work started and ended (not when leg.json was written).
     started_at: str | None = None
     ended_at: str | None = None
-    processes: tuple[ProcessExit, ...] = ()
+    processes: tuple[ProcessExit, ...] = Field((), strict=False)
     not_run_reason: str | None = None
-    errors: tuple[str, ...] = Field((), description="what the producer caught while running: the leg is incomplete")
+    errors: tuple[str, ...] = Field((), strict=False, description="what the producer caught while running: the leg is incomplete")
 
     @model_validator(mode="after")
     def _switch_matches_arm(self) -> "LegMeta":
@@ -170,6 +173,8 @@ class BackwardStep(_Receipt):
     def _counts(self) -> "BackwardStep":
         if self.params_with_grad > self.params_total:
             raise ValueError(f"params_with_grad {self.params_with_grad} > params_total {self.params_total}")
+        if self.params_nonzero_grad is not None and self.params_nonzero_grad > self.params_with_grad:
+            raise ValueError(f"params_nonzero_grad {self.params_nonzero_grad} > params_with_grad {self.params_with_grad}")
         return self
 
 
@@ -179,6 +184,13 @@ class UpdateStep(BackwardStep):
     weights_total_tensors: int = Field(..., ge=1)
     updated_weights_hash: str | None = None
     reloaded_by_rollout: bool | None = None
+
+    @model_validator(mode="after")
+    def _tensors(self) -> "UpdateStep":
+        if self.weights_changed_tensors > self.weights_total_tensors:
+            raise ValueError(f"weights_changed_tensors {self.weights_changed_tensors} > weights_total_tensors "
+                             f"{self.weights_total_tensors}")
+        return self
 
 
 def _read_text(path: Path) -> str:
@@ -286,6 +298,8 @@ def load_step_arrays(path: str | Path) -> StepArrays:
     n = data["token_ids"].size
     if n == 0:
         raise ReceiptError(path, "token_ids", "no tokens: an empty step is not a measurement")
+    if data["seq_lens"].size and int(data["seq_lens"].min()) < 0:
+        raise ReceiptError(path, "seq_lens", f"a negative sequence length ({int(data['seq_lens'].min())})")
     if int(data["seq_lens"].sum()) != n:
         raise ReceiptError(path, "seq_lens", f"sum {int(data['seq_lens'].sum())} != {n} tokens")
     for key in ("trainer_logprobs", "rollout_logprobs", "decode_logprobs", "decode_mask"):
@@ -342,7 +356,7 @@ class Sampling(_Receipt):
     top_k: int | None = None
     seed: int | None = None
     n: int | None = Field(None, ge=1)
-    stop: tuple[str, ...] | None = None
+    stop: tuple[str, ...] | None = Field(None, strict=False)
 
     def item(self) -> dict[str, Any] | None:
         """The contract item, None when a parameter the output depends on is unknown: under greedy
@@ -403,26 +417,28 @@ def load_recorded_contract(path: str | Path) -> RecordedEvalContract | None:
 
 
 class BenchResult(BaseModel):
-    """What `vllm bench serve --save-result` writes. `--metadata k=v` pairs are top-level strings."""
+    """What `vllm bench serve --save-result` writes. `--metadata k=v` pairs are top-level strings
+    (read from text where a field says so); the counts and rates vLLM writes as numbers are strict
+    (true is no count, "12" no rate)."""
 
     model_config = ConfigDict(extra="allow", frozen=True)
 
-    num_prompts: int = Field(..., ge=0)
-    max_concurrency: int | None = Field(..., ge=1)
-    duration: float = Field(..., ge=0)
-    completed: int = Field(..., ge=0)
-    failed: int = Field(0, ge=0)
-    total_input_tokens: int = Field(..., ge=0)
-    total_output_tokens: int = Field(..., ge=0)
-    request_throughput: float = Field(..., ge=0)
-    output_throughput: float = Field(..., ge=0)
-    total_token_throughput: float | None = None
-    mean_ttft_ms: float | None = None
-    median_ttft_ms: float | None = None
-    p99_ttft_ms: float | None = None
-    mean_tpot_ms: float | None = None
-    median_tpot_ms: float | None = None
-    p99_tpot_ms: float | None = None
+    num_prompts: int = Field(..., ge=0, strict=True)
+    max_concurrency: int | None = Field(..., ge=1, strict=True)
+    duration: float = Field(..., ge=0, strict=True)
+    completed: int = Field(..., ge=0, strict=True)
+    failed: int = Field(0, ge=0, strict=True)
+    total_input_tokens: int = Field(..., ge=0, strict=True)
+    total_output_tokens: int = Field(..., ge=0, strict=True)
+    request_throughput: float = Field(..., ge=0, strict=True)
+    output_throughput: float = Field(..., ge=0, strict=True)
+    total_token_throughput: float | None = Field(None, strict=True)
+    mean_ttft_ms: float | None = Field(None, strict=True)
+    median_ttft_ms: float | None = Field(None, strict=True)
+    p99_ttft_ms: float | None = Field(None, strict=True)
+    mean_tpot_ms: float | None = Field(None, strict=True)
+    median_tpot_ms: float | None = Field(None, strict=True)
+    p99_tpot_ms: float | None = Field(None, strict=True)
     errors: list[str | None] | None = None
     arm: Arm | None = None
     round: int | None = Field(None, ge=1)  # rounds are numbered from 1, as leg.json's (LegMeta.round)
@@ -587,7 +603,7 @@ class RecipeCombo(_Receipt):
 class RecipeDryRuns(_Receipt):
     schema_: Literal["tica.recipe_dry_runs/1"] = Field(alias="schema")
     recipe: str
-    combos: tuple[RecipeCombo, ...] = Field(..., min_length=1)
+    combos: tuple[RecipeCombo, ...] = Field(..., min_length=1, strict=False)
 
     @model_validator(mode="after")
     def _unique(self) -> "RecipeDryRuns":

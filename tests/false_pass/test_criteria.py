@@ -168,7 +168,7 @@ def test_a_gradient_check_that_missed_its_planted_errors_is_no_evidence(bound, c
 def test_gradients_that_do_not_reach_every_master_weight_fail(bound, candidate, questions):
     legs = bound(E.BACKWARD)
     leg = leg_of(legs, arm="bi1")
-    edit_jsonl(leg / "metrics.jsonl", lambda rows: rows[1].update(params_with_grad=23), leg)
+    edit_jsonl(leg / "metrics.jsonl", lambda rows: rows[1].update(params_with_grad=23, params_nonzero_grad=23), leg)
     cell = judge(E.BACKWARD, questions[E.BACKWARD], legs, candidate)
     assert_no_pass(cell, "step 2", "23 of 24 master parameters")
 

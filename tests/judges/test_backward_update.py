@@ -37,7 +37,7 @@ def test_non_finite_grad_norm_fails(receipts):
 
 def test_gradients_missing_from_some_master_params_fail(receipts):
     legs = receipts("backward")
-    _set(leg(legs, "bi1"), 2, params_with_grad=23)
+    _set(leg(legs, "bi1"), 2, params_with_grad=23, params_nonzero_grad=23)
     cell = judge_criteria("backward", QB, legs)
     assert cell.verdict is Verdict.FAIL and "23 of 24" in cell.reasons[0]
     # control: a question that accepts 90% coverage passes the same receipts

@@ -35,6 +35,8 @@ def exit_problem(p: ProcessExit) -> str | None:
     if p.end_state != "exited":
         sig = f" by signal {p.signal}" if p.signal is not None else ""
         return f"ended {p.end_state}{sig}"
+    if p.signal is not None:  # "exited" and a signal: the record contradicts itself
+        return f"recorded as exited yet names signal {p.signal}"
     if p.exit_code != 0:
         return f"exit code {p.exit_code}"
     if p.evidence and _FORCED.search(p.evidence):
@@ -91,6 +93,7 @@ def judge_clean_exit(question: Question, leg_paths: Sequence[str | Path]) -> Ver
     criteria: CleanExitCriteria = question.criteria  # type: ignore[assignment]
     legs = [load_leg(p) for p in leg_paths]
     rows: list[list[Any]] = []
+    ran_rows = 0  # exits of legs that ran: a leg that did not run is no evidence of a clean exit
     sides: dict[str, Findings] = {"client": Findings(), "server": Findings(), "trainer": Findings()}
     seen_roles: dict[str, set[str]] = {}  # arm -> roles whose exits its legs recorded
     for leg in legs:
@@ -116,6 +119,7 @@ def judge_clean_exit(question: Question, leg_paths: Sequence[str | Path]) -> Ver
                 sides[side].fail(f"{name}: {p.role} pid {p.pid} {problem}{shutdown_note(leg.meta, p)}")
             rows.append([name, side, p.role, p.pid, p.end_state, p.exit_code, p.signal, p.evidence,
                          "clean" if problem is None else "NOT clean"])
+            ran_rows += not leg.meta.not_run_reason
     for side, f in sides.items():
         findings.extend(f, prefix=f"{side}: ")
     for arm, roles in sorted(seen_roles.items()):  # each arm verified on its own: one's exits never cover another's
@@ -124,7 +128,7 @@ def judge_clean_exit(question: Question, leg_paths: Sequence[str | Path]) -> Ver
             findings.inconclusive(f"{arm}: no exit receipt for roles {missing}: they cannot be verified")
     if not legs:
         findings.not_run("no legs to read exits from")
-    elif not rows:
+    elif not ran_rows:
         findings.not_run("no process exit was verified: no leg that ran recorded one")
     numbers = {
         side: {"verdict": f.verdict.value if any(SIDES[r[2]] == side for r in rows) else "not run",

@@ -78,12 +78,14 @@ def _recompute(forward_dir: Path, step: ForwardStep, findings: Findings, label: 
         "k3": m["rollout_corr/k3_kl"],
         "n_tokens": m["tica/n_tokens"],
         "n_bitwise_diff": m["tica/n_bitwise_diff"],
+        "abs_max": m["tica/logprob_abs_diff_max"],
         "decode_diff": None,
     }
     if arrays.decode_logprobs is not None and arrays.decode_mask is not None:
         out["decode_diff"] = n_bitwise_diff(arrays.rollout_logprobs, arrays.decode_logprobs, where=arrays.decode_mask)
-    logged = {"max": step.probs_diff_max, "mean": step.probs_diff_mean, "n_tokens": step.n_tokens,
-              "n_bitwise_diff": step.n_bitwise_diff}
+    logged = {"max": step.probs_diff_max, "mean": step.probs_diff_mean, "std": step.probs_diff_std,
+              "pearson": step.pearson, "k3": step.k3_kl, "n_tokens": step.n_tokens,
+              "n_bitwise_diff": step.n_bitwise_diff, "abs_max": step.logprob_abs_diff_max}
     for key, value in logged.items():
         if value is None:
             continue
@@ -122,6 +124,8 @@ def _judge_bi0_step(s: ForwardStep, mx: float, mean: float, bi0_range: tuple[flo
         )
     if not math.isfinite(mx):
         f.fail(f"{label}step {s.step}: BI=0 max is {mx}")
+    if not math.isfinite(mean):
+        f.fail(f"{label}step {s.step}: BI=0 mean is {mean}")
     if noise_floor > 0 and mean <= noise_floor:
         f.note(f"{label}step {s.step}: BI=0 mean {mean:.3g} is inside the noise floor {noise_floor:g}: "
                "not distinguishable from noise")
@@ -182,17 +186,24 @@ def read_forward(
         src = "arrays" if recomputed else "logged"
         v = recomputed or {
             "max": s.probs_diff_max, "mean": s.probs_diff_mean, "std": s.probs_diff_std, "pearson": s.pearson,
-            "k3": s.k3_kl, "n_tokens": s.n_tokens, "n_bitwise_diff": s.n_bitwise_diff, "decode_diff": None,
+            "k3": s.k3_kl, "n_tokens": s.n_tokens, "n_bitwise_diff": s.n_bitwise_diff,
+            "abs_max": s.logprob_abs_diff_max, "decode_diff": None,
         }
         mx, mean = v["max"], v["mean"]
         step_f = Findings()
         if mx is None or mean is None:
             step_f.inconclusive(f"{label}step {s.step}: max or mean not recorded, so the step is missing")
+        elif v["n_tokens"] == 0:
+            step_f.inconclusive(f"{label}step {s.step}: 0 tokens compared: an empty step is not a measurement")
         elif arm == "bi1":
             if not (mx == 0 and mean == 0):
                 step_f.fail(f"{label}step {s.step}: BI=1 probs diff max={mx!r} mean={mean!r}, must both be 0")
             if v["n_bitwise_diff"]:
                 step_f.fail(f"{label}step {s.step}: {v['n_bitwise_diff']} logprobs not bitwise equal")
+            # where the step also records them: bitwise equal logprobs give each of these exactly 0
+            for key, name in (("abs_max", "logprob |diff| max"), ("std", "probs diff std"), ("k3", "k3 KL")):
+                if v[key] is not None and v[key] != 0:
+                    step_f.fail(f"{label}step {s.step}: BI=1 {name} is {v[key]!r}: the logprobs are not bitwise equal")
             if v["decode_diff"]:
                 step_f.fail(f"{label}step {s.step}: {v['decode_diff']} decode logprobs differ from the prefill scoring")
         else:

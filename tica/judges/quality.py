@@ -27,7 +27,7 @@ from tica.evidence import EvidenceItem
 from tica.judges._common import Findings, cell, md_table, wrong_question
 from tica.judges.confounders import confounder_markdown, confounder_table, require_recorded, unquantified
 from tica.question import QualityCriteria, Question
-from tica.receipts import (CONTRACT_FILE, RESULTS_FILE, Leg, ProblemResult, RecordedEvalContract, load_leg,
+from tica.receipts import (CONTRACT_FILE, RESULTS_FILE, Leg, ProblemResult, RecordedEvalContract, load_json, load_leg,
                            load_quality_results, load_recorded_contract)
 from tica.verdict import Verdict, VerdictCell
 
@@ -58,6 +58,32 @@ def _contract(findings: Findings, leg: Leg) -> RecordedEvalContract:
                               "the scores cannot be shown to be the same score")
         return RecordedEvalContract()
     return recorded
+
+
+SUMMARY_FILE = "summary.json"  # tica.legs.quality: per pass {"correct", "n", "score", "truncated"}
+
+
+def _summary_agrees(findings: Findings, leg: Leg, results: Sequence[ProblemResult]) -> None:
+    """A leg's summary.json, where it has one, must count what its results.jsonl holds (the first
+    pass, resolved_config.primary_pass, is the one beside it): a receipt that contradicts itself is
+    not judged on either half."""
+    path = leg.path / SUMMARY_FILE
+    if not path.exists():
+        return
+    passes = load_json(path)
+    name = leg.meta.resolved_config.get("primary_pass") or next(iter(passes), None)
+    said = passes.get(name) if isinstance(name, str) else None
+    if not isinstance(said, dict):
+        findings.inconclusive(f"{leg.arm} {leg.path.name}: {SUMMARY_FILE} has no pass {name!r} to compare with "
+                              f"{RESULTS_FILE}")
+        return
+    n, correct = len(results), sum(r.correct for r in results)
+    counted = {"n": n, "correct": correct, "score": correct / n if n else None,
+               "truncated": sum(bool(r.truncated) for r in results)}
+    for key, value in counted.items():
+        if key in said and said[key] != value:
+            findings.inconclusive(f"{leg.arm} {leg.path.name}: {SUMMARY_FILE} says {key}={said[key]!r}, "
+                                  f"{RESULTS_FILE} counts {value!r}: the receipt contradicts itself")
 
 
 def judge_quality(question: Question, leg_paths: Sequence[str | Path]) -> VerdictCell:
@@ -95,6 +121,8 @@ def judge_quality(question: Question, leg_paths: Sequence[str | Path]) -> Verdic
     require_recorded(findings, question, [(f"{l.arm} {l.path.name}", l.meta) for l in (l1, l0)])
     c1, c0 = (_contract(findings, l) for l in (l1, l0))
     r1, r0 = load_quality_results(l1.path / RESULTS_FILE), load_quality_results(l0.path / RESULTS_FILE)
+    for leg, results in ((l1, r1), (l0, r0)):
+        _summary_agrees(findings, leg, results)
     tables: dict[str, str] = {}
     numbers: dict[str, Any] = {}
 
