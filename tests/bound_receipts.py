@@ -18,7 +18,7 @@ from tica.binding import Candidate, Pin, pins
 from tica.canaries import BUILDERS
 from tica.evidence import EvidenceItem, sensitive_components
 from tica.question import Question, ThroughputCriteria, parse_question
-from tica.receipts import CONTRACT_FILE, LEG_FILE
+from tica.receipts import BENCH_FILE, CONTRACT_FILE, LEG_FILE
 from tica.seal import seal_leg
 
 _RECORDED_DTYPE = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16",
@@ -57,6 +57,9 @@ def _clear(data: dict, dotted: str) -> None:
         node = node[part]
     if isinstance(node, dict):
         node.pop(parts[-1], None)
+
+
+BENCH_DATE = "%Y%m%d-%H%M%S"  # vllm bench serve's `date`
 
 
 def _start(leg: Path) -> _dt.datetime | None:
@@ -107,6 +110,13 @@ def stamp_leg(leg: Path, candidate: Candidate, when: Callable[[_dt.datetime], _d
             t = start
         meta[key] = move(t).isoformat()
     (leg / LEG_FILE).write_text(json.dumps(meta, indent=1))
+    bench_path = leg / BENCH_FILE
+    if bench_path.is_file():  # the result file is stamped when its run ends: it moves with the leg's work
+        bench = json.loads(bench_path.read_text())
+        if isinstance(bench.get("date"), str):
+            stamped = _dt.datetime.strptime(bench["date"], BENCH_DATE).replace(tzinfo=_dt.timezone.utc)
+            bench["date"] = move(stamped).astimezone(_dt.timezone.utc).strftime(BENCH_DATE)
+            bench_path.write_text(json.dumps(bench, indent=2))
     if contract is not None:
         contract_path.write_text(json.dumps(contract, indent=1))
     seal_leg(leg)

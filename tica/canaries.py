@@ -776,6 +776,20 @@ def _round_on_another_node(q: Question, legs: Sequence[Path]) -> None:
         edit_meta(tput_leg(legs, arm, c, r), lambda m: m["resolved_config"].update(node="h200-node-b (boot 0c5e)"))
 
 
+def _throttled_baseline(q: Question, legs: Sequence[Path]) -> None:
+    """The BI=0 legs of the first target c sent requests at 0.05/s (an arrival-limited baseline)."""
+    c = _targets(q)[0]
+    for r in range(1, q.repeats + 1):
+        leg = tput_leg(legs, "bi0", c, r)
+        edit_json(leg / "bench.json", lambda d: d.update(request_rate=0.05), leg)
+
+
+def _stale_result(q: Question, legs: Sequence[Path]) -> None:
+    """One leg's bench.json is a result from a year before the leg ran."""
+    leg = tput_leg(legs, "bi1", _targets(q)[0], 1)
+    edit_json(leg / "bench.json", lambda d: d.update(date="20251129-100000"), leg)
+
+
 def _node_unrecorded(q: Question, legs: Sequence[Path]) -> None:
     """Legs that do not say which machine they ran on (as receipts of another tool may not)."""
     for leg in legs:
@@ -924,6 +938,10 @@ CANARIES: tuple[Canary, ...] = (
            INCONCLUSIVE, _round_on_another_node),
     Canary("throughput.node_recorded", E.THROUGHPUT, "the one node is shown: legs that record none do not pass",
            INCONCLUSIVE, _node_unrecorded),
+    Canary("throughput.bench_settings", E.THROUGHPUT, "the run settings bench records are alike across the pairing",
+           INCONCLUSIVE, _throttled_baseline),
+    Canary("throughput.stale_result", E.THROUGHPUT, "a result dated outside its leg's work is another run's",
+           INCONCLUSIVE, _stale_result),
     # clean exit
     Canary("clean_exit.force_killed", E.CLEAN_EXIT, "vLLM's force kill of EngineCore is not clean", FAIL,
            process_exit("engine_core", evidence="Force killing remaining process EngineCore (pid 9002)")),

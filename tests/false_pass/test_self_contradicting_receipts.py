@@ -172,3 +172,61 @@ def test_a_bench_count_or_rate_of_another_json_type_is_malformed(bound, candidat
     leg = tput_leg(legs, "bi1", 8, 1)
     edit_json(leg / "bench.json", lambda b: b.update({key: value}), leg)
     assert_no_pass(judge(E.THROUGHPUT, questions[E.THROUGHPUT], legs, candidate), key)
+
+
+def _tput_legs(legs, arm=None):
+    return [leg for leg in legs if arm is None or json.loads((leg / "leg.json").read_text())["arm"] == arm]
+
+
+@pytest.mark.parametrize("key,value", [("request_rate", 0.05), ("model_id", "/ckpt/qwen3-8b-fp8"),
+                                       ("endpoint_type", "openai-chat"), ("burstiness", 0.5)])
+def test_a_baseline_run_under_other_bench_settings_is_not_paired(bound, candidate, questions, key, value):
+    """BI=0 at 0.05 requests/s (a throttled baseline, honestly slower), or against another model or
+    endpoint: a run setting differs, not the switch."""
+    from tica.canaries import edit_json, scale_throughput
+
+    legs = bound(E.THROUGHPUT)
+    for leg in _tput_legs(legs, "bi0"):
+        edit_json(leg / "bench.json", lambda b: b.update({key: value}), leg)
+        scale_throughput(leg, 0.8)
+    assert_no_pass(judge(E.THROUGHPUT, questions[E.THROUGHPUT], legs, candidate), f"bench.{key} differs")
+
+
+def test_a_bench_result_dated_outside_its_legs_work_is_another_runs(bound, candidate, questions):
+    from tica.canaries import edit_json, tput_leg
+
+    legs = bound(E.THROUGHPUT)
+    leg = tput_leg(legs, "bi1", 8, 1)
+    edit_json(leg / "bench.json", lambda b: b.update(date="20250101-000000"), leg)
+    assert_no_pass(judge(E.THROUGHPUT, questions[E.THROUGHPUT], legs, candidate), "dated 20250101-000000",
+                   "the result of another run")
+
+
+def test_a_bench_result_dated_in_another_zone_than_utc_is_still_its_legs(bound, candidate, questions):
+    """The negative control of the test above: vLLM stamps local time; UTC+14 is still this run."""
+    import datetime as dt
+
+    from tica.canaries import edit_json
+
+    legs = bound(E.THROUGHPUT)
+    for leg in _tput_legs(legs):
+        def shift(b):
+            t = dt.datetime.strptime(b["date"], "%Y%m%d-%H%M%S") + dt.timedelta(hours=14)
+            b["date"] = t.strftime("%Y%m%d-%H%M%S")
+        edit_json(leg / "bench.json", shift, leg)
+    cell = judge(E.THROUGHPUT, questions[E.THROUGHPUT], legs, candidate)
+    assert cell.verdict is Verdict.PASS, cell.reasons
+
+
+def test_a_leg_that_ends_before_it_starts_is_no_measurement(bound, candidate, questions):
+    import datetime as dt
+
+    from tica.canaries import tput_leg
+
+    legs = bound(E.THROUGHPUT)
+    leg = tput_leg(legs, "bi0", 8, 1)
+
+    def backwards(m):
+        m["ended_at"] = (dt.datetime.fromisoformat(m["started_at"]) - dt.timedelta(hours=1)).isoformat()
+    edit_meta(leg, backwards)
+    assert_no_pass(judge(E.THROUGHPUT, questions[E.THROUGHPUT], legs, candidate), "contradict themselves")

@@ -185,7 +185,8 @@ def test_a_retest_round_replaces_an_invalid_one_which_is_kept(receipts, tmp_path
         dst = src.parent / f"retest_c8_r4_{arm}"
         shutil.copytree(src, dst)
         edit_json(dst / "bench.json", lambda d: d.update(round="4", slot=str(slot), failed=0, completed=32), None)
-        edit_meta(dst, lambda m: m.update(round=4, slot=slot, started_at=f"2026-11-29T15:0{slot}:00+00:00"))
+        edit_meta(dst, lambda m: m.update(round=4, slot=slot, started_at=f"2026-11-29T15:0{slot}:00+00:00",
+                                          ended_at=f"2026-11-29T15:0{slot}:50+00:00"))
         legs.append(dst)
     cell = judge_criteria("throughput", Q, legs)
     assert cell.verdict is Verdict.PASS, cell.reasons

@@ -33,12 +33,13 @@ Reading, checking and pairing legs (`check_workload`, `pair_rounds`) are shared 
 
 from __future__ import annotations
 
+import json
 import math
 
 import datetime as _dt
 import statistics
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -183,6 +184,7 @@ def check_workload(leg: BenchLeg, criteria: ThroughputCriteria) -> LegCheck:
     if leg.meta is not None and leg.meta.not_run_reason:
         p.append(f"did not run: {leg.meta.not_run_reason}")
     p += _self_contradictions(leg.bench)
+    p += time_contradictions(leg)
     if leg.profiled:
         p.append("profiled: never a formal end-to-end measurement")
     if leg.round is None or leg.slot is None:
@@ -239,6 +241,53 @@ def work_times(leg: BenchLeg) -> tuple[_dt.datetime, _dt.datetime] | None:
     except (TypeError, ValueError):  # unparsable, or naive against aware
         return None
     return (start, end) if span >= MIN_WORK_SECONDS else None
+
+
+# vLLM stamps a result's `date` in the client's local time (no zone): any zone is at most this far
+# from UTC, in which leg.json records its work times.
+MAX_ZONE_OFFSET = _dt.timedelta(hours=14)
+SLACK = _dt.timedelta(hours=1)
+
+
+def _leg_times(leg: BenchLeg) -> tuple[_dt.datetime, _dt.datetime] | None:
+    """(started, ended) as leg.json records them, whatever their span; None where either is not
+    recorded or not readable as an aware time."""
+    if leg.meta is None or not leg.meta.started_at or not leg.meta.ended_at:
+        return None
+    try:
+        start = _dt.datetime.fromisoformat(leg.meta.started_at)
+        end = _dt.datetime.fromisoformat(leg.meta.ended_at)
+        end - start  # naive against aware raises
+    except (TypeError, ValueError):
+        return None
+    return (start, end) if start.tzinfo is not None and end.tzinfo is not None else None
+
+
+def time_contradictions(leg: BenchLeg) -> list[str]:
+    """A leg that ends before it starts, or a bench result dated outside the leg's work (any
+    zone's local time, an hour's slack, the run's duration before it): a stale result of another
+    run, or times that contradict themselves, are no measurement of this leg."""
+    times = _leg_times(leg)
+    if times is None:
+        return []
+    start, end = times
+    out = []
+    if end < start:
+        out.append(f"ended_at {leg.meta.ended_at} is before started_at {leg.meta.started_at}: "  # type: ignore[union-attr]
+                   "the leg's times contradict themselves")
+    date = (leg.bench.model_extra or {}).get("date")
+    try:
+        stamped = _dt.datetime.strptime(date, "%Y%m%d-%H%M%S") if isinstance(date, str) else None
+    except ValueError:
+        stamped = None
+    if stamped is not None:
+        lo = start.astimezone(_dt.timezone.utc).replace(tzinfo=None) - MAX_ZONE_OFFSET - SLACK \
+            - _dt.timedelta(seconds=leg.bench.duration)
+        hi = max(start, end).astimezone(_dt.timezone.utc).replace(tzinfo=None) + MAX_ZONE_OFFSET + SLACK
+        if not lo <= stamped <= hi:
+            out.append(f"{BENCH_FILE} is dated {date}, outside the leg's work ({leg.meta.started_at} to "  # type: ignore[union-attr]
+                       f"{leg.meta.ended_at}, in any zone): the result of another run")
+    return out
 
 
 @dataclass
@@ -487,6 +536,38 @@ def same_node(findings: Findings, numbers: dict[str, Any], legs: Sequence[BenchL
         findings.inconclusive(problem)
 
 
+# What `vllm bench serve` records of how it ran (beside the workload): alike across the pairing, or
+# the arms are compared under different load or against a different endpoint (a throttled request
+# rate caps the baseline's throughput).
+BENCH_SETTINGS = ("request_rate", "burstiness", "model_id", "tokenizer_id", "backend", "endpoint_type")
+
+
+def bench_settings(findings: Findings, numbers: dict[str, Any], legs: Sequence[BenchLeg],
+                   quantified: Mapping[str, str]) -> None:
+    """Every run setting a bench file records, the same in every leg of the pairing (a question's
+    quantified_confounders may name `bench.<key>` as aligned or quantified elsewhere)."""
+    differ: dict[str, dict[str, int]] = {}
+    for key in BENCH_SETTINGS:
+        if f"bench.{key}" in quantified:
+            continue
+        seen: dict[str, int] = defaultdict(int)
+        for leg in legs:
+            value = (leg.bench.model_extra or {}).get(key)
+            if value is not None:
+                seen[json.dumps(value, sort_keys=True)] += 1
+        if len(seen) > 1:
+            differ[key] = dict(sorted(seen.items()))
+    numbers["bench_settings_differ"] = differ or None
+    for key, values in differ.items():
+        problem = (f"bench.{key} differs between the pairing's legs ("
+                   + ", ".join(f"{v}: {n} leg(s)" for v, n in values.items())
+                   + "): a run setting, not the switch, differs between the measurements")
+        if findings.verdict is Verdict.FAIL:
+            findings.note(problem + " (the overrun stands; its cause is not attributed to the switch)")
+        else:
+            findings.inconclusive(problem)
+
+
 def judge_throughput(question: Question, leg_paths: Sequence[str | Path]) -> VerdictCell:
     item = EvidenceItem.THROUGHPUT
     findings = Findings()
@@ -692,6 +773,8 @@ def judge_throughput(question: Question, leg_paths: Sequence[str | Path]) -> Ver
     # One node: crossed rounds compare the arms on one machine; rounds spread over nodes confound
     # the loss with the node, and a node no leg records leaves that unknown.
     same_node(findings, numbers, [lc.leg for r in rounds if r.valid for lc in r.legs])
+    bench_settings(findings, numbers, [lc.leg for r in rounds if r.valid for lc in r.legs],
+                   criteria.quantified_confounders)
 
     # Confounders, per concurrency (workload settings legitimately differ between concurrencies).
     loose_keys: set[str] = set()
