@@ -418,8 +418,9 @@ def load_recorded_contract(path: str | Path) -> RecordedEvalContract | None:
 
 class BenchResult(BaseModel):
     """What `vllm bench serve --save-result` writes. `--metadata k=v` pairs are top-level strings
-    (read from text where a field says so); the counts and rates vLLM writes as numbers are strict
-    (true is no count, "12" no rate)."""
+    (read from text where a field says so: `--metadata num_prompts=N` overwrites vLLM's own count
+    with the string "N"); the counts and rates vLLM writes as numbers are strict otherwise (true is
+    no count, "12" no rate)."""
 
     model_config = ConfigDict(extra="allow", frozen=True)
 
@@ -447,7 +448,7 @@ class BenchResult(BaseModel):
     ignore_eos: bool | None = None
     profiled: bool | None = None
 
-    @field_validator("round", "slot", "num_warmups", mode="before")
+    @field_validator("round", "slot", "num_warmups", "num_prompts", mode="before")
     @classmethod
     def _metadata_int(cls, v: Any) -> Any:
         return int(v) if isinstance(v, str) and v.strip().lstrip("-").isdigit() else v

@@ -164,7 +164,7 @@ def test_a_correct_flag_of_another_json_type_is_malformed(bound, candidate, ques
 
 
 # ----------------------------------------------------------------------------------- throughput
-@pytest.mark.parametrize("key,value", [("completed", True), ("output_throughput", "1013.5")])
+@pytest.mark.parametrize("key,value", [("completed", True), ("num_prompts", True), ("output_throughput", "1013.5")])
 def test_a_bench_count_or_rate_of_another_json_type_is_malformed(bound, candidate, questions, key, value):
     from tica.canaries import edit_json, tput_leg
 
