@@ -463,9 +463,8 @@ def _lm_eval_contract(data: dict[str, Any], task: str) -> tuple[dict[str, Any], 
         gen.update(cli_gen)  # --gen_kwargs override the task's
     elif cli_gen:
         gen = {}  # a string lm_eval did not parse into the record: not read
-    seed = run.get("torch_seed") if isinstance(run.get("torch_seed"), int) else None
     backend = run.get("model") if isinstance(run.get("model"), str) else None
-    sampling, why = _lm_eval_sampling(gen, seed, backend)
+    sampling, why = _lm_eval_sampling(gen, _lm_eval_seed(run, backend), backend)
     if sampling is not None:
         contract["sampling"] = sampling
     else:
@@ -486,6 +485,31 @@ def _lm_eval_contract(data: dict[str, Any], task: str) -> tuple[dict[str, Any], 
     else:
         unknown.append(f"length_cap ({why})")
     return contract, unknown
+
+
+# lm_eval 0.4's backends and where each takes its sampling seed from: hf samples from torch's RNG,
+# which lm_eval seeds with --seed's torch_seed; vllm passes model_args' seed to vllm.LLM(seed=...);
+# the API backends send model_args' seed with each request. Any other backend: not known here.
+_TORCH_SEEDED = ("hf", "huggingface", "hf-auto")
+_MODEL_ARGS_SEEDED = ("vllm", "local-completions", "local-chat-completions", "openai-completions",
+                      "openai-chat-completions")
+
+
+def _lm_eval_seed(run: dict[str, Any], backend: str | None) -> int | None:
+    """The seed the run's backend sampled with, where the results record it; None (unknown) where
+    they do not, or for a backend whose seed TICA does not know where to read."""
+    if backend in _TORCH_SEEDED:
+        seed: Any = run.get("torch_seed")
+    elif backend in _MODEL_ARGS_SEEDED:
+        args = run.get("model_args")
+        if isinstance(args, str):  # as given on the command line: k=v,k=v
+            args = dict(kv.split("=", 1) for kv in args.split(",") if "=" in kv)
+        seed = args.get("seed") if isinstance(args, dict) else None
+        if isinstance(seed, str) and seed.strip().lstrip("-").isdigit():
+            seed = int(seed)
+    else:
+        seed = None
+    return seed if isinstance(seed, int) and not isinstance(seed, bool) else None
 
 
 def _number(value: Any) -> bool:

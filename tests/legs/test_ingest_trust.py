@@ -53,6 +53,31 @@ def _lm_eval_leg(tmp: Path, name: str, gen: dict | None = None, model: str | Non
     return ingest_lm_eval(out, tmp / name / "leg", "bi1")
 
 
+_SAMPLED = {"until": ["\n"], "temperature": 0.7, "top_p": 0.9, "top_k": 50, "max_gen_toks": 8}
+
+
+@pytest.mark.parametrize("model,model_args,want", [
+    ("vllm", {"pretrained": "/m", "seed": 1234}, 1234),  # vllm.LLM(seed=model_args.seed); torch_seed never reaches it
+    ("vllm", "pretrained=/m,seed=7", 7),  # model_args as given on the command line
+    ("local-completions", {"model": "m", "seed": 3}, 3),  # sent with each request
+    ("hf", {"pretrained": "/m", "seed": 1234}, 0),  # hf samples from torch's RNG: torch_seed
+    ("vllm", {"pretrained": "/m"}, None),  # vLLM's own default is not recorded: unknown
+    ("sglang", {"seed": 5}, None),  # a backend TICA does not know where the seed comes from
+])
+def test_the_sampling_seed_is_the_one_the_backend_used(tmp_path, model, model_args, want):
+    out = _copy(tmp_path / "run")
+
+    def change(d):
+        d["configs"][TASK]["generation_kwargs"] = dict(_SAMPLED)
+        d["config"].update(model=model, model_args=model_args, torch_seed=0)
+
+    _edit_results(out, change)
+    leg = ingest_lm_eval(out, tmp_path / "leg", "bi1")
+    assert _contract(leg)["sampling"]["seed"] == want
+    contract = load_recorded_contract(leg / "contract.json")
+    assert (contract.six_items()["sampling parameters"] is None) == (want is None)  # sampled: the seed matters
+
+
 def _contract(leg: Path) -> dict:
     return json.loads((leg / "contract.json").read_text())
 
@@ -77,7 +102,8 @@ def test_do_sample_false_with_a_temperature_above_0_leaves_sampling_unknown(tmp_
     assert cell.verdict is not Verdict.PASS and cell.numbers["contract_unknown"] == ["sampling parameters"]
     # control: the same file with temperature 0 is greedy, for every backend
     control = _lm_eval_leg(tmp_path, "greedy", {**GREEDY, **extra}, model=model)
-    assert _contract(control)["sampling"] == {"temperature": 0.0, "seed": 1234, "n": 1, "stop": ["\n"]}
+    seed = 1234 if model == "hf" else None  # hf samples from torch_seed; an API backend's seed is not recorded
+    assert _contract(control)["sampling"] == {"temperature": 0.0, "seed": seed, "n": 1, "stop": ["\n"]}
     assert not any(u.startswith("sampling") for u in _unknown(control))
 
 
