@@ -96,6 +96,16 @@ def _text(a: Any, b: Any) -> bool:
     return str(a).strip() == str(b).strip()
 
 
+# A wheel's local version label that names only the platform it was built for (torch 2.11.0+cu130,
+# vllm 0.26.0+cpu): the same release. Any other label (+mypatch, +g1a2b3c) is another build.
+_PLATFORM_LABEL = re.compile(r"(cpu|cu\d+|rocm[\d.]*|xpu|tpu|hpu|neuron)")
+
+
+def _package_version(pinned: Any, recorded: Any) -> bool:
+    release, _, label = str(recorded).strip().partition("+")
+    return _text(pinned, recorded) or (_text(pinned, release) and bool(_PLATFORM_LABEL.fullmatch(label)))
+
+
 def _lower(a: Any, b: Any) -> bool:
     return str(a).strip().lower() == str(b).strip().lower()
 
@@ -172,7 +182,7 @@ def pins(candidate: Candidate) -> list[Pin]:
         out.append(Pin(C.IMAGE, "image.digest", m.image.digest, ("image_digest",), _text))
     for name, version in _packages(m).items():
         keys = (f"versions.{name}",) + ((f"versions.{name.removesuffix('-cpu')}",) if name.endswith("-cpu") else ())
-        out.append(Pin(C.IMAGE, f"package {name}", version, keys, lambda a, b: _text(a, b.split("+")[0]) or _text(a, b)))
+        out.append(Pin(C.IMAGE, f"package {name}", version, keys, _package_version))
     out.append(Pin(C.SOURCE, "source.commit", m.source.commit, ("source.commit",), _commit))
     # No overlay is a value too: a leg that ran with one is another candidate.
     out.append(Pin(C.SOURCE, "source.overlay_digest", m.source.overlay_digest, ("source.overlay_digest",), _absent_or,

@@ -129,6 +129,24 @@ def test_a_leg_with_another_vllm_version_is_not_evidence(bound, candidate, quest
     assert_unbound(cell, "package vllm", "differs")
 
 
+@pytest.mark.parametrize("recorded", ["0.26.0+mypatch", "0.26.0+g1a2b3c"])
+def test_a_locally_patched_vllm_build_is_another_version(bound, candidate, questions, recorded):
+    """A local version label other than the platform's (+cpu, +cu130) is another build of vLLM."""
+    legs = bound(E.THROUGHPUT)
+    leg = tput_leg(legs, "bi1", 32, 2)
+    edit_meta(leg, lambda m: m["versions"].update(vllm=recorded))
+    assert_unbound(judge(E.THROUGHPUT, questions[E.THROUGHPUT], legs, candidate), "package vllm", "differs")
+
+
+def test_a_platform_label_on_the_pinned_vllm_version_binds(bound, candidate, questions):
+    """The negative control of the test above: the pinned release built for CUDA 13.0 is the same vLLM."""
+    legs = bound(E.THROUGHPUT)
+    for leg in legs:
+        edit_meta(leg, lambda m: m["versions"].update(vllm=m["versions"]["vllm"] + "+cu130"))
+    cell = judge(E.THROUGHPUT, questions[E.THROUGHPUT], legs, candidate)
+    assert cell.verdict is Verdict.PASS, cell.reasons
+
+
 def test_a_leg_with_other_weight_precision_is_not_evidence(bound, candidate, questions):
     legs = bound(E.FORWARD)
     edit_meta(leg_of(legs, arm="bi1"), lambda m: m["resolved_config"].update(dtype="float16"))

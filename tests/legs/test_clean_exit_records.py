@@ -113,3 +113,21 @@ def test_the_shutdown_timeout_vllm_logged_is_read_and_an_unlogged_one_stays_unkn
     line = "(APIServer pid=1) INFO [launcher.py:270] [shutdown] API server: stopping engine client mode=drain timeout=30s\n"
     assert engine.logged_engine_config(line) == {"shutdown_mode": "drain", "shutdown_timeout": 30}
     assert "shutdown_timeout" not in engine.logged_engine_config("(APIServer pid=1) INFO nothing about shutdown\n")
+
+
+def test_the_engine_config_and_shutdown_are_read_only_from_vllms_own_log_lines():
+    """A prompt the request logger echoes can say anything: only a whole line vLLM's logger wrote
+    counts (the H200 producer log's line is read as before: tests/fixtures/h200/run4)."""
+    real = ("(EngineCore_DP0 pid=7) INFO 12-01 10:00:00 [core.py:93] Initializing a V1 LLM engine (v0.26.0) with config: "
+            "tensor_parallel_size=1, dtype=torch.bfloat16, enforce_eager=True\n"
+            "(APIServer pid=1) INFO 12-01 10:05:00 [launcher.py:270] [shutdown] API server: stopping engine client "
+            "mode=drain timeout=30s\n")
+    echoed = ("(APIServer pid=1) INFO 12-01 10:01:00 [logger.py:39] Received request cmpl-1: prompt: 'Initializing a "
+              "V1 LLM engine (v0.26.0) with config: tensor_parallel_size=8, dtype=fp8 [shutdown] API server: stopping "
+              "engine client mode=abort timeout=0s'\n")
+    want = {"tensor_parallel_size": 1, "dtype": "torch.bfloat16", "enforce_eager": True, "shutdown_mode": "drain",
+            "shutdown_timeout": 30}
+    assert engine.logged_engine_config(real + echoed) == want
+    assert engine.logged_engine_config(echoed) == {}  # negative control: the echo alone says nothing
+    h200 = (Path(__file__).resolve().parents[1] / "fixtures/h200/run4/quality_bi1/producer.log").read_text(errors="replace")
+    assert engine.logged_engine_config(h200)["tensor_parallel_size"] == 1

@@ -123,7 +123,14 @@ _LOGGED = {"tensor_parallel_size": ("tensor_parallel_size", int), "pipeline_para
 
 # What the API server logs when it stops its engine client (vllm/entrypoints/launchers/launcher.py
 # handle_shutdown): vLLM's shutdown_timeout as it applied it, not as it was asked for.
-_SHUTDOWN_LOGGED = re.compile(r"\[shutdown\] API server: stopping engine client mode=(\w+) timeout=(\d+)s")
+# Both are read only from a whole line vLLM's own logger wrote ("(Proc pid=N) INFO MM-DD hh:mm:ss
+# [file.py:N] message", the process prefix and the date optional), never from text inside another
+# line (a logged prompt that says "with config: tensor_parallel_size=8").
+_LOGGER_LINE = r"^(?:\([^()\s]+ pid=\d+\)\s+)?(?:\x1b\[[\d;]*m)*(?:INFO|DEBUG|WARNING)(?:\x1b\[[\d;]*m)*\s+" \
+               r"(?:\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?\s+)?\[[^\]\s]+:\d+\]\s+"
+_SHUTDOWN_LOGGED = re.compile(_LOGGER_LINE + r"\[shutdown\] API server: stopping engine client mode=(\w+) timeout=(\d+)s",
+                              re.MULTILINE)
+_CONFIG_LOGGED = re.compile(_LOGGER_LINE + r"Initializing a V1 LLM engine \([^)]*\) with config: ")
 
 
 def logged_engine_config(log_text: str) -> dict:
@@ -133,7 +140,7 @@ def logged_engine_config(log_text: str) -> dict:
     if stop := _SHUTDOWN_LOGGED.findall(log_text):
         mode, timeout = stop[-1]
         out.update(shutdown_mode=mode, shutdown_timeout=int(timeout))
-    line = next((l for l in reversed(log_text.splitlines()) if "with config:" in l), None)
+    line = next((l for l in reversed(log_text.splitlines()) if _CONFIG_LOGGED.match(l)), None)
     if line is None:
         return out
     for key, (name, kind) in _LOGGED.items():
