@@ -22,7 +22,7 @@ import functools
 import os
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from operator import itemgetter
 from typing import Any
 
@@ -229,14 +229,14 @@ def postgres_batches(dsn: str, snapshot: str, lo: int | None = None, hi: int | N
         yield from psycopg_batches(dsn, snapshot, lo, hi, rows)
         return
     _check_snapshot(snapshot)
-    with _closing(adbc_driver_postgresql.connect(dsn)) as db, \
-            _closing(adbc_driver_manager.AdbcConnection(db)) as con:
+    with closing(adbc_driver_postgresql.connect(dsn)) as db, \
+            closing(adbc_driver_manager.AdbcConnection(db)) as con:
         con.set_autocommit(False)
 
         def statement(sql: str):
             stmt = adbc_driver_manager.AdbcStatement(con)
             stmt.set_sql_query(sql)
-            return _closing(stmt)
+            return closing(stmt)
 
         try:
             for sql in ("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ", f"SET TRANSACTION SNAPSHOT '{snapshot}'"):
@@ -245,21 +245,13 @@ def postgres_batches(dsn: str, snapshot: str, lo: int | None = None, hi: int | N
             for table in TABLES:
                 with statement(_literal_range_sql(table, lo, hi)) as stmt:
                     handle, _ = stmt.execute_query()
-                    with _closing(pa.RecordBatchReader._import_from_c(handle.address)) as reader:
+                    with closing(pa.RecordBatchReader._import_from_c(handle.address)) as reader:
                         for batch in reader:
                             if not _arrow_types_as_created(table, batch.schema):
                                 raise _OutOfPlace(table)
                             yield table, [c.to_pylist() for c in batch.columns]
         finally:
             con.rollback()
-
-
-@contextmanager
-def _closing(thing: Any) -> Iterator[Any]:
-    try:
-        yield thing
-    finally:
-        thing.close()
 
 
 def psycopg_batches(dsn: str, snapshot: str, lo: int | None = None, hi: int | None = None,

@@ -1384,16 +1384,20 @@ def bench_result_config(bench: dict[str, Any], config: dict[str, Any], sources: 
     return problems
 
 
-def _is_this_host(address: str | None) -> bool:
-    """Whether a URL or host name a command was given reaches this host (loopback or unspecified)."""
+def _is_this_host(address: Any) -> bool:
+    """Whether a URL or host name a command was given (none: the tool's local default) reaches
+    this host: loopback, unspecified or `localhost`."""
     import ipaddress
     from urllib.parse import urlsplit
 
-    if not address:
+    if address is None or address == "":
         return True
+    address = str(address)
     host = urlsplit(address).hostname if "//" in address else address
-    if host is None or host.lower() == "localhost":
-        return host is not None
+    if host is None:
+        return False
+    if host.lower() == "localhost":
+        return True
     try:
         ip = ipaddress.ip_address(host.strip("[]"))
     except ValueError:
@@ -1411,7 +1415,7 @@ def leg_node(spec: LegRunSpec, reading: CommandReading) -> str | None:
     elif reading.kind == "lm_eval":  # --model-args base_url=...,model=...
         args = str((reading.config.get("lm_eval") or {}).get("model_args") or "")
         addresses += [kv.partition("=")[2] for kv in args.split(",") if kv.strip().startswith("base_url=")]
-    if all(_is_this_host(a if a is None else str(a)) for a in addresses):
+    if all(_is_this_host(a) for a in addresses):
         return common.this_node()
     return None
 

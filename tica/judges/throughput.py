@@ -230,28 +230,9 @@ def check_workload(leg: BenchLeg, criteria: ThroughputCriteria) -> LegCheck:
 MIN_WORK_SECONDS = 1.0
 
 
-def work_times(leg: BenchLeg) -> tuple[_dt.datetime, _dt.datetime] | None:
-    """(started, ended) when the leg records credible work times, else None."""
-    if leg.meta is None or not leg.meta.started_at or not leg.meta.ended_at:
-        return None
-    try:
-        start = _dt.datetime.fromisoformat(leg.meta.started_at)
-        end = _dt.datetime.fromisoformat(leg.meta.ended_at)
-        span = (end - start).total_seconds()
-    except (TypeError, ValueError):  # unparsable, or naive against aware
-        return None
-    return (start, end) if span >= MIN_WORK_SECONDS else None
-
-
-# vLLM stamps a result's `date` in the client's local time (no zone): any zone is at most this far
-# from UTC, in which leg.json records its work times.
-MAX_ZONE_OFFSET = _dt.timedelta(hours=14)
-SLACK = _dt.timedelta(hours=1)
-
-
 def _leg_times(leg: BenchLeg) -> tuple[_dt.datetime, _dt.datetime] | None:
     """(started, ended) as leg.json records them, whatever their span; None where either is not
-    recorded or not readable as an aware time."""
+    recorded, not readable, or not comparable with the other (naive against aware)."""
     if leg.meta is None or not leg.meta.started_at or not leg.meta.ended_at:
         return None
     try:
@@ -260,7 +241,19 @@ def _leg_times(leg: BenchLeg) -> tuple[_dt.datetime, _dt.datetime] | None:
         end - start  # naive against aware raises
     except (TypeError, ValueError):
         return None
-    return (start, end) if start.tzinfo is not None and end.tzinfo is not None else None
+    return start, end
+
+
+def work_times(leg: BenchLeg) -> tuple[_dt.datetime, _dt.datetime] | None:
+    """(started, ended) when the leg records credible work times, else None."""
+    times = _leg_times(leg)
+    return times if times is not None and (times[1] - times[0]).total_seconds() >= MIN_WORK_SECONDS else None
+
+
+# vLLM stamps a result's `date` in the client's local time (no zone): any zone is at most this far
+# from UTC, in which leg.json records its work times.
+MAX_ZONE_OFFSET = _dt.timedelta(hours=14)
+SLACK = _dt.timedelta(hours=1)
 
 
 def time_contradictions(leg: BenchLeg) -> list[str]:
@@ -268,7 +261,7 @@ def time_contradictions(leg: BenchLeg) -> list[str]:
     zone's local time, an hour's slack, the run's duration before it): a stale result of another
     run, or times that contradict themselves, are no measurement of this leg."""
     times = _leg_times(leg)
-    if times is None:
+    if times is None or times[0].tzinfo is None:  # no zone: not placed against the bench date
         return []
     start, end = times
     out = []
