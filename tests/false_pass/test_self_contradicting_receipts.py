@@ -230,3 +230,22 @@ def test_a_leg_that_ends_before_it_starts_is_no_measurement(bound, candidate, qu
         m["ended_at"] = (dt.datetime.fromisoformat(m["started_at"]) - dt.timedelta(hours=1)).isoformat()
     edit_meta(leg, backwards)
     assert_no_pass(judge(E.THROUGHPUT, questions[E.THROUGHPUT], legs, candidate), "contradict themselves")
+
+
+@pytest.mark.parametrize("key,value", [("completed", True), ("num_prompts", True), ("output_throughput", "1013.5"),
+                                       ("failed", False)])
+def test_the_bench_model_itself_refuses_another_json_type(key, value):
+    """The judge-level test above is refused by the workload check as well; this one shows the
+    reading itself converts nothing (its negative control: vLLM's own file, and a num_prompts
+    label vLLM wrote as text, are read)."""
+    from pydantic import ValidationError
+
+    from tica.receipts import BenchResult
+
+    from .conftest import H200
+
+    data = json.loads((H200 / "run2" / "throughput_bi1_r1_c32" / "bench.json").read_text())
+    assert BenchResult.model_validate(data).completed == data["completed"]
+    assert BenchResult.model_validate({**data, "num_prompts": str(data["num_prompts"])}).num_prompts == data["num_prompts"]
+    with pytest.raises(ValidationError):
+        BenchResult.model_validate({**data, key: value})
