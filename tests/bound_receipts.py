@@ -62,16 +62,24 @@ def _clear(data: dict, dotted: str) -> None:
 BENCH_DATE = "%Y%m%d-%H%M%S"  # vllm bench serve's `date`
 
 
-def _start(leg: Path) -> _dt.datetime | None:
+def _time(leg: Path, key: str) -> _dt.datetime | None:
     try:
-        return _dt.datetime.fromisoformat(json.loads((leg / LEG_FILE).read_text())["started_at"])
+        return _dt.datetime.fromisoformat(json.loads((leg / LEG_FILE).read_text())[key])
     except (KeyError, TypeError, ValueError):
         return None
 
 
+def _start(leg: Path) -> _dt.datetime | None:
+    return _time(leg, "started_at")
+
+
+# A leg is sealed after its work ends: moved work times end this long before the seal.
+BEFORE_SEAL = _dt.timedelta(seconds=2)
+
+
 def stamp_leg(leg: Path, candidate: Candidate, when: Callable[[_dt.datetime], _dt.datetime] | None = None) -> Path:
     """Make one sealed leg record the candidate's identity, move its work times with `when`
-    (default: to start now, keeping their length), then reseal (the seal's time is now)."""
+    (default: to end just before now, keeping their length), then reseal (the seal's time is now)."""
     meta = json.loads((leg / LEG_FILE).read_text())
     contract_path = leg / CONTRACT_FILE
     contract = json.loads(contract_path.read_text()) if contract_path.is_file() else None
@@ -102,7 +110,8 @@ def stamp_leg(leg: Path, candidate: Candidate, when: Callable[[_dt.datetime], _d
     meta["image_digest"] = candidate.manifest.image.digest
     now = _dt.datetime.now(_dt.timezone.utc)
     start = _start(leg) or now
-    move = when or (lambda t: now + (t - start))
+    end = _time(leg, "ended_at") or start
+    move = when or (lambda t: now - BEFORE_SEAL - (end - t))
     for key in ("started_at", "ended_at"):
         try:
             t = _dt.datetime.fromisoformat(meta[key])
@@ -138,7 +147,8 @@ def _with_workload(question: Question, candidate: Candidate) -> Question:
 def build_bound(item: EvidenceItem, question: Question, candidate: Candidate, dest: Path,
                 started: _dt.datetime | None = None, compress: bool = True) -> list[Path]:
     """A passing receipt set for the question, recording the candidate (artifacts: the forward
-    and update legs it covers), its work times moved to start at `started` (default now).
+    and update legs it covers), its work times moved to start at `started` (default: now, or so that they end
+    just before now where they keep their real lengths).
 
     `compress` (for legs judged through `tica.acceptance.materialize`, whose question is frozen
     just before): the builders' minutes-apart times keep their order but shrink into the moments
@@ -146,7 +156,11 @@ def build_bound(item: EvidenceItem, question: Question, candidate: Candidate, de
     the legs keep their real lengths (work times credible enough to order rounds by)."""
     legs = BUILDERS[item](_with_workload(question, candidate), dest)
     first = min((t for leg in legs if (t := _start(leg)) is not None), default=None)
-    start = started or _dt.datetime.now(_dt.timezone.utc)
+    last = max((t for leg in legs if (t := _time(leg, "ended_at")) is not None), default=first)
+    # Legs are sealed after their work: uncompressed times end just before now unless told otherwise
+    # (compressed ones start now, after a question frozen just before, and end microseconds later).
+    now = _dt.datetime.now(_dt.timezone.utc)
+    start = started or (now if compress or first is None or last is None else now - BEFORE_SEAL - (last - first))
     if first is None:
         when = None
     elif compress:

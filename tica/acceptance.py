@@ -20,7 +20,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tica import strict_io
 from tica import checks
 from tica.binding import Candidate
 from tica.candidate import CandidateIdentity, ComponentChange, diff, voided_items
@@ -30,7 +29,7 @@ from tica.judges import JUDGE_VERSION, judge
 from tica.ledger import Head, Ledger
 from tica.manifest import LoadedManifest
 from tica.question import Question
-from tica.receipts import LEG_FILE
+from tica.receipts import LEG_FILE, read_receipt
 from tica.records import freeze_question, record_candidate, record_invalidations, record_leg, record_verdict
 from tica.seal import check_seal
 from tica.verdict import Verdict, VerdictCell
@@ -89,7 +88,7 @@ def leg_status(leg: Path, meta: dict) -> str:
 
 def _leg_meta(leg: Path) -> dict:
     try:
-        meta = strict_io.read_json(leg / LEG_FILE)
+        meta = read_receipt(leg / LEG_FILE)
     except (OSError, ValueError):
         return {}
     return meta if isinstance(meta, dict) else {}

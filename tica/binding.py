@@ -23,11 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from tica import strict_io
 from tica.candidate import CandidateIdentity
 from tica.evidence import Component, EvidenceItem, sensitive_components
 from tica.manifest import LoadedManifest, Manifest
-from tica.receipts import CONTRACT_FILE, LEG_FILE
+from tica.receipts import CONTRACT_FILE, LEG_FILE, read_receipt
 from tica.source import WORKING_TREE, same_commit
 
 TRAINER_ITEMS = frozenset({"forward", "backward", "update"})
@@ -266,7 +265,7 @@ def _lookup(data: dict[str, Any], dotted: str) -> tuple[bool, Any]:
 def _recorded(leg_dir: Path) -> tuple[dict[str, Any], str | None]:
     """leg.json (with contract.json under `contract`) as recorded; (None-ish, why) when unreadable."""
     try:
-        meta = strict_io.read_json(leg_dir / LEG_FILE)
+        meta = read_receipt(leg_dir / LEG_FILE)
     except (OSError, ValueError) as err:
         return {}, f"{leg_dir / LEG_FILE}: unreadable ({err})"
     if not isinstance(meta, dict):
@@ -274,7 +273,7 @@ def _recorded(leg_dir: Path) -> tuple[dict[str, Any], str | None]:
     contract = leg_dir / CONTRACT_FILE
     if contract.is_file():
         try:
-            meta = {**meta, "contract": strict_io.read_json(contract)}
+            meta = {**meta, "contract": read_receipt(contract)}
         except (OSError, ValueError) as err:
             return {}, f"{contract}: unreadable ({err})"
     return meta, None

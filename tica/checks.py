@@ -17,7 +17,7 @@ from typing import Any
 from tica import strict_io
 from tica.evidence import EvidenceItem
 from tica.question import Question, QualityCriteria, ThroughputCriteria
-from tica.receipts import LEG_FILE, RESULTS_FILE
+from tica.receipts import LEG_FILE, RESULTS_FILE, read_receipt
 from tica.seal import SEAL_FILE, check_seal
 from tica.verdict import Verdict, VerdictCell
 
@@ -52,7 +52,7 @@ class CheckOutcome:
 
 def _read_json(path: Path) -> Any:
     try:
-        return strict_io.read_json(path)
+        return read_receipt(path)
     except (OSError, ValueError):
         return None
 

@@ -17,7 +17,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from tica import strict_io
+from tica import strict_io, unknowns
 from tica.errors import ReceiptError, pydantic_errors
 from tica.metrics import K3_KL, PEARSON, PROBS_DIFF_MAX, PROBS_DIFF_MEAN, PROBS_DIFF_STD
 from tica.seal import SEAL_FILE, check_seal, seal_digest, sha256_file
@@ -99,8 +99,8 @@ class LegMeta(_Receipt):
 
 
 def is_unknown(value: Any) -> bool:
-    """What a producer did not record: absent (None), or an empty value where one was expected."""
-    return value is None or (isinstance(value, (dict, list, tuple, str)) and not value)
+    """What a producer did not record: absent (None), empty, or a placeholder (tica.unknowns)."""
+    return unknowns.is_unknown(value)
 
 
 def recorded_value(meta: LegMeta, dotted: str) -> Any | None:
@@ -203,13 +203,14 @@ def _read_text(path: Path) -> str:
 
 
 def load_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """The rows of a receipt's JSON Lines file, placeholders made absent (tica.unknowns)."""
     path = Path(path)
     rows = []
     for n, line in enumerate(_read_text(path).splitlines(), 1):
         if not line.strip():
             continue
         try:
-            row = strict_io.loads(line)
+            row = unknowns.without_placeholders(strict_io.loads(line))
         except strict_io.StrictInputError as err:
             raise ReceiptError(path, f"line {n}", str(err)) from None
         if not isinstance(row, dict):
@@ -219,14 +220,22 @@ def load_jsonl(path: str | Path) -> list[dict[str, Any]]:
 
 
 def load_json(path: str | Path) -> dict[str, Any]:
+    """A receipt's JSON object, placeholders made absent (tica.unknowns): every rule reads a
+    receipt through here or `read_receipt`."""
     path = Path(path)
     try:
-        data = strict_io.loads(_read_text(path))
+        data = unknowns.without_placeholders(strict_io.loads(_read_text(path)))
     except strict_io.StrictInputError as err:
         raise ReceiptError(path, "<json>", str(err)) from None
     if not isinstance(data, dict):
         raise ReceiptError(path, "<root>", "must be a JSON object")
     return data
+
+
+def read_receipt(path: str | Path) -> Any:
+    """A receipt file's JSON as the rules see it (placeholders made absent), for readers that
+    look at a few keys before the models: ValueError or OSError where it cannot be read."""
+    return unknowns.without_placeholders(strict_io.read_json(path))
 
 
 def _validate(model: type[BaseModel], data: Any, path: Path, where: str = "") -> Any:

@@ -178,13 +178,16 @@ def test_a_retest_round_replaces_an_invalid_one_which_is_kept(receipts, tmp_path
     legs = receipts("throughput")
     p = tput_leg(legs, "bi1", 8, 2)
     edit_json(p / "bench.json", lambda d: d.update(failed=1, completed=d["completed"] - 1), p)
-    # round 4 (retest, order continues crossed: BA) from copies of round 2's good legs
+    # round 4 (retest, order continues crossed: BA), measured anew: round 1's legs with the numbers
+    # of another run (a relabelled copy of round 1 is one run counted twice, never a retest)
     import shutil
     for arm, slot in (("bi0", 1), ("bi1", 2)):
         src = tput_leg(legs, arm, 8, 1)
         dst = src.parent / f"retest_c8_r4_{arm}"
         shutil.copytree(src, dst)
-        edit_json(dst / "bench.json", lambda d: d.update(round="4", slot=str(slot), failed=0, completed=32), None)
+        edit_json(dst / "bench.json", lambda d: d.update(round="4", slot=str(slot), failed=0, completed=32,
+                                                         date=f"20261129-150{slot}50",
+                                                         mean_ttft_ms=d["mean_ttft_ms"] + 1.5), None)
         edit_meta(dst, lambda m: m.update(round=4, slot=slot, started_at=f"2026-11-29T15:0{slot}:00+00:00",
                                           ended_at=f"2026-11-29T15:0{slot}:50+00:00"))
         legs.append(dst)

@@ -274,15 +274,26 @@ def test_one_measurement_sealed_as_several_rounds_is_inconclusive_naming_both_le
     assert cell.numbers["per_concurrency"][str(C)]["valid_rounds"] == []
 
 
-def test_bench_files_that_record_their_own_rounds_are_not_one_measurement(receipts):
-    """Negative control of the identity: the committed benches share `date`, and a rerun copied
-    from round 1 keeps its date, duration and counts, but each file records its own round: two
-    claimed runs, judged as such (the retest of tests/judges/test_throughput.py)."""
+def test_a_copy_that_records_another_round_is_still_one_measurement(receipts):
+    """Identity is content, not labels: a rerun copied from round 1 that writes its own round into
+    the bench file keeps round 1's date, duration and counts. One run, counted once (class 1 of
+    issue 27: relabelled copies are no new samples)."""
     legs = add_round(receipts("throughput"), 8, 1, 4, factor=1.0)
     assert (tput_leg(legs, "bi1", 8, 1) / "bench.json").read_bytes() != (tput_leg(legs, "bi1", 8, 4) / "bench.json").read_bytes()
     cell = judge(legs)
+    assert cell.verdict is not Verdict.PASS, cell.reasons
+    assert any("one measurement counted 2 times" in r for r in _reasons(cell)), cell.reasons
+
+
+def test_a_rerun_that_measured_other_numbers_is_another_measurement(receipts):
+    """Negative control of the identity: the same labels, throughputs moved by 0.2% (another run)."""
+    legs = add_round(receipts("throughput"), 8, 1, 4, factor=1.002)
+    for arm in ("bi1", "bi0"):
+        leg = tput_leg(legs, arm, 8, 4)
+        edit_json(leg / "bench.json", lambda d: d.update(date="20261129-181050"), leg)
+    cell = judge(legs)
     assert cell.verdict is Verdict.PASS, cell.reasons
-    assert not any("same measurement" in r for r in cell.reasons)
+    assert not any("same measurement" in r for r in _reasons(cell))
 
 
 # ---- leg.json against the bench file

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from tica import strict_io
+from tica import leg_times
 from tica.binding import BindingProblem, Candidate, bind_legs
 from tica.errors import InputError, ReceiptError, UsageParser
 from tica.evidence import EvidenceItem
@@ -28,7 +28,8 @@ from tica.judges.recipe_identity import RecipeIdentityResult, judge_recipe_ident
 from tica.judges.throughput import judge_throughput
 from tica.judges.update import judge_update
 from tica.question import Question, load_question
-from tica.receipts import LEG_FILE
+from tica.receipts import LEG_FILE, read_receipt
+from tica.seal import SEAL_FILE
 from tica.verdict import Verdict, VerdictCell
 
 __all__ = ["JUDGE_VERSION", "JUDGES", "judge", "judge_criteria", "judge_recipe_identity", "expand_receipts", "cli_judge",
@@ -108,21 +109,33 @@ def judge_criteria(item: EvidenceItem | str, question: Question, leg_paths: Sequ
 
 
 def _incomplete_legs_are_no_pass(result: VerdictCell, paths: Sequence[Path]) -> VerdictCell:
-    """A leg whose producer recorded errors is incomplete: it can keep a fail, never make a pass."""
-    errors = []
+    """Rules every leg of every item obeys, whatever its judge reads: a leg whose producer recorded
+    errors is incomplete, and a leg whose times contradict themselves (tica.leg_times) is no
+    measurement. Either can keep a fail, never make a pass."""
+    problems = []
     for p in paths:
         try:
-            meta = strict_io.read_json(p / LEG_FILE) if (p / LEG_FILE).is_file() else {}
+            meta = read_receipt(p / LEG_FILE) if (p / LEG_FILE).is_file() else {}
         except (OSError, ValueError):
             continue
         if not isinstance(meta, dict):
             continue
         listed = meta.get("errors") or []
-        errors += [f"{p.name}: producer error: {e}" for e in (listed if isinstance(listed, list) else [listed])]
-    if not errors or result.verdict is not Verdict.PASS:
+        problems += [f"{p.name}: producer error: {e}" for e in (listed if isinstance(listed, list) else [listed])]
+        try:
+            seal = read_receipt(p / SEAL_FILE)
+        except (OSError, ValueError):
+            seal = {}
+        sealed_at = seal.get("sealed_at") if isinstance(seal, dict) else None
+        problems += [f"{p.name}: {why}: the leg's times contradict themselves"
+                     for why in leg_times.contradictions(meta, sealed_at)]
+    if not problems:
         return result
-    return result.model_copy(update={"verdict": Verdict.INCONCLUSIVE, "reasons": (*result.reasons, *(
-        f"inconclusive: {e}" for e in errors)), "summary": f"inconclusive: {len(errors)} producer error(s); " + result.summary})
+    if result.verdict is not Verdict.PASS:
+        return result.model_copy(update={"reasons": (*result.reasons, *(f"note: {e}" for e in problems))})
+    return result.model_copy(update={"verdict": Verdict.INCONCLUSIVE, "reasons": (*(
+        f"inconclusive: {e}" for e in problems), *result.reasons),
+        "summary": f"inconclusive: {problems[0]}; criteria: " + result.summary.removeprefix("pass: ")})
 
 
 def expand_receipts(paths: Sequence[str | Path]) -> list[Path]:

@@ -47,13 +47,13 @@ from typing import Any
 # `import tica.stats.throughput`, not `from tica.stats import throughput`: JUDGE_VERSION hashes
 # the modules named by import statements, and the decision lives in that module.
 import tica.stats.throughput as budget_test
-from tica import strict_io
+from tica import leg_times
 from tica.evidence import EvidenceItem
 from tica.judges._common import Findings, cell, md_table, wrong_question
 from tica.judges.clean_exit import exit_problems
 from tica.judges.confounders import confounder_markdown, confounder_table, require_recorded, unquantified
 from tica.question import WORKLOAD_FIELDS, Question, ThroughputCriteria, ThroughputFormula
-from tica.receipts import BENCH_FILE, LEG_FILE, BenchLeg, BenchResult, is_unknown, load_bench_leg, recorded_value
+from tica.receipts import BENCH_FILE, LEG_FILE, BenchLeg, BenchResult, is_unknown, load_bench_leg, recorded_value, read_receipt
 from tica.seal import sha256_file
 from tica.verdict import Verdict, VerdictCell
 
@@ -230,29 +230,29 @@ def check_workload(leg: BenchLeg, criteria: ThroughputCriteria) -> LegCheck:
 MIN_WORK_SECONDS = 1.0
 
 
-def _leg_times(leg: BenchLeg) -> tuple[_dt.datetime, _dt.datetime] | None:
+def _leg_times(leg: BenchLeg) -> tuple[leg_times.TimeValue, leg_times.TimeValue] | None:
     """(started, ended) as leg.json records them, whatever their span; None where either is not
-    recorded, not readable, or not comparable with the other (naive against aware)."""
-    if leg.meta is None or not leg.meta.started_at or not leg.meta.ended_at:
+    recorded or not readable, or one names a zone and the other not (tica.leg_times: every item
+    names such a leg)."""
+    if leg.meta is None:
         return None
     try:
-        start = _dt.datetime.fromisoformat(leg.meta.started_at)
-        end = _dt.datetime.fromisoformat(leg.meta.ended_at)
-        end - start  # naive against aware raises
-    except (TypeError, ValueError):
+        start, end = leg_times.parse(leg.meta.started_at), leg_times.parse(leg.meta.ended_at)
+    except ValueError:
+        return None
+    if start is None or end is None or start.aware != end.aware:
         return None
     return start, end
 
 
-def work_times(leg: BenchLeg) -> tuple[_dt.datetime, _dt.datetime] | None:
+def work_times(leg: BenchLeg) -> tuple[leg_times.TimeValue, leg_times.TimeValue] | None:
     """(started, ended) when the leg records credible work times, else None."""
     times = _leg_times(leg)
-    return times if times is not None and (times[1] - times[0]).total_seconds() >= MIN_WORK_SECONDS else None
+    return times if times is not None and (times[1].at - times[0].at).total_seconds() >= MIN_WORK_SECONDS else None
 
 
-# vLLM stamps a result's `date` in the client's local time (no zone): any zone is at most this far
-# from UTC, in which leg.json records its work times.
-MAX_ZONE_OFFSET = _dt.timedelta(hours=14)
+# vLLM stamps a result's `date` in the client's local time (no zone): any zone is at most
+# leg_times.MAX_ZONE_OFFSET from UTC.
 SLACK = _dt.timedelta(hours=1)
 
 
@@ -261,11 +261,11 @@ def time_contradictions(leg: BenchLeg) -> list[str]:
     zone's local time, an hour's slack, the run's duration before it): a stale result of another
     run, or times that contradict themselves, are no measurement of this leg."""
     times = _leg_times(leg)
-    if times is None or times[0].tzinfo is None:  # no zone: not placed against the bench date
+    if times is None:
         return []
     start, end = times
     out = []
-    if end < start:
+    if end.at < start.at:
         out.append(f"ended_at {leg.meta.ended_at} is before started_at {leg.meta.started_at}: "  # type: ignore[union-attr]
                    "the leg's times contradict themselves")
     date = (leg.bench.model_extra or {}).get("date")
@@ -274,9 +274,12 @@ def time_contradictions(leg: BenchLeg) -> list[str]:
     except ValueError:
         stamped = None
     if stamped is not None:
-        lo = start.astimezone(_dt.timezone.utc).replace(tzinfo=None) - MAX_ZONE_OFFSET - SLACK \
-            - _dt.timedelta(seconds=leg.bench.duration)
-        hi = max(start, end).astimezone(_dt.timezone.utc).replace(tzinfo=None) + MAX_ZONE_OFFSET + SLACK
+        # Zone-less leg times are read as the same local clock as the bench's date; times with a
+        # zone are placed against it in any zone.
+        zone = leg_times.MAX_ZONE_OFFSET if start.aware else _dt.timedelta(0)
+        first, last = (t.at.replace(tzinfo=None) for t in (start, max(start, end, key=lambda t: t.at)))
+        lo = first - zone - SLACK - _dt.timedelta(seconds=leg.bench.duration)
+        hi = last + zone + SLACK
         if not lo <= stamped <= hi:
             out.append(f"{BENCH_FILE} is dated {date}, outside the leg's work ({leg.meta.started_at} to "  # type: ignore[union-attr]
                        f"{leg.meta.ended_at}, in any zone): the result of another run")
@@ -332,10 +335,15 @@ def check_round(rnd: Round, criteria: ThroughputCriteria, ignore_exits: bool = F
                      f"(A = {criteria.arm_a}) puts {first} first")
         w1, w2 = work_times(slots[1].leg), work_times(slots[2].leg)
         if w1 is not None and w2 is not None:
-            if not w1[0] < w2[0]:
-                p.append(f"slot 1 started at {w1[0].isoformat()}, not before slot 2 at {w2[0].isoformat()}")
-            elif w1[1] > w2[0]:
-                p.append(f"slot 1 ended at {w1[1].isoformat()}, after slot 2 started at {w2[0].isoformat()}: "
+            first_starts = leg_times.ordered(w1[0], w2[0])
+            if first_starts is None or w1[0].aware != w2[0].aware:
+                p.append(f"slot 1 started at {slots[1].leg.meta.started_at} and slot 2 at "  # type: ignore[union-attr]
+                         f"{slots[2].leg.meta.started_at}: one names a time zone and the other does not, so the "
+                         "order of the slots cannot be shown")
+            elif not (first_starts and w1[0].at != w2[0].at):
+                p.append(f"slot 1 started at {w1[0].at.isoformat()}, not before slot 2 at {w2[0].at.isoformat()}")
+            elif w1[1].at > w2[0].at:
+                p.append(f"slot 1 ended at {w1[1].at.isoformat()}, after slot 2 started at {w2[0].at.isoformat()}: "
                          "the legs overlapped")
     legs = {lc.leg.arm: lc for lc in rnd.legs}
     if legs["bi1"].leg.bench.completed != legs["bi0"].leg.bench.completed:
@@ -347,7 +355,7 @@ def check_round(rnd: Round, criteria: ThroughputCriteria, ignore_exits: bool = F
 def _not_run_meta(path: Path) -> dict | None:
     """leg.json of a leg directory that did not run (read loosely: the judge validates it later)."""
     try:
-        meta = strict_io.read_json(path / LEG_FILE) if path.is_dir() else None
+        meta = read_receipt(path / LEG_FILE) if path.is_dir() else None
     except (OSError, ValueError):
         return None
     return meta if isinstance(meta, dict) and meta.get("not_run_reason") else None
@@ -355,7 +363,7 @@ def _not_run_meta(path: Path) -> dict | None:
 
 def _leg_arm(path: Path) -> str | None:
     try:
-        arm = strict_io.read_json(path / LEG_FILE).get("arm") if path.is_dir() else strict_io.read_json(path).get("arm")
+        arm = read_receipt(path / LEG_FILE).get("arm") if path.is_dir() else read_receipt(path).get("arm")
     except (OSError, ValueError, AttributeError):
         return None
     return arm if isinstance(arm, str) else None
@@ -385,22 +393,33 @@ class SameMeasurement:
         return " and ".join(leg_name(lc.leg) for lc in self.legs)
 
 
+# What a `vllm bench serve` result measured, apart from what it says about itself (arm, round,
+# slot, labels): the content identity of a run. Two runs never agree to the bit on all of these.
+_MEASURED = ("duration", "completed", "failed", "total_input_tokens", "total_output_tokens", "request_throughput",
+             "output_throughput", "total_token_throughput", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms",
+             "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms")
+
+
 def _identity(b: BenchResult) -> tuple | None:
-    """What a `vllm bench serve` result records of the run it measured: its date, duration and
-    counts, and the arm/round/slot it records of itself (--metadata). Two runs do not end at the
-    same second after the same duration with the same counts; a file that names another round
-    of its own is a claim of another run (a stale copy of one names the wrong round, which the
-    loader refuses against leg.json). No date recorded: only the bytes are compared."""
+    """The run a result records, by content: its date with its duration and counts (two runs do
+    not end at the same second after the same duration with the same counts). Labels (arm, round,
+    slot) are no part of it: a copy relabelled as another round is the same run. No date: None."""
     date = (b.model_extra or {}).get("date")
     if not isinstance(date, str) or not date.strip():
         return None
     return (date.strip(), b.duration, b.num_prompts, b.max_concurrency, b.completed, b.failed,
-            b.total_input_tokens, b.total_output_tokens, b.arm, b.round, b.slot)
+            b.total_input_tokens, b.total_output_tokens)
+
+
+def _measured(b: BenchResult) -> tuple:
+    """Every measured number of a result, labels and date left out."""
+    return tuple(getattr(b, k) for k in _MEASURED)
 
 
 def same_measurements(checks: Sequence[LegCheck]) -> list[SameMeasurement]:
     """Groups of two or more legs that hand in one measurement: their bench files have the same
-    sha256, or record the same date, duration and counts (`_identity`). Each such group is one
+    sha256, record the same date, duration and counts (`_identity`), or the same measured numbers
+    (`_measured`), whatever arm, round or slot they are labelled with. Each such group is one
     run counted several times, whichever leg it really belongs to."""
     by_key: dict[tuple, list[int]] = defaultdict(list)
     for i, chk in enumerate(checks):
@@ -411,13 +430,16 @@ def same_measurements(checks: Sequence[LegCheck]) -> list[SameMeasurement]:
         ident = _identity(chk.leg.bench)
         if ident is not None:
             by_key[("identity", *ident)].append(i)
+        by_key[("measured", *_measured(chk.leg.bench))].append(i)
     groups: dict[tuple[int, ...], list[str]] = {}
     for key, idx in by_key.items():
         if len(idx) < 2:
             continue
         why = (f"their bench files have the same content ({key[1][:19]}...)" if key[0] == "sha256" else
                f"their bench files record the same run: date {key[1]}, duration {key[2]!r} s, "
-               f"{key[5]} completed, {key[7]} input and {key[8]} output tokens")
+               f"{key[5]} completed, {key[7]} input and {key[8]} output tokens" if key[0] == "identity" else
+               f"their bench files measured the same numbers to the bit (duration {key[1]!r} s, "
+               f"{key[7]!r} output tokens/s): one run, whatever its labels say")
         groups.setdefault(tuple(sorted(idx)), []).append(why)
     return [SameMeasurement(c=checks[idx[0]].leg.concurrency, legs=[checks[i] for i in idx], why=why)
             for idx, why in sorted(groups.items())]
