@@ -84,6 +84,15 @@ def exit_problems(meta: LegMeta, sides: Sequence[tuple[str, str]] = (("client", 
     return problems
 
 
+SERVED_ITEMS = ("clean_exit", "throughput")
+
+
+def served(meta: LegMeta) -> bool:
+    """A leg that ran an API server and its client: a clean-exit or throughput leg, or any leg whose
+    exits name an API server. Each such leg must record the exits of every required role."""
+    return meta.item in SERVED_ITEMS or any(p.role == "api_server" for p in meta.processes)
+
+
 def judge_clean_exit(question: Question, leg_paths: Sequence[str | Path]) -> VerdictCell:
     item = EvidenceItem.CLEAN_EXIT
     findings = Findings()
@@ -122,6 +131,13 @@ def judge_clean_exit(question: Question, leg_paths: Sequence[str | Path]) -> Ver
             ran_rows += not leg.meta.not_run_reason
     for side, f in sides.items():
         findings.extend(f, prefix=f"{side}: ")
+    for leg in legs:  # a per-leg rule: a served leg's exits are its own, never another leg's of its arm
+        if leg.meta.not_run_reason or not served(leg.meta):
+            continue
+        missing = [r for r in criteria.required_roles if not any(p.role == r for p in leg.meta.processes)]
+        if missing:
+            findings.inconclusive(f"{leg.meta.item} {leg.arm} {leg.path.name}: no exit receipt for roles {missing} of "
+                                  "the server it ran: they cannot be verified")
     for arm, roles in sorted(seen_roles.items()):  # each arm verified on its own: one's exits never cover another's
         missing = [r for r in criteria.required_roles if r not in roles]
         if missing:

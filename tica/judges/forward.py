@@ -11,6 +11,8 @@ A BI=0 mean inside the noise floor is reported as indistinguishable from noise.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import re
 from collections.abc import Sequence
@@ -80,6 +82,10 @@ def _recompute(forward_dir: Path, step: ForwardStep, findings: Findings, label: 
         "n_bitwise_diff": m["tica/n_bitwise_diff"],
         "abs_max": m["tica/logprob_abs_diff_max"],
         "decode_diff": None,
+        # the step's content identity: the token history and both sides' logprobs (labels left out;
+        # two trainers scoring one history are two measurements)
+        "content": "sha256:" + hashlib.sha256(b"|".join(a.tobytes() for a in (
+            arrays.token_ids, arrays.seq_lens, arrays.trainer_logprobs, arrays.rollout_logprobs))).hexdigest(),
     }
     if arrays.decode_logprobs is not None and arrays.decode_mask is not None:
         out["decode_diff"] = n_bitwise_diff(arrays.rollout_logprobs, arrays.decode_logprobs, where=arrays.decode_mask)
@@ -96,6 +102,21 @@ def _recompute(forward_dir: Path, step: ForwardStep, findings: Findings, label: 
                 "the receipt contradicts itself (judged on the arrays)"
             )
     return out
+
+
+def _logged_content(step: ForwardStep) -> str:
+    """A logged-only step's content identity: everything it records but its step number."""
+    body = json.dumps(step.model_dump(mode="json", by_alias=True, exclude={"step"}), sort_keys=True)
+    return "sha256:" + hashlib.sha256(body.encode()).hexdigest()
+
+
+def same_content(label: str, steps: Sequence[dict[str, Any]]) -> list[str]:
+    """Steps that measured one thing under several step numbers: one measurement, counted once."""
+    by_content: dict[str, list[int]] = {}
+    for s in steps:
+        by_content.setdefault(s["content"], []).append(s["step"])
+    return [f"{label}steps {nums} hold one measurement (content {content[:19]}...): a copy under another step "
+            "number is not another step" for content, nums in by_content.items() if len(nums) > 1]
 
 
 def _bi0_grad_norm(s: ForwardStep, required: bool, f: Findings, label: str) -> None:
@@ -187,7 +208,7 @@ def read_forward(
         v = recomputed or {
             "max": s.probs_diff_max, "mean": s.probs_diff_mean, "std": s.probs_diff_std, "pearson": s.pearson,
             "k3": s.k3_kl, "n_tokens": s.n_tokens, "n_bitwise_diff": s.n_bitwise_diff,
-            "abs_max": s.logprob_abs_diff_max, "decode_diff": None,
+            "abs_max": s.logprob_abs_diff_max, "decode_diff": None, "content": _logged_content(s),
         }
         mx, mean = v["max"], v["mean"]
         step_f = Findings()
@@ -215,6 +236,8 @@ def read_forward(
         reading.steps.append({"step": s.step, "step_basis": s.step_basis, "checkpoint_version": s.checkpoint_version,
                               "source": src, **{k: v[k] for k in v}, "grad_norm": s.grad_norm,
                               "verdict": step_f.verdict.value})
+    for why in same_content(label, reading.steps):
+        f.inconclusive(why)
     return reading
 
 
@@ -294,6 +317,17 @@ def judge_forward(question: Question, leg_paths: Sequence[str | Path]) -> Verdic
     for arm in criteria.arms:  # an arm's legs together: from the step its run began at, none missing
         if arm_steps.get(arm):
             _arm_covers(findings, arm, arm_steps[arm])
+        # and no measurement handed in by two of its legs
+        seen: dict[str, str] = {}
+        for entry in numbers["legs"]:
+            if entry["arm"] != arm or not entry["judged"]:
+                continue
+            leg_name = Path(entry["path"]).name
+            for s in {s["content"]: s for s in entry["steps"]}.values():
+                other = seen.setdefault(s["content"], leg_name)
+                if other != leg_name:
+                    findings.inconclusive(f"{arm}: {leg_name} step {s['step']} is a measurement {other} holds too: one "
+                                          "measurement counted twice")
     required = _required_arm(criteria)
     if not arm_verdicts[required]:
         findings.not_run(_NO_LEG[required])

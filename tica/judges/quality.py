@@ -23,6 +23,7 @@ from typing import Any
 # `import tica.stats.quality`, not `from tica.stats import quality`: JUDGE_VERSION hashes the
 # modules named by import statements, and the decision lives in that module.
 import tica.stats.quality as threshold_test
+from tica import digests
 from tica.evidence import EvidenceItem
 from tica.judges._common import Findings, cell, md_table, wrong_question
 from tica.judges.confounders import confounder_markdown, confounder_table, require_recorded, unquantified
@@ -86,6 +87,24 @@ def _summary_agrees(findings: Findings, leg: Leg, results: Sequence[ProblemResul
                                   f"{RESULTS_FILE} counts {value!r}: the receipt contradicts itself")
 
 
+def _one_problem_per_prompt(findings: Findings, arm: str, results: Sequence[ProblemResult]) -> None:
+    """Every problem carries its content identity (prompt_hash) and no two ids share one: N counts
+    problems, and relabelled copies would carry the 1/N resolution or a statistical basis over."""
+    unnamed = [r.problem_id for r in results if r.prompt_hash is None]
+    if unnamed:
+        findings.inconclusive(f"{arm}: problems {_ids(unnamed)} record no prompt_hash: without the prompt a copy of "
+                              "another problem cannot be told apart, so N is not shown")
+    by_prompt: dict[str, set[str]] = {}
+    for r in results:
+        if r.prompt_hash is not None:
+            by_prompt.setdefault(digests.canonical(r.prompt_hash), set()).add(r.problem_id)
+    copies = sorted(sorted(ids) for ids in by_prompt.values() if len(ids) > 1)
+    if copies:
+        findings.inconclusive(f"{arm}: {len(copies)} prompt(s) appear under more than one problem id ("
+                              f"{', '.join(copies[0])} have the same prompt_hash): one problem counted "
+                              "several times")
+
+
 def judge_quality(question: Question, leg_paths: Sequence[str | Path]) -> VerdictCell:
     item = EvidenceItem.QUALITY
     findings = Findings()
@@ -147,11 +166,13 @@ def judge_quality(question: Question, leg_paths: Sequence[str | Path]) -> Verdic
     if criteria.greedy and c1.greedy is not None and c0.greedy is not None and not (c1.greedy and c0.greedy):
         findings.inconclusive("the question asks about greedy decoding, the contract samples (temperature > 0)")
 
-    # 2. Per-problem pairing. A problem listed twice in one arm is a retry; none are allowed.
+    # 2. Per-problem pairing. A problem listed twice in one arm is a retry; none are allowed. A
+    # problem is its prompt, not its id: the same prompt under two ids is one problem counted twice.
     for arm, results in (("bi1", r1), ("bi0", r0)):
         dup = [pid for pid, k in Counter(r.problem_id for r in results).items() if k > 1]
         if dup:
             findings.inconclusive(f"{arm}: problems {_ids(dup)} appear more than once (retries are not allowed)")
+        _one_problem_per_prompt(findings, arm, results)
     m1 = {r.problem_id: r for r in r1}
     m0 = {r.problem_id: r for r in r0}
     union = set(m1) | set(m0)
@@ -162,7 +183,8 @@ def judge_quality(question: Question, leg_paths: Sequence[str | Path]) -> Verdic
         if only:
             findings.inconclusive(f"problems {_ids(only)} have no {side} result: they cannot be paired")
     prompt_differs = [p for p in set(m1) & set(m0)
-                      if m1[p].prompt_hash and m0[p].prompt_hash and m1[p].prompt_hash != m0[p].prompt_hash]
+                      if m1[p].prompt_hash and m0[p].prompt_hash
+                      and digests.canonical(m1[p].prompt_hash) != digests.canonical(m0[p].prompt_hash)]
     if prompt_differs:
         findings.inconclusive(f"problems {_ids(prompt_differs)} have the same id but different prompts")
     both = sorted(set(m1) & set(m0))
