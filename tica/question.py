@@ -87,10 +87,18 @@ class ForwardCriteria(_Strict):
         return "bi1" not in self.arms
 
 
+# The gradient check's pass line: max relative error of the analytic backward against float64
+# autograd. A question that leaves it at this value hashes as before the field existed.
+GRADCHECK_REL_TOL = 0.02
+
+
 class BackwardCriteria(_Strict):
     item: Literal[EvidenceItem.BACKWARD] = EvidenceItem.BACKWARD
     min_params_with_grad_fraction: float = Field(1.0, gt=0, le=1)
     require_deployed_bytes_forward: bool = True
+    gradcheck_rel_tol: float = Field(GRADCHECK_REL_TOL, gt=0, le=1, description=(
+        "pass line of a recorded gradient check (relative error against float64 autograd); the receipt's own "
+        "tolerance is never read"))
 
 
 class UpdateCriteria(_Strict):
@@ -100,6 +108,9 @@ class UpdateCriteria(_Strict):
     recheck_forward_bitwise: bool = True
     # The committed H200 update (run4 update_bi1) re-checks 5 steps on the updated weights.
     post_update_steps: int = Field(5, ge=1, description="post-update forward steps that must each be bitwise equal")
+    gradcheck_rel_tol: float = Field(GRADCHECK_REL_TOL, gt=0, le=1, description=(
+        "pass line of a recorded gradient check (relative error against float64 autograd); the receipt's own "
+        "tolerance is never read"))
 
 
 class QualityCriteria(_Strict):
@@ -317,6 +328,8 @@ class Question(_Strict):
                 del data["criteria"]["required_workload"]
             else:
                 data["criteria"]["required_workload"] = sorted(data["criteria"]["required_workload"])
+        if data["criteria"].get("gradcheck_rel_tol", ...) == GRADCHECK_REL_TOL:
+            del data["criteria"]["gradcheck_rel_tol"]
         return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
     @property

@@ -193,6 +193,46 @@ class UpdateStep(BackwardStep):
         return self
 
 
+class GradcheckOp(_Receipt):
+    """One op of a gradient check: the relative errors of its analytic backward against float64
+    autograd. The pass line is the frozen question's (BackwardCriteria.gradcheck_rel_tol): the
+    receipt's own `tol`, `max_rel_err` and `pass` are informational, never read as a verdict."""
+
+    op: str = Field(..., min_length=1)
+    rel_err: tuple[float, ...] = Field(..., min_length=1, strict=False)
+    finite: bool
+    tol: float | None = Field(None, description="informational: the producer's tolerance")
+    max_rel_err: float | None = Field(None, description="informational: recomputed from rel_err")
+    forward_rel_err: float | None = Field(None, description="informational")
+    pass_: bool | None = Field(None, alias="pass", description="informational: recomputed under the question")
+
+
+class GradcheckRun(_Receipt):
+    """One run of the check: the real backward (`planted` null) or a control with a planted error."""
+
+    kernels: str | None = Field(None, min_length=1, description="the kernels checked: must be the leg's trainer")
+    device: str | None = Field(None, description="informational")
+    dtype: str | None = Field(None, description="informational")
+    planted: str | None = Field(None, min_length=1, description="the op whose backward carries the planted error")
+    tol: float | None = Field(None, description="informational: the producer's tolerance")
+    ops: tuple[GradcheckOp, ...] = Field(..., min_length=1, strict=False)
+    pass_: bool | None = Field(None, alias="pass", description="informational: recomputed under the question")
+
+
+class GradcheckFile(_Receipt):
+    """gradcheck.json: the check and its planted-error controls."""
+
+    check: GradcheckRun
+    controls: tuple[GradcheckRun, ...] = Field((), strict=False)
+    controls_caught: dict[str, bool] | None = Field(None, description="informational: recomputed per planted op")
+    pass_: bool | None = Field(None, alias="pass", description="informational: recomputed under the question")
+
+
+def load_gradcheck(path: str | Path) -> GradcheckFile:
+    path = Path(path)
+    return _validate(GradcheckFile, load_json(path), path)
+
+
 def _read_text(path: Path) -> str:
     try:
         return strict_io.text_of(strict_io.regular_file_bytes(path))

@@ -8,6 +8,8 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
+
 from tica.canaries import as_bi0, drop_post_update_step, edit_jsonl, edit_meta, perturb_arrays, shift_post_forward
 from tica.judges import judge_criteria
 from tica.seal import seal_leg
@@ -200,7 +202,51 @@ def test_an_op_outside_tol_in_the_gradcheck_file_fails(tmp_path):
     p = _run4_backward(tmp_path)
     _edit_gradcheck(p, lambda d: d["check"]["ops"][5].update(rel_err=[0.5, 0.001, 0.001]))
     cell = judge_criteria("backward", QB, [p])
-    assert cell.verdict is Verdict.FAIL and "['attention'] is outside tol" in cell.reasons[0]
+    assert cell.verdict is Verdict.FAIL and "['attention'] is outside the question's tolerance 0.02" in cell.reasons[0]
+
+
+def test_the_gradcheck_pass_line_is_the_questions_never_the_receipts(tmp_path):
+    """Class 4 of issue 27: a receipt that raises its own `tol` over an error does not pass it."""
+    p = _run4_backward(tmp_path)
+    _edit_gradcheck(p, lambda d: [d["check"]["ops"][5].update(rel_err=[0.03, 0.001, 0.001], tol=1.0, **{"pass": True}),
+                                  d["check"].update(tol=1.0, **{"pass": True}), d.update(**{"pass": True})])
+    assert judge_criteria("backward", QB, [p]).verdict is Verdict.FAIL
+    # control: a question whose frozen tolerance admits the error (and still catches every planted
+    # error, each far larger) passes it
+    assert judge_criteria("backward", question("backward", gradcheck_rel_tol=0.04), [p]).verdict is Verdict.PASS
+
+
+def test_a_control_is_caught_only_by_its_own_planted_op(tmp_path):
+    """A control whose planted op passes is not caught because another op in it failed."""
+    p = _run4_backward(tmp_path)
+
+    def other_op_fails(d):
+        control = d["controls"][0]
+        good = dict(control["ops"][0], rel_err=[0.001], max_rel_err=0.001)
+        control["ops"] = [good, dict(good, op="rms_norm", rel_err=[0.9])]
+    _edit_gradcheck(p, other_op_fails)
+    cell = judge_criteria("backward", QB, [p])
+    assert cell.verdict is not Verdict.PASS
+    assert any("planted backward errors in ['linear'] were not detected" in r for r in cell.reasons), cell.reasons
+
+
+@pytest.mark.parametrize("edit,field", [
+    (lambda d: d["check"]["ops"][0].update(finite="false"), "finite"),
+    (lambda d: d["check"]["ops"][0].update(rel_err=["0.001"]), "rel_err"),
+    (lambda d: d["check"].update(ops=[]), "ops"),
+])
+def test_gradcheck_values_are_strict_types_never_truthiness(tmp_path, edit, field):
+    p = _run4_backward(tmp_path)
+    _edit_gradcheck(p, edit)
+    cell = judge_criteria("backward", QB, [p])
+    assert cell.verdict is Verdict.INCONCLUSIVE and any(field in r for r in cell.reasons), cell.reasons
+
+
+def test_a_gradcheck_of_other_kernels_is_no_evidence_for_the_legs_backward(tmp_path):
+    p = _run4_backward(tmp_path)
+    _edit_gradcheck(p, lambda d: d["check"].update(kernels="reference"))
+    cell = judge_criteria("backward", QB, [p])
+    assert cell.verdict is Verdict.INCONCLUSIVE and any("ran on 'reference'" in r for r in cell.reasons)
 
 
 def test_a_malformed_gradcheck_file_is_unknown_not_a_pass(tmp_path):

@@ -19,7 +19,9 @@ from tica.evidence import EvidenceItem
 from tica.judges._common import Findings, cell, md_table, wrong_question
 from tica.judges.confounders import require_recorded
 from tica.question import BackwardCriteria, Question
-from tica.receipts import GRADCHECK_FILE, METRICS_FILE, BackwardStep, Leg, load_json, load_leg, load_step_metrics
+from tica.question import GRADCHECK_REL_TOL
+from tica.receipts import (GRADCHECK_FILE, METRICS_FILE, BackwardStep, GradcheckFile, GradcheckOp, Leg, load_gradcheck,
+                           load_leg, load_step_metrics)
 from tica.verdict import VerdictCell
 
 GRAD_HEADERS = ["step", "basis", "grad norm", "finite", "params with grad", "params total",
@@ -38,18 +40,19 @@ def zero_advantage(groups: list[list[float]]) -> bool:
     return all(len(set(g)) <= 1 for g in groups)
 
 
-def _op_passes(op: dict[str, Any]) -> bool:
-    rels = [float(x) for x in op["rel_err"]]
-    return bool(op["finite"]) and bool(rels) and all(math.isfinite(x) for x in rels) and max(rels) < float(op["tol"])
+def _op_passes(op: GradcheckOp, tol: float) -> bool:
+    return op.finite and all(math.isfinite(x) for x in op.rel_err) and max(op.rel_err) < tol
 
 
 @dataclass
 class GradCheck:
-    """gradcheck.json recomputed from its per-op errors (the producer's `pass` flags are not trusted)."""
+    """gradcheck.json recomputed from its per-op errors under the question's tolerance (the
+    producer's `pass` flags and tolerances are not read)."""
 
     ops: list[str]
     failing: list[str]
     caught: dict[str, bool]
+    kernels: str | None = None
 
     @property
     def missed(self) -> list[str]:
@@ -60,14 +63,19 @@ class GradCheck:
         return not self.failing and not self.missed
 
 
-def recompute_gradcheck(data: dict[str, Any]) -> GradCheck:
-    """Raise KeyError/TypeError/ValueError on a malformed file."""
-    ops = data["check"]["ops"]
-    if not ops:
-        raise ValueError("the check ran no op")
-    caught = {str(c["planted"]): not all(_op_passes(o) for o in c["ops"]) for c in data.get("controls") or []}
-    return GradCheck(ops=[str(o["op"]) for o in ops], failing=[str(o["op"]) for o in ops if not _op_passes(o)],
-                     caught=caught)
+def recompute_gradcheck(data: GradcheckFile, tol: float) -> GradCheck:
+    """A control is caught only by its own planted op failing: another op's failure in it is no
+    evidence that the check sees the planted error."""
+    caught: dict[str, bool] = {}
+    for control in data.controls:
+        if control.planted is None:
+            continue
+        planted = [o for o in control.ops if o.op == control.planted]
+        caught[control.planted] = caught.get(control.planted, False) or (
+            bool(planted) and not all(_op_passes(o, tol) for o in planted))
+    ops = data.check.ops
+    return GradCheck(ops=[o.op for o in ops], failing=[o.op for o in ops if not _op_passes(o, tol)], caught=caught,
+                     kernels=data.check.kernels)
 
 
 def _judge_gradcheck_rows(steps: Sequence[BackwardStep], f: Findings, label: str) -> None:
@@ -84,9 +92,11 @@ def _judge_gradcheck_rows(steps: Sequence[BackwardStep], f: Findings, label: str
                            f"{missed}: it is not shown able to fail, so its pass is no evidence")
 
 
-def read_gradcheck(steps: Sequence[BackwardStep], leg_dir: Path | None, label: str = "") -> Findings:
+def read_gradcheck(steps: Sequence[BackwardStep], leg_dir: Path | None, label: str = "", tol: float = GRADCHECK_REL_TOL,
+                   trainer: str | None = None) -> Findings:
     """Judge the gradient check a producer recorded (metrics.jsonl flags and, where present,
-    gradcheck.json, which is recomputed and wins); none recorded: nothing to judge here."""
+    gradcheck.json, which is recomputed under the question's tolerance and wins); none recorded:
+    nothing to judge here. The check must be of the leg's own kernels (its trainer)."""
     f = Findings()
     rows = [s for s in steps if s.gradcheck_pass is not None or s.gradcheck_controls_caught is not None]
     path = leg_dir / GRADCHECK_FILE if leg_dir is not None else None
@@ -94,15 +104,19 @@ def read_gradcheck(steps: Sequence[BackwardStep], leg_dir: Path | None, label: s
         _judge_gradcheck_rows(rows, f, label)
         return f
     try:
-        gc = recompute_gradcheck(load_json(path))
+        gc = recompute_gradcheck(load_gradcheck(path), tol)
     except ReceiptError as err:
-        f.inconclusive(f"{label}{GRADCHECK_FILE}: {err.message}")
+        f.inconclusive(f"{label}{GRADCHECK_FILE}: {err.field}: {err.message}")
         return f
-    except (KeyError, TypeError, ValueError) as err:
-        f.inconclusive(f"{label}{GRADCHECK_FILE} is malformed ({type(err).__name__}: {err}): the gradient check is unknown")
-        return f
+    if gc.kernels is None:
+        f.inconclusive(f"{label}{GRADCHECK_FILE}: the kernels checked are not recorded (check.kernels): the check is "
+                       "not shown to be of this leg's backward")
+    elif trainer is not None and gc.kernels != trainer:
+        f.inconclusive(f"{label}{GRADCHECK_FILE}: the check ran on {gc.kernels!r}, the leg's trainer is {trainer!r}: "
+                       "it is no evidence for this backward")
     if gc.failing:
-        f.fail(f"{label}{GRADCHECK_FILE}: the analytic backward of {gc.failing} is outside tol of float64 autograd")
+        f.fail(f"{label}{GRADCHECK_FILE}: the analytic backward of {gc.failing} is outside the question's tolerance "
+               f"{tol:g} of float64 autograd")
     if gc.missed:
         f.inconclusive(f"{label}{GRADCHECK_FILE}: the planted backward errors in {gc.missed} were not detected: the "
                        "check is not shown able to fail, so its pass is no evidence")
@@ -124,13 +138,15 @@ def read_grads(
     quantized: bool,
     label: str = "",
     leg_dir: Path | None = None,
+    tol: float = GRADCHECK_REL_TOL,
+    trainer: str | None = None,
 ) -> GradReading:
     r = GradReading()
     f = r.findings
     if not steps:
         f.inconclusive(f"{label}no steps recorded")
         return r
-    f.extend(read_gradcheck(steps, leg_dir, label))
+    f.extend(read_gradcheck(steps, leg_dir, label, tol, trainer))
     informative = 0
     for s in steps:
         sf = Findings()
@@ -212,7 +228,8 @@ def judge_backward(question: Question, leg_paths: Sequence[str | Path]) -> Verdi
         ran.append(leg)
         steps = load_step_metrics(leg.path / METRICS_FILE, BackwardStep)
         reading = read_grads(steps, criteria.min_params_with_grad_fraction,
-                             criteria.require_deployed_bytes_forward, is_quantized(leg), label, leg.path)
+                             criteria.require_deployed_bytes_forward, is_quantized(leg), label, leg.path,
+                             criteria.gradcheck_rel_tol, leg.meta.trainer)
         findings.extend(reading.findings)
         numbers["legs"].append({"path": str(leg.path), "arm": leg.arm, "steps": reading.steps,
                                 "verdict": reading.findings.verdict.value})

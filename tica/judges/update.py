@@ -44,7 +44,8 @@ def judge_update(question: Question, leg_paths: Sequence[str | Path]) -> Verdict
         ran.append(leg)
         f = Findings()
         steps: list[UpdateStep] = load_step_metrics(leg.path / METRICS_FILE, UpdateStep)
-        grads = read_grads(steps, 1.0, False, is_quantized(leg), label, leg.path)
+        grads = read_grads(steps, 1.0, False, is_quantized(leg), label, leg.path, criteria.gradcheck_rel_tol,
+                           leg.meta.trainer)
         f.extend(grads.findings)
         rows = []
         for s in steps:
