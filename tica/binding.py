@@ -243,6 +243,8 @@ def pins(candidate: Candidate) -> list[Pin]:
                          ("sampling.top_p", c.sampling.top_p), ("sampling.top_k", c.sampling.top_k),
                          ("sampling.seed", c.sampling.seed), ("sampling.n", c.sampling.n),
                          ("sampling.stop", list(c.sampling.stop))):
+        if field == "thinking_mode" and value == "n/a":
+            value = "none"  # a template without a thinking switch, as receipts spell it ("n/a" is unrecorded there)
         out.append(Pin(C.EVAL_CONTRACT, f"eval_contract.{field}", value, (f"contract.{field}",),
                        lambda a, b: a == b and type(a) is type(b) or (isinstance(a, (int, float)) and not isinstance(b, bool)
                                                                        and isinstance(b, (int, float)) and a == b),

@@ -991,8 +991,8 @@ def logged_only(leg: Path, step: int, scale_mean: float | None = None, **kv: Any
         for r in rows:
             if r["step"] == step:
                 r.update(kv)
-                if scale_mean is not None:
-                    r["training/rollout_probs_diff_mean"] *= scale_mean
+                if scale_mean is not None:  # a probability difference stays in [0, 1]
+                    r["training/rollout_probs_diff_mean"] = min(1.0, r["training/rollout_probs_diff_mean"] * scale_mean)
     edit_jsonl(leg / "metrics.jsonl", f, leg)
 
 

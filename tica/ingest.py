@@ -449,12 +449,12 @@ def _lm_eval_contract(data: dict[str, Any], task: str) -> tuple[dict[str, Any], 
     else:
         unknown.append("prompt_template (doc_to_text, n-shot or chat_template not recorded)")
     # thinking: recorded only as the hf model's enable_thinking argument; with no chat template
-    # applied there is no thinking switch to set (n/a).
+    # applied there is no thinking switch to set: "none" ("n/a" would read as not recorded).
     model_args = run.get("model_args") if isinstance(run.get("model_args"), dict) else {}
     if "enable_thinking" in model_args:
         contract["thinking_mode"] = "on" if str(model_args["enable_thinking"]).lower() in ("true", "1") else "off"
     elif "chat_template" in data and data["chat_template"] is None:
-        contract["thinking_mode"] = "n/a"
+        contract["thinking_mode"] = "none"
     else:
         unknown.append("thinking_mode (a chat template was applied; enable_thinking not recorded)")
     gen = dict(cfg.get("generation_kwargs") or {})

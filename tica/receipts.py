@@ -116,6 +116,15 @@ def recorded_value(meta: LegMeta, dotted: str) -> Any | None:
 # ---------------------------------------------------------------- per-step metrics
 
 
+# Domains of the logged forward numbers: |p_a - p_b| of probabilities lies in [0, 1]; a std, a KL
+# estimate and an absolute difference are never negative; a correlation lies in [-1, 1]. A value
+# outside is no such quantity and is refused; NaN is kept (the judge reads a NaN BI=0 mean as a fault).
+_FORWARD_DOMAINS: dict[str, tuple[float, float]] = {
+    "probs_diff_max": (0.0, 1.0), "probs_diff_mean": (0.0, 1.0), "probs_diff_std": (0.0, 1.0),
+    "pearson": (-1.0, 1.0), "k3_kl": (0.0, math.inf), "logprob_abs_diff_max": (0.0, math.inf),
+}
+
+
 class ForwardStep(_Receipt):
     """One line of a forward metrics.jsonl, in verl's names. Extra verl keys are kept."""
 
@@ -144,6 +153,14 @@ class ForwardStep(_Receipt):
         if v < 1:
             raise ValueError(f"step {v}: verl's training steps start at 1; a step 0 row is padding, not a measurement")
         return v
+
+    @model_validator(mode="after")
+    def _in_domain(self) -> "ForwardStep":
+        for name, (lo, hi) in _FORWARD_DOMAINS.items():
+            v = getattr(self, name)
+            if v is not None and math.isfinite(v) and not lo <= v <= hi:
+                raise ValueError(f"{name} {v!r} is outside [{lo:g}, {hi:g}]: no such quantity can take it")
+        return self
 
 
 class BackwardStep(_Receipt):
@@ -367,6 +384,10 @@ def load_step_arrays(path: str | Path) -> StepArrays:
     for key, values in scored.items():
         if not np.isfinite(values).all():
             raise ReceiptError(path, key, f"{int((~np.isfinite(values)).sum())} non-finite logprob(s) of scored tokens")
+        # a log-probability is at most 0: a positive one is no logprob, equal on both sides or not
+        if values.size and float(values.max()) > 0:
+            raise ReceiptError(path, key, f"{int((values > 0).sum())} positive value(s) (max {float(values.max())!r}): "
+                               "a log-probability is at most 0")
     return StepArrays(
         path=path,
         token_ids=data["token_ids"],
@@ -475,20 +496,20 @@ class BenchResult(BaseModel):
 
     num_prompts: int = Field(..., ge=0, strict=True)
     max_concurrency: int | None = Field(..., ge=1, strict=True)
-    duration: float = Field(..., ge=0, strict=True)
+    duration: float = Field(..., gt=0, strict=True)
     completed: int = Field(..., ge=0, strict=True)
     failed: int = Field(0, ge=0, strict=True)
     total_input_tokens: int = Field(..., ge=0, strict=True)
     total_output_tokens: int = Field(..., ge=0, strict=True)
     request_throughput: float = Field(..., ge=0, strict=True)
     output_throughput: float = Field(..., ge=0, strict=True)
-    total_token_throughput: float | None = Field(None, strict=True)
-    mean_ttft_ms: float | None = Field(None, strict=True)
-    median_ttft_ms: float | None = Field(None, strict=True)
-    p99_ttft_ms: float | None = Field(None, strict=True)
-    mean_tpot_ms: float | None = Field(None, strict=True)
-    median_tpot_ms: float | None = Field(None, strict=True)
-    p99_tpot_ms: float | None = Field(None, strict=True)
+    total_token_throughput: float | None = Field(None, ge=0, strict=True)
+    mean_ttft_ms: float | None = Field(None, ge=0, strict=True)
+    median_ttft_ms: float | None = Field(None, ge=0, strict=True)
+    p99_ttft_ms: float | None = Field(None, ge=0, strict=True)
+    mean_tpot_ms: float | None = Field(None, ge=0, strict=True)
+    median_tpot_ms: float | None = Field(None, ge=0, strict=True)
+    p99_tpot_ms: float | None = Field(None, ge=0, strict=True)
     errors: list[str | None] | None = None
     arm: Arm | None = None
     round: int | None = Field(None, ge=1)  # rounds are numbered from 1, as leg.json's (LegMeta.round)

@@ -6,7 +6,8 @@ receipt reader (`tica.receipts.read_receipt`) turns every placeholder into an ab
 before any model or rule sees it — a mapping's key is dropped (absent is unknown), a list item
 becomes null. Standard library only.
 
-"none" is not on the list: it is a value some settings take (vLLM's CUDA graph mode NONE).
+"none" is not on the list: it is a value some settings take (vLLM's CUDA graph mode NONE, a
+prompt template without a thinking switch).
 """
 
 from __future__ import annotations
@@ -21,8 +22,12 @@ PLACEHOLDERS: frozenset[str] = frozenset({
 
 
 def is_placeholder(value: Any) -> bool:
-    """A string that stands for 'not recorded' (case and surrounding space ignored)."""
-    return isinstance(value, str) and value.strip().lower() in PLACEHOLDERS
+    """A string that stands for 'not recorded' (case and surrounding space ignored). White space
+    alone is a value ("\n" is a stop sequence); only the empty string is empty."""
+    if not isinstance(value, str):
+        return False
+    word = value.strip().lower()
+    return value == "" or (word != "" and word in PLACEHOLDERS)
 
 
 def without_placeholders(value: Any) -> Any:

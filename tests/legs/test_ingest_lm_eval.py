@@ -86,7 +86,7 @@ def test_the_contract_is_what_the_results_json_records(tmp_path):
     prompt = json.loads(c.prompt_template)
     assert prompt["doc_to_text"] == "Question: {{question}}\nAnswer:" and prompt["num_fewshot"] == 0
     assert prompt["chat_template"] is None  # recorded as not applied
-    assert c.thinking_mode == "n/a"
+    assert c.thinking_mode == "none"
     assert c.sampling.temperature == 0 and c.sampling.stop == ("\n",)
     assert c.repeats == 1 and c.length_cap == 8
     scorer = json.loads(c.scorer)

@@ -566,10 +566,9 @@ def bench_settings(findings: Findings, numbers: dict[str, Any], legs: Sequence[B
         if f"bench.{key}" in quantified:
             continue
         seen: dict[str, int] = defaultdict(int)
-        for leg in legs:
+        for leg in legs:  # a setting some legs record and others do not is not shown alike: unknown differs
             value = (leg.bench.model_extra or {}).get(key)
-            if value is not None:
-                seen[json.dumps(value, sort_keys=True)] += 1
+            seen["unknown" if is_unknown(value) else json.dumps(value, sort_keys=True)] += 1
         if len(seen) > 1:
             differ[key] = dict(sorted(seen.items()))
     numbers["bench_settings_differ"] = differ or None
