@@ -32,7 +32,7 @@ from dagster import AssetExecutionContext, Failure, MetadataValue, PipesSubproce
 from dagster._core.errors import DagsterPipesExecutionError
 from pydantic import BaseModel, Field
 
-from resources.legs import PAIR_ARMS, PROJECT_ROOT, LegRequest, LegRunner
+from resources.legs import PROJECT_ROOT, LegRequest, LegRunner
 from tica.evidence import EvidenceItem
 from tica.gpu_pool import (
     DEFAULT_LOCK_DIR,
@@ -230,7 +230,7 @@ class LocalGpuLegRunner(LegRunner):
         runs: list[ProducerRun] = []
         model, model_note = self._model(context, request, session, runs)
         wanted = ITEM_LEGS[item]
-        arms = [a for a in PAIR_ARMS[request.question.pairing_order[0]] if a in wanted]  # the frozen first order
+        arms = [a for a in request.question.round_arms(1) if a in wanted]  # the frozen first order
         legs: list[Path] = []
         rollouts = session / "bi0" / "rollouts.json"  # bi0's rollouts, which bi0-megatron scores
         for arm in arms:

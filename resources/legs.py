@@ -37,9 +37,8 @@ from tica.seal import SEAL_FILE
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 LEG_FILE = "leg.json"
 
-# A round's pairing order names which arm runs first: A is the candidate arm (BI=1), B the
-# regular baseline (BI=0). "AB" runs BI=1 then BI=0, "BA" the reverse.
-PAIR_ARMS: dict[str, tuple[str, str]] = {"AB": ("bi1", "bi0"), "BA": ("bi0", "bi1")}
+# A round's pairing order names which arm runs first: A is the question's arm_a (BI=1 unless a
+# throughput question freezes another), B the other; Question.round_arms reads it, once.
 
 
 @dataclass(frozen=True)
@@ -87,10 +86,10 @@ def plan_legs(item: EvidenceItem, question: Question) -> list[LegSpec]:
     if isinstance(question.criteria, ThroughputCriteria):
         return [
             LegSpec(item, arm, round=r, slot=slot)
-            for r, order in enumerate(question.pairing_order, start=1)
-            for slot, arm in enumerate(PAIR_ARMS[order], start=1)
+            for r in range(1, len(question.pairing_order) + 1)
+            for slot, arm in enumerate(question.round_arms(r), start=1)
         ]
-    first = PAIR_ARMS[question.pairing_order[0]]
+    first = question.round_arms(1)
     return [LegSpec(item, arm, slot=slot) for slot, arm in enumerate(first, start=1)]
 
 

@@ -300,14 +300,12 @@ def build_throughput(question: Question, dest: Path, loss: Mapping[int, float] |
     budget = c.budget or {}
     legs = []
     minute = 0
-    other = "bi0" if c.arm_a == "bi1" else "bi1"
     for conc in c.concurrencies:
         prompts = (c.num_prompts or {}).get(conc) or DEFAULT_PROMPTS.get(conc, 4 * conc)
         base = _BASE_TPUT.get(conc, 64.0 * conc)
         target = loss.get(conc) if loss else budget.get(conc, 0.1) * 0.4
         for r in range(1, question.repeats + 1):
-            order = question.pairing_order[r - 1] if r <= len(question.pairing_order) else "AB"
-            arms = (c.arm_a, other) if order == "AB" else (other, c.arm_a)
+            arms = question.round_arms(r)
             jitter = 1.0 + 0.01 * ((r % 3) - 1) + 0.0001 * r  # no two rounds measure the same
             tputs = {"bi0": base * jitter, "bi1": base * jitter * (1 - target)}
             for slot, arm in enumerate(arms, 1):

@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+from collections.abc import Sequence
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
@@ -337,11 +338,37 @@ class Question(_Strict):
         return "sha256:" + hashlib.sha256(self.canonical_json().encode()).hexdigest()
 
     @property
+    def arm_a(self) -> Arm:
+        """The arm called A in the pairing order (throughput freezes it; every other item: BI=1)."""
+        return getattr(self.criteria, "arm_a", "bi1")
+
+    def round_order(self, round_no: int) -> Literal["AB", "BA"]:
+        return round_order(self.pairing_order, round_no)  # type: ignore[return-value]
+
+    def round_arms(self, round_no: int) -> tuple[Arm, Arm]:
+        """The arms of round r in slot order: A first where the round's order is AB. The one place
+        the order of arms is read; planner, producers and judges all ask here."""
+        a: Arm = self.arm_a
+        b: Arm = "bi0" if a == "bi1" else "bi1"
+        return (a, b) if self.round_order(round_no) == "AB" else (b, a)
+
+    @property
     def formula_label(self) -> str | None:
         c = self.criteria
         if isinstance(c, ThroughputCriteria) and c.formula is not None:
             return FORMULA_LABELS[c.formula]
         return None
+
+
+def round_order(pairing_order: Sequence[str], round_no: int) -> str:
+    """The frozen order of round r (r >= 1); retest rounds past the frozen ones keep alternating.
+    Rounds are numbered from 1: r < 1 is no round of the frozen order (never an index from its end)."""
+    if round_no < 1:
+        raise ValueError(f"round {round_no}: rounds are numbered from 1")
+    if round_no <= len(pairing_order):
+        return pairing_order[round_no - 1]
+    last = pairing_order[-1] if pairing_order else "AB"
+    return last if (round_no - len(pairing_order)) % 2 == 0 else ("BA" if last == "AB" else "AB")
 
 
 def parse_question(data: Any, source: str | Path = "<memory>") -> Question:

@@ -53,6 +53,7 @@ from tica.judges._common import Findings, cell, md_table, wrong_question
 from tica.judges.clean_exit import exit_problems
 from tica.judges.confounders import confounder_markdown, confounder_table, require_recorded, unquantified
 from tica.question import WORKLOAD_FIELDS, Question, ThroughputCriteria, ThroughputFormula
+from tica.question import round_order as expected_order
 from tica.receipts import BENCH_FILE, LEG_FILE, BenchLeg, BenchResult, is_unknown, load_bench_leg, recorded_value, read_receipt
 from tica.seal import sha256_file
 from tica.verdict import Verdict, VerdictCell
@@ -65,18 +66,6 @@ def formal_statistic(formula: ThroughputFormula, t_bi1: Sequence[float], t_bi0: 
     if formula is ThroughputFormula.MEDIAN_PER_ROUND_PAIRED_LOSS:
         return statistics.median(1.0 - a / b for a, b in zip(t_bi1, t_bi0))
     return 1.0 - statistics.median(t_bi1) / statistics.median(t_bi0)
-
-
-def expected_order(pairing_order: Sequence[str], round_no: int) -> str:
-    """The frozen order of round r (r >= 1); retest rounds past the frozen ones keep alternating.
-    Rounds are numbered from 1: r < 1 is no round of the frozen order (never an index from its end)."""
-    if round_no < 1:
-        raise ValueError(f"round {round_no}: rounds are numbered from 1")
-    if round_no <= len(pairing_order):
-        return pairing_order[round_no - 1]
-    last = pairing_order[-1] if pairing_order else "AB"
-    steps = round_no - len(pairing_order)
-    return last if steps % 2 == 0 else ("BA" if last == "AB" else "AB")
 
 
 @dataclass
@@ -292,6 +281,7 @@ class Round:
     number: int
     legs: list[LegCheck]
     expected: str
+    arms: tuple[str, str] = ("bi1", "bi0")  # slot order under the frozen order (Question.round_arms)
     problems: list[str] = field(default_factory=list)
     t_bi1: float | None = None
     t_bi0: float | None = None
@@ -328,8 +318,7 @@ def check_round(rnd: Round, criteria: ThroughputCriteria, ignore_exits: bool = F
     if set(slots) != {1, 2}:
         p.append(f"slots {sorted(map(str, slots))}: a round has slot 1 and slot 2")
     else:
-        b_arm = "bi0" if criteria.arm_a == "bi1" else "bi1"
-        first = criteria.arm_a if rnd.expected == "AB" else b_arm
+        first = rnd.arms[0]
         if slots[1].leg.arm != first:
             p.append(f"order {slots[1].leg.arm} then {slots[2].leg.arm}; the frozen order {rnd.expected} "
                      f"(A = {criteria.arm_a}) puts {first} first")
@@ -461,7 +450,8 @@ def pair_rounds(question: Question, checks: Sequence[LegCheck],
             aside.append((chk, f"{why}: c={c}"))
             continue
         grouped[(c, r)].append(chk)
-    rounds = [Round(c=c, number=r, legs=lcs, expected=expected_order(question.pairing_order, r) if r >= 1 else "-")
+    rounds = [Round(c=c, number=r, legs=lcs, expected=question.round_order(r) if r >= 1 else "-",
+                    arms=question.round_arms(r) if r >= 1 else ("bi1", "bi0"))
               for (c, r), lcs in sorted(grouped.items())]
     twice: dict[int, list[str]] = defaultdict(list)
     for same in same_measurements(checks):
