@@ -1,0 +1,237 @@
+"""False passes of issue 27 ("a pass only from content"), one test per class closed, each with its
+negative control. Every test starts from a set that passes for the candidate (the `bound`
+fixture checks that first) and changes one thing, resealed as an honest-looking producer would.
+The generated families over every item live in tests/metamorphic/."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from tica.canaries import edit_json, edit_jsonl, edit_meta, tput_leg
+from tica.judges import judge, judge_criteria
+from tica.question import parse_question
+from tica.seal import seal_leg
+from tica.unknowns import PLACEHOLDERS, is_placeholder, without_placeholders
+from tica.verdict import Verdict
+
+from .conftest import E, assert_no_pass, leg_of, question_with
+
+
+def _targets(q):
+    return sorted((q.criteria.budget or {}).keys()) or list(q.criteria.concurrencies)
+
+
+# ------------------------------------------------------------------ 1. identity by content
+
+
+def test_quality_problems_relabelled_under_new_ids_are_one_problem_each(bound, candidate, questions):
+    """Doubling every problem under new ids would make 1/N fine enough for a 2-point threshold."""
+    q = question_with(questions[E.QUALITY], {"threshold_points": 2.0, "expected_problems": 60})
+    legs = bound(E.QUALITY, questions[E.QUALITY])
+    for leg in legs:
+        edit_jsonl(leg / "results.jsonl", lambda rows: rows + [{**r, "problem_id": r["problem_id"] + "-copy"}
+                                                                for r in rows], leg)
+    cell = judge(E.QUALITY, q, legs, candidate)
+    assert_no_pass(cell, "one problem counted several times")
+
+
+def test_quality_problems_with_distinct_prompts_are_distinct_problems(bound, candidate, questions):
+    """Negative control: the same 60 rows with their own prompts pass the 2-point threshold."""
+    q = question_with(questions[E.QUALITY], {"threshold_points": 2.0, "expected_problems": 60})
+    legs = bound(E.QUALITY, questions[E.QUALITY])
+    for leg in legs:
+        edit_jsonl(leg / "results.jsonl", lambda rows: rows + [
+            {**r, "problem_id": r["problem_id"] + "-b", "prompt_hash": f"sha256:{i + 1000:064x}"}
+            for i, r in enumerate(rows)], leg)
+    assert judge(E.QUALITY, q, legs, candidate).verdict is Verdict.PASS
+
+
+def test_a_quality_problem_without_its_prompt_hash_is_not_counted_as_shown(bound, candidate, questions):
+    legs = bound(E.QUALITY)
+    edit_jsonl(legs[0] / "results.jsonl", lambda rows: [{k: v for k, v in r.items() if k != "prompt_hash"}
+                                                        if i == 3 else r for i, r in enumerate(rows)], legs[0])
+    assert_no_pass(judge(E.QUALITY, questions[E.QUALITY], legs, candidate), "record no prompt_hash")
+
+
+def test_one_prompt_spelled_two_ways_pairs_as_one_prompt(bound, candidate, questions):
+    """Digest case and prefix are spelling: the same problem in both arms is still paired."""
+    legs = bound(E.QUALITY)
+    bi0 = leg_of(legs, arm="bi0")
+    edit_jsonl(bi0 / "results.jsonl", lambda rows: [{**r, "prompt_hash": r["prompt_hash"].removeprefix("sha256:").upper()}
+                                                    for r in rows], bi0)
+    assert judge(E.QUALITY, questions[E.QUALITY], legs, candidate).verdict is Verdict.PASS
+
+
+def test_a_forward_step_copied_under_another_step_number_is_one_measurement(bound, candidate, questions):
+    q = question_with(questions[E.FORWARD], {"min_steps": 6})
+    legs = bound(E.FORWARD, questions[E.FORWARD])
+    leg = leg_of(legs, arm="bi1")
+    shutil.copy(leg / "arrays" / "step_0005.npz", leg / "arrays" / "step_0006.npz")
+    edit_jsonl(leg / "metrics.jsonl", lambda rows: rows + [{**rows[-1], "step": 6}], leg)
+    assert_no_pass(judge(E.FORWARD, q, legs, candidate), "hold one measurement")
+
+
+def test_a_forward_step_measured_anew_is_another_step(bound, candidate, questions):
+    """Negative control: step 6 scores other tokens (bitwise equal, as BI=1 must)."""
+    from tica.metrics import forward_metrics
+    q = question_with(questions[E.FORWARD], {"min_steps": 6})
+    legs = bound(E.FORWARD, questions[E.FORWARD])
+    leg = leg_of(legs, arm="bi1")
+    with np.load(leg / "arrays" / "step_0005.npz") as z:
+        data = {k: z[k] for k in z.files}
+    data["token_ids"] = data["token_ids"] + 1
+    np.savez(leg / "arrays" / "step_0006.npz", **data)
+    m = forward_metrics(data["trainer_logprobs"], data["rollout_logprobs"])
+    edit_jsonl(leg / "metrics.jsonl", lambda rows: rows + [{**rows[-1], **m, "step": 6}], leg)
+    cell = judge(E.FORWARD, q, [leg], candidate)
+    assert cell.verdict is Verdict.PASS, cell.reasons
+
+
+def test_a_throughput_leg_relabelled_as_another_round_is_one_run(bound, candidate, questions):
+    q = questions[E.THROUGHPUT]
+    legs = bound(E.THROUGHPUT)
+    c = _targets(q)[0]
+    src, dst = tput_leg(legs, "bi1", c, 1), tput_leg(legs, "bi1", c, 3)
+    bench = json.loads((src / "bench.json").read_text())
+    edit_json(dst / "bench.json", lambda d: d.update({k: v for k, v in bench.items()
+                                                      if k not in ("arm", "round", "slot")}), dst)
+    assert_no_pass(judge(E.THROUGHPUT, q, legs, candidate), "one measurement counted")
+
+
+# ------------------------------------------------------------------ 2. time, every item, every format
+
+
+@pytest.mark.parametrize("item", [E.FORWARD, E.BACKWARD, E.UPDATE, E.QUALITY, E.CLEAN_EXIT])
+def test_a_leg_that_ends_before_it_starts_is_no_pass_for_any_item(bound, candidate, questions, item):
+    legs = bound(item)
+    edit_meta(legs[0], lambda m: m.update(ended_at="2001-01-01T00:00:00+00:00"))
+    assert_no_pass(judge(item, questions[item], legs, candidate), "is before started_at")
+
+
+@pytest.mark.parametrize("item", [E.FORWARD, E.QUALITY, E.CLEAN_EXIT])
+def test_a_leg_naming_one_time_with_a_zone_and_one_without_is_no_pass(bound, candidate, questions, item):
+    legs = bound(item)
+    edit_meta(legs[0], lambda m: m.update(ended_at=m["ended_at"].replace("+00:00", "")))
+    assert_no_pass(judge(item, questions[item], legs, candidate), "cannot be ordered")
+
+
+@pytest.mark.parametrize("spell", [lambda t: t.replace("+00:00", "Z"),
+                                   lambda t: t.replace("+00:00", ".000000+00:00") if "." not in t else t],
+                         ids=["Z", "microseconds"])
+def test_another_spelling_of_the_same_instant_keeps_the_pass(bound, candidate, questions, spell):
+    """Negative control of the time rules: the same instants spelled another way."""
+    legs = bound(E.FORWARD)
+    for leg in legs:
+        edit_meta(leg, lambda m: m.update(started_at=spell(m["started_at"]), ended_at=spell(m["ended_at"])))
+    assert judge(E.FORWARD, questions[E.FORWARD], legs, candidate).verdict is Verdict.PASS
+
+
+def test_throughput_slots_in_mixed_time_formats_are_named_not_a_traceback(bound, candidate, questions):
+    q = questions[E.THROUGHPUT]
+    legs = bound(E.THROUGHPUT)
+    c = _targets(q)[0]
+    leg = tput_leg(legs, q.round_arms(1)[0], c, 1)
+    edit_meta(leg, lambda m: m.update(started_at=m["started_at"][:19], ended_at=m["ended_at"][:19]))
+    assert_no_pass(judge(E.THROUGHPUT, q, legs, candidate), "order of the slots cannot be shown")
+
+
+# ------------------------------------------------------------------ 3. unknown spelled as a value
+
+
+def test_the_placeholder_list_is_read_one_way():
+    assert all(is_placeholder(p.upper()) and is_placeholder(f" {p} ") for p in PLACEHOLDERS if p)
+    assert not any(is_placeholder(v) for v in ("\n", " ", "none", "NONE", "off", "0", "false"))
+    assert without_placeholders({"a": "n/a", "b": ["x", "unknown"], "c": {"d": ""}}) == {"b": ["x", None], "c": {}}
+
+
+@pytest.mark.parametrize("placeholder", ["unknown", "n/a", "", "?"])
+def test_equal_placeholders_in_both_arms_are_not_the_same_contract_item(bound, candidate, questions, placeholder):
+    legs = bound(E.QUALITY)
+    for leg in legs:
+        edit_json(leg / "contract.json", lambda d: d.update(scorer=placeholder), leg)
+    # the criteria alone (the manifest's pin would also catch it, which hid the class)
+    assert_no_pass(judge_criteria(E.QUALITY, questions[E.QUALITY], legs), "evaluation contract item unknown: scorer")
+
+
+@pytest.mark.parametrize("placeholder", ["unknown", "N/A"])
+def test_a_placeholder_does_not_satisfy_a_field_the_question_requires(bound, candidate, questions, placeholder):
+    legs = bound(E.BACKWARD)
+    edit_meta(legs[0], lambda m: m["versions"].update(vllm=placeholder))
+    assert_no_pass(judge_criteria(E.BACKWARD, questions[E.BACKWARD], legs), "versions.vllm not recorded")
+
+
+def test_a_bench_setting_one_arm_does_not_record_is_not_alike(bound, candidate, questions):
+    q = questions[E.THROUGHPUT]
+    legs = bound(E.THROUGHPUT)
+    for leg in legs:
+        if json.loads((leg / "leg.json").read_text())["arm"] == "bi0":
+            edit_json(leg / "bench.json", lambda d: d.pop("request_rate"), leg)
+    assert_no_pass(judge(E.THROUGHPUT, q, legs, candidate), "bench.request_rate differs")
+
+
+# ------------------------------------------------------------------ 6. per-leg rules
+
+
+def test_one_legs_exits_never_cover_another_legs_missing_ones(bound, candidate, questions):
+    legs = bound(E.CLEAN_EXIT)
+    leg = legs[0]
+    arm = json.loads((leg / "leg.json").read_text())["arm"]
+    twin = leg.parent / (leg.name + "-second")
+    shutil.copytree(leg, twin)
+    edit_meta(twin, lambda m: m.update(processes=[p for p in m["processes"] if p["role"] != "engine_core"]))
+    assert json.loads((twin / "leg.json").read_text())["arm"] == arm
+    assert_no_pass(judge(E.CLEAN_EXIT, questions[E.CLEAN_EXIT], [*legs, twin], candidate), "roles ['engine_core']")
+
+
+def test_a_second_leg_with_every_exit_of_its_own_keeps_the_pass(bound, candidate, questions):
+    """Negative control: the same second leg, its engine's exit recorded (its own pids)."""
+    legs = bound(E.CLEAN_EXIT)
+    twin = legs[0].parent / (legs[0].name + "-second")
+    shutil.copytree(legs[0], twin)
+    edit_meta(twin, lambda m: [p.update(pid=p["pid"] + 500) for p in m["processes"]])
+    assert judge(E.CLEAN_EXIT, questions[E.CLEAN_EXIT], [*legs, twin], candidate).verdict is Verdict.PASS
+
+
+# ------------------------------------------------------------------ 7. domains
+
+
+def test_equal_positive_logprobs_are_no_logprobs(bound, candidate, questions):
+    legs = bound(E.FORWARD)
+    leg = leg_of(legs, arm="bi1")
+    path = leg / "arrays" / "step_0001.npz"
+    with np.load(path) as z:
+        data = {k: z[k] for k in z.files}
+    for key in ("trainer_logprobs", "rollout_logprobs", "decode_logprobs"):
+        data[key] = np.abs(data[key])
+    np.savez(path, **data)
+    seal_leg(leg)
+    assert_no_pass(judge(E.FORWARD, questions[E.FORWARD], legs, candidate), "a log-probability is at most 0")
+
+
+@pytest.mark.parametrize("key,value", [("training/rollout_probs_diff_mean", 1.5),
+                                       ("training/rollout_actor_probs_pearson_corr", 1.2),
+                                       ("rollout_corr/k3_kl", -0.1)])
+def test_a_logged_number_outside_its_domain_is_refused(bound, candidate, questions, key, value):
+    legs = bound(E.FORWARD)
+    leg = leg_of(legs, arm="bi0")
+    edit_jsonl(leg / "metrics.jsonl", lambda rows: [{**r, key: value} for r in rows], leg)
+    assert_no_pass(judge(E.FORWARD, questions[E.FORWARD], legs, candidate), "no such quantity")
+
+
+# ------------------------------------------------------------------ pairing order, once
+
+
+def test_the_planner_reads_arm_a_from_the_question(questions):
+    from resources import plan_legs
+
+    data = questions[E.THROUGHPUT].model_dump(mode="json")
+    data["criteria"]["arm_a"] = "bi0"
+    q = parse_question(data)
+    plan = [(s.round, s.slot, s.arm) for s in plan_legs(E.THROUGHPUT, q)]
+    assert plan[:4] == [(1, 1, "bi0"), (1, 2, "bi1"), (2, 1, "bi1"), (2, 2, "bi0")]
+    # control: the default A is BI=1
+    assert [s.arm for s in plan_legs(E.THROUGHPUT, questions[E.THROUGHPUT])][:2] == ["bi1", "bi0"]
