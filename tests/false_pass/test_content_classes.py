@@ -235,3 +235,28 @@ def test_the_planner_reads_arm_a_from_the_question(questions):
     assert plan[:4] == [(1, 1, "bi0"), (1, 2, "bi1"), (2, 1, "bi1"), (2, 2, "bi0")]
     # control: the default A is BI=1
     assert [s.arm for s in plan_legs(E.THROUGHPUT, questions[E.THROUGHPUT])][:2] == ["bi1", "bi0"]
+
+
+# ------------------------------------------------------------------ accounting
+
+
+@pytest.mark.parametrize("item", list(E))
+def test_every_input_of_every_item_is_accounted_for(bound, candidate, questions, item):
+    legs = bound(item)
+    cell = judge(item, questions[item], legs, candidate)
+    assert [i["input"] for i in cell.numbers["inputs"]] == [p.name for p in legs]
+    assert {i["fate"] for i in cell.numbers["inputs"]} == {"judged"}, cell.numbers["inputs"]
+
+
+def test_an_input_a_judge_drops_in_silence_is_no_pass(bound, candidate, questions, monkeypatch):
+    import tica.judges as judges
+
+    legs = bound(E.CLEAN_EXIT)
+    extra = legs[0].parent / "exit_third"
+    shutil.copytree(legs[0], extra)
+    real = judges.JUDGES[E.CLEAN_EXIT]
+    monkeypatch.setitem(judges.JUDGES, E.CLEAN_EXIT, lambda q, paths: real(q, [p for p in paths if p != extra]))
+    cell = judge(E.CLEAN_EXIT, questions[E.CLEAN_EXIT], [*legs, extra], candidate)
+    assert_no_pass(cell, "exit_third named as input(s) but neither judged nor refused")
+    # control: the same judge handed only what it reads passes
+    assert judge(E.CLEAN_EXIT, questions[E.CLEAN_EXIT], legs, candidate).verdict is Verdict.PASS

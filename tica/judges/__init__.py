@@ -105,7 +105,29 @@ def judge_criteria(item: EvidenceItem | str, question: Question, leg_paths: Sequ
         f.inconclusive(f"unreadable receipt: {err}")
         return cell(item, question, f, f"a receipt could not be read ({err.file}: {err.field})",
                     numbers={"receipt_error": {"file": err.file, "field": err.field, "message": err.message}})
-    return _incomplete_legs_are_no_pass(result, paths)
+    return _accounted(_incomplete_legs_are_no_pass(result, paths), paths)
+
+
+def _accounted(result: VerdictCell, paths: Sequence[Path]) -> VerdictCell:
+    """Every input named is judged (its receipt read: in receipt_hashes) or excluded with a reason
+    that names it; `numbers["inputs"]` says which, per input. One neither judged nor named in a
+    reason was dropped in silence: never a pass."""
+    inputs, silent = [], []
+    for p in paths:
+        if str(p) in result.receipt_hashes:
+            fate = "judged"
+        else:
+            why = next((r for r in result.reasons if p.name in r), None)
+            fate = f"excluded: {why}" if why is not None else "dropped without a reason"
+            if why is None:
+                silent.append(p.name)
+        inputs.append({"input": p.name, "fate": fate})
+    update: dict = {"numbers": {**result.numbers, "inputs": inputs}}
+    if silent and result.verdict is Verdict.PASS:
+        why = f"{', '.join(silent)} named as input(s) but neither judged nor refused"
+        update.update(verdict=Verdict.INCONCLUSIVE, reasons=(f"inconclusive: {why}", *result.reasons),
+                      summary=f"inconclusive: {why}; criteria: " + result.summary.removeprefix("pass: "))
+    return result.model_copy(update=update)
 
 
 def _incomplete_legs_are_no_pass(result: VerdictCell, paths: Sequence[Path]) -> VerdictCell:
