@@ -65,7 +65,8 @@ class LegMeta(_Receipt):
     round: int | None = Field(None, ge=1, le=1_000_000)
     slot: Literal[1, 2] | None = None
     concurrency: int | None = Field(None, ge=1, le=1_000_000)
-    # None: unknown (a leg ingested from a producer that names neither); nothing passes on them.
+    # None: unknown (a leg ingested from a producer that names neither). Provenance, read by no
+    # rule (tica.receipt_fields): what binds a leg is the candidate identity it records.
     producer: str | None = Field(None, min_length=1)
     producer_version: str | None = Field(None, min_length=1)
     trainer: Literal["vllm_kernels", "vllm_engine", "transformers", "megatron", "external"] | None = None

@@ -1,0 +1,175 @@
+"""Every field of every receipt model, and what reads it: a rule (the module that holds it) or
+nothing, declared informational with the reason. tests/core/test_receipt_fields.py walks the
+models: a field added without a line here fails, and so does a line naming a module that never
+mentions the field. Values: "rule: <module>: <what it decides>" or "informational: <why>".
+"""
+
+from __future__ import annotations
+
+_LEG = {
+    "schema_": "rule: tica/receipts.py: the format version, refused unless tica.leg/1",
+    "item": "rule: tica/judges/_common.py: a leg of another item is not judged as this one",
+    "arm": "rule: tica/binding.py: the arm must match the switch it records",
+    "round": "rule: tica/judges/throughput.py: rounds pair legs in the frozen order",
+    "slot": "rule: tica/judges/throughput.py: slot order against the frozen order",
+    "concurrency": "rule: tica/binding.py: a throughput leg runs at a pinned concurrency",
+    "producer": "informational: provenance; what binds a leg is the candidate identity it records",
+    "producer_version": "informational: provenance; a parser change is the judge's version, not the producer's",
+    "trainer": "rule: tica/judges/forward.py: BI=1 needs a trainer other than the rollout engine",
+    "env": "rule: tica/binding.py: env.VLLM_BATCH_INVARIANT must be the arm's switch",
+    "versions": "rule: tica/binding.py: pinned package versions",
+    "device": "rule: tica/binding.py: the accelerator and driver",
+    "kernels": "rule: tica/binding.py: the attention backend and engine settings",
+    "resolved_config": "rule: tica/binding.py: weights, TP, dtype, graph and cache settings, workload",
+    "profiled": "rule: tica/judges/throughput.py: a profiled run is no formal measurement",
+    "source": "rule: tica/binding.py: the source commit and overlay",
+    "image_digest": "rule: tica/binding.py: the image by digest",
+    "started_at": "rule: tica/leg_times.py: a leg's times never contradict themselves",
+    "ended_at": "rule: tica/leg_times.py: a leg's times never contradict themselves",
+    "processes": "rule: tica/judges/clean_exit.py: every process's exit",
+    "not_run_reason": "rule: tica/judges/clean_exit.py: a leg that did not run is no evidence",
+    "errors": "rule: tica/judges/__init__.py: a leg whose producer caught errors is incomplete",
+}
+_EXIT = {
+    "role": "rule: tica/judges/clean_exit.py: each role verified on its own",
+    "pid": "informational: names the process in the table; pids are reused, never an identity",
+    "exit_code": "rule: tica/judges/clean_exit.py: an exit code other than 0 is not clean",
+    "end_state": "rule: tica/judges/clean_exit.py: only `exited` can be clean",
+    "signal": "rule: tica/judges/clean_exit.py: an exit that names a signal is not clean",
+    "evidence": "rule: tica/judges/clean_exit.py: vLLM's force-kill line is not clean",
+    "name": "informational: the OS's process name, shown beside the role",
+    "command": "informational: the command line, shown; the role decides what is required",
+}
+_STEP = {
+    "step": "rule: tica/judges/forward.py: every step present, none numbered 0",
+    "step_basis": "rule: tica/judges/forward.py: a BI=1 step must be tied to a checkpoint",
+    "checkpoint_version": "rule: tica/judges/forward.py: a BI=1 step must be tied to a checkpoint",
+    "within_group_rewards": "rule: tica/judges/backward.py: a grad norm of 0 is read against the rewards",
+    "grad_norm": "rule: tica/judges/forward.py: the BI=0 smoke check's grad norm is finite",
+}
+_FORWARD = {
+    **_STEP,
+    "probs_diff_max": "rule: tica/judges/forward.py: BI=1 max = 0; checked against the arrays",
+    "probs_diff_mean": "rule: tica/judges/forward.py: BI=1 mean = 0, BI=0 of the reference's magnitude",
+    "probs_diff_std": "rule: tica/judges/forward.py: a BI=1 std other than 0 fails",
+    "pearson": "rule: tica/judges/forward.py: checked against the arrays",
+    "k3_kl": "rule: tica/judges/forward.py: a BI=1 k3 other than 0 fails",
+    "n_tokens": "rule: tica/judges/forward.py: a step of 0 tokens is no measurement",
+    "n_bitwise_diff": "rule: tica/judges/forward.py: BI=1 logprobs bitwise equal",
+    "logprob_abs_diff_max": "rule: tica/judges/forward.py: a BI=1 |diff| other than 0 fails",
+}
+_BACKWARD = {
+    **_STEP,
+    "step_basis": "rule: tica/judges/backward.py: shown in the table; one basis per file (tica/receipts.py)",
+    "checkpoint_version": "informational: shown; a backward step is not compared across checkpoints",
+    "grad_norm": "rule: tica/judges/backward.py: finite, and 0 only with equal rewards",
+    "grad_finite": "rule: tica/judges/backward.py: gradients must be finite",
+    "params_total": "rule: tica/judges/backward.py: the share of parameters reached",
+    "params_with_grad": "rule: tica/judges/backward.py: the share of parameters reached",
+    "params_nonzero_grad": "rule: tica/judges/backward.py: gradients reach the master weights",
+    "deployed_bytes_equal": "rule: tica/judges/backward.py: forward equals the deployed bytes",
+    "gradcheck_pass": "rule: tica/judges/backward.py: checked against gradcheck.json",
+    "gradcheck_controls_caught": "rule: tica/judges/backward.py: the check's planted errors were caught",
+}
+_UPDATE = {
+    **_BACKWARD,
+    "checkpoint_version": "rule: tica/judges/update.py: the post-update forward ran the updated weights",
+    "optimizer": "rule: tica/judges/update.py: the question's optimizer",
+    "weights_changed_tensors": "rule: tica/judges/update.py: a real step changes the weights",
+    "weights_total_tensors": "rule: tica/judges/update.py: the share of tensors changed",
+    "updated_weights_hash": "rule: tica/judges/update.py: the re-check ran on these weights",
+    "reloaded_by_rollout": "rule: tica/judges/update.py: the rollout engine reloaded the update",
+}
+_BENCH = {
+    "num_prompts": "rule: tica/judges/throughput.py: the workload's request count",
+    "max_concurrency": "rule: tica/judges/throughput.py: the concurrency point",
+    "duration": "rule: tica/judges/throughput.py: part of a run's content identity",
+    "completed": "rule: tica/judges/throughput.py: the arms completed the same volume",
+    "failed": "rule: tica/judges/throughput.py: a failed request invalidates the leg",
+    "total_input_tokens": "rule: tica/judges/throughput.py: the workload's input tokens",
+    "total_output_tokens": "rule: tica/judges/throughput.py: the workload's output tokens",
+    "request_throughput": "rule: tica/judges/throughput.py: a throughput metric a question may name",
+    "output_throughput": "rule: tica/judges/throughput.py: the default throughput metric",
+    "total_token_throughput": "rule: tica/judges/throughput.py: a throughput metric a question may name",
+    "mean_ttft_ms": "rule: tica/judges/throughput.py: reported per leg; part of a run's content identity",
+    "median_ttft_ms": "rule: tica/judges/throughput.py: part of a run's content identity",
+    "p99_ttft_ms": "rule: tica/judges/throughput.py: part of a run's content identity",
+    "mean_tpot_ms": "rule: tica/judges/throughput.py: reported per leg; part of a run's content identity",
+    "median_tpot_ms": "rule: tica/judges/throughput.py: part of a run's content identity",
+    "p99_tpot_ms": "rule: tica/judges/throughput.py: part of a run's content identity",
+    "errors": "rule: tica/receipts.py: counted with `failed` (error_count)",
+    "arm": "rule: tica/receipts.py: must agree with leg.json",
+    "round": "rule: tica/receipts.py: must agree with leg.json",
+    "slot": "rule: tica/receipts.py: must agree with leg.json",
+    "num_warmups": "rule: tica/judges/throughput.py: the workload's warm-ups",
+    "ignore_eos": "rule: tica/judges/throughput.py: a fixed-length workload ignores EOS",
+    "profiled": "rule: tica/receipts.py: a profiled run is no formal measurement",
+}
+_PROBLEM = {
+    "problem_id": "rule: tica/judges/quality.py: pairs the arms' results",
+    "correct": "rule: tica/judges/quality.py: the 2x2 and the scores",
+    "prompt_hash": "rule: tica/judges/quality.py: a problem's content identity",
+    "response": "informational: kept for a person to read; the scorer's verdict is `correct`",
+    "extracted": "informational: kept for a person to read; the scorer's verdict is `correct`",
+    "truncated": "rule: tica/judges/quality.py: the truncation ratio beside accuracy",
+}
+_SAMPLING = {
+    "temperature": "rule: tica/receipts.py: greedy or not decides which parameters must be known",
+    "top_p": "rule: tica/receipts.py: part of the sampling contract item",
+    "top_k": "rule: tica/receipts.py: part of the sampling contract item",
+    "seed": "rule: tica/receipts.py: part of the sampling contract item",
+    "n": "rule: tica/receipts.py: part of the sampling contract item",
+    "stop": "rule: tica/receipts.py: part of the sampling contract item",
+}
+_CONTRACT = {
+    "dataset_version": "rule: tica/receipts.py: contract item",
+    "prompt_template": "rule: tica/receipts.py: contract item",
+    "thinking_mode": "rule: tica/receipts.py: contract item (with the template)",
+    "sampling": "rule: tica/receipts.py: contract item",
+    "repeats": "rule: tica/judges/quality.py: contract item; the statistical basis needs it",
+    "scorer": "rule: tica/receipts.py: contract item",
+    "length_cap": "rule: tica/receipts.py: contract item",
+}
+_GRADCHECK_OP = {
+    "op": "rule: tica/judges/backward.py: names the op checked and the op a control planted",
+    "rel_err": "rule: tica/judges/backward.py: against the question's gradcheck_rel_tol",
+    "finite": "rule: tica/judges/backward.py: a non-finite backward fails",
+    "tol": "informational: the producer's tolerance; the pass line is the question's",
+    "max_rel_err": "informational: recomputed from rel_err",
+    "forward_rel_err": "informational: the forward's error, shown",
+    "pass_": "informational: recomputed under the question's tolerance",
+}
+_GRADCHECK_RUN = {
+    "kernels": "rule: tica/judges/backward.py: the check must be of the leg's trainer",
+    "device": "informational: where the check ran",
+    "dtype": "informational: the dtype checked",
+    "planted": "rule: tica/judges/backward.py: a control is caught only by its planted op",
+    "tol": "informational: the producer's tolerance; the pass line is the question's",
+    "ops": "rule: tica/judges/backward.py: every op checked",
+    "pass_": "informational: recomputed under the question's tolerance",
+}
+_GRADCHECK = {
+    "check": "rule: tica/judges/backward.py: the check of the real backward",
+    "controls": "rule: tica/judges/backward.py: the planted-error controls",
+    "controls_caught": "informational: recomputed per planted op",
+    "pass_": "informational: recomputed under the question's tolerance",
+}
+_RECIPE = {
+    "RecipeDryRuns": {"schema_": "rule: tica/receipts.py: the format version",
+                      "recipe": "informational: names the recipe in the report",
+                      "combos": "rule: tica/judges/recipe_identity.py: every mode x optimizer x arm"},
+    "RecipeCombo": {"mode": "rule: tica/judges/recipe_identity.py: each mode judged",
+                    "optimizer": "rule: tica/judges/recipe_identity.py: each optimizer judged",
+                    "arm": "rule: tica/judges/recipe_identity.py: BI=1 byte-identical, BI=0 names only",
+                    "before": "rule: tica/judges/recipe_identity.py: the command before the change",
+                    "after": "rule: tica/judges/recipe_identity.py: the command after the change"},
+    "ResolvedCommand": {"command": "rule: tica/judges/recipe_identity.py: compared by sha256",
+                        "rc": "rule: tica/judges/recipe_identity.py: every combination returns 0"},
+}
+
+FIELD_RULES: dict[str, dict[str, str]] = {
+    "LegMeta": _LEG, "ProcessExit": _EXIT, "ForwardStep": _FORWARD, "BackwardStep": _BACKWARD,
+    "UpdateStep": _UPDATE, "BenchResult": _BENCH, "ProblemResult": _PROBLEM, "Sampling": _SAMPLING,
+    "RecordedEvalContract": _CONTRACT, "GradcheckOp": _GRADCHECK_OP, "GradcheckRun": _GRADCHECK_RUN,
+    "GradcheckFile": _GRADCHECK, **_RECIPE,
+}
