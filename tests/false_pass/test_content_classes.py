@@ -260,3 +260,21 @@ def test_an_input_a_judge_drops_in_silence_is_no_pass(bound, candidate, question
     assert_no_pass(cell, "exit_third named as input(s) but neither judged nor refused")
     # control: the same judge handed only what it reads passes
     assert judge(E.CLEAN_EXIT, questions[E.CLEAN_EXIT], legs, candidate).verdict is Verdict.PASS
+
+
+# ------------------------------------------------------------------ 8. named inputs never dropped
+
+
+@pytest.mark.parametrize("make", [lambda d: (d / "forward_bi0_retry").mkdir(),
+                                  lambda d: (d / "forward_bi0.jsonl").write_text("{}\n")],
+                         ids=["empty-folder", "other-file"])
+def test_an_entry_of_a_receipts_folder_that_is_no_leg_is_refused_by_name(bound, make):
+    from tica.errors import ReceiptError
+    from tica.judges import expand_receipts
+
+    legs = bound(E.FORWARD)
+    folder = legs[0].parent
+    assert expand_receipts([folder]) == sorted(legs)  # control: legs alone expand to themselves
+    make(folder)
+    with pytest.raises(ReceiptError, match="not skipped"):
+        expand_receipts([folder])

@@ -162,17 +162,27 @@ def _incomplete_legs_are_no_pass(result: VerdictCell, paths: Sequence[Path]) -> 
 
 def expand_receipts(paths: Sequence[str | Path]) -> list[Path]:
     """Leg directories and bare bench files named by `paths`: a directory holding leg.json is
-    a leg; any other directory contributes its leg subdirectories and *.json files."""
+    a leg; any other directory contributes its leg subdirectories and *.json files. Anything else
+    in it (a folder without leg.json, an empty folder, a file of another kind) is refused by name,
+    never skipped: an input the user named is judged or refused. Hidden entries (.name) are not
+    receipts and are passed over."""
     out: list[Path] = []
     for raw in paths:
         p = Path(raw)
         if p.is_dir() and not (p / LEG_FILE).is_file():
             for c in sorted(p.iterdir()):
-                if c.is_dir() and not (c / LEG_FILE).is_file() and any(c.iterdir()):
+                if c.name.startswith("."):
+                    continue
+                if c.is_dir() and (c / LEG_FILE).is_file():
+                    out.append(c)
+                elif c.is_file() and c.suffix == ".json":
+                    out.append(c)
+                elif c.is_dir():
                     # a failing leg must never drop out of the set by losing its leg.json
                     raise ReceiptError(c, LEG_FILE, "a leg folder without leg.json: not a leg, and not skipped")
-                if (c.is_dir() and (c / LEG_FILE).is_file()) or (c.is_file() and c.suffix == ".json"):
-                    out.append(c)
+                else:
+                    raise ReceiptError(c, "<file>", "neither a leg folder nor a bench JSON file: not skipped; "
+                                       "move it out of the receipts folder")
         else:
             out.append(p)
     return out
