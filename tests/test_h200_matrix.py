@@ -247,3 +247,33 @@ def test_the_overlay_is_a_candidate_of_its_own_and_the_ledger_records_what_it_in
     assert {(r["component"], r["old_candidate_id"], r["new_candidate_id"]) for r in rows} == {
         ("source", ids[0].candidate_id, ids[1].candidate_id)}
     assert ledger.verify().problems == ()
+
+
+# ---- every cell named is judged or refused (issue 27, class 8)
+
+
+def _one_cell(matrix, tmp_path, name):
+    src = next(p for p in (matrix / "matrix3").iterdir() if p.name == "mx-overlay3-llama3.2-1b_l4-c64-decode")
+    dst = tmp_path / "run" / name
+    shutil.copytree(src, dst)
+    return tmp_path / "run", dst
+
+
+def test_a_load_outside_the_judges_list_is_judged_not_dropped(matrix, tmp_path):
+    root, leg = _one_cell(matrix, tmp_path, "mx-overlay3-llama3.2-1b_l4-c64-decode")
+    shutil.copytree(leg, leg.parent / "mx-overlay3-llama3.2-1b_l4-c2048-decode")
+    got = {c.load: c for c in matrix_cells(QUESTION, root)}
+    assert set(got) == {"c64", "c2048"}
+    # its metrics record the load it ran (c64): the folder's name is a label, not the content
+    assert got["c64"].verdict is Verdict.PASS
+    assert got["c2048"].verdict is Verdict.INCONCLUSIVE and "recorded running load 'c64'" in got["c2048"].reasons[0]
+
+
+def test_a_leg_not_named_as_a_matrix_cell_is_refused_by_name(matrix, tmp_path):
+    from tica.errors import ReceiptError
+
+    root, leg = _one_cell(matrix, tmp_path, "mx-overlay3-llama3.2-1b_l4-c64-decode")
+    assert [c.verdict for c in matrix_cells(QUESTION, root)] == [Verdict.PASS]  # control
+    leg.rename(leg.parent / "overlay3-llama-c64")
+    with pytest.raises(ReceiptError, match="not a matrix cell"):
+        matrix_cells(QUESTION, root)

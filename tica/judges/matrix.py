@@ -24,7 +24,6 @@ Nothing here makes a cell pass: a cause is only ever attached to a cell that did
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable
 from pathlib import Path
@@ -35,9 +34,12 @@ from tica.errors import ReceiptError
 from tica.judges.forward import judge_forward
 from tica.judges.planted import CanaryStatus, canary_status
 from tica.question import Question
+from tica.receipts import load_jsonl, read_receipt
 from tica.verdict import Verdict
 
-LEG_RE = re.compile(r"^mx-(?P<candidate>[a-z0-9]+)-(?P<shape>.+)-(?P<load>c1|c64|c320|chunked)-"
+# A load is any name without '-' (the producer's LOADS grow: a new load is judged, never dropped);
+# the shape before it may hold '-'.
+LEG_RE = re.compile(r"^mx-(?P<candidate>[a-z0-9]+)-(?P<shape>.+)-(?P<load>[a-z0-9_]+)-"
                     r"(?P<scored>decode|prefill|decode_post_update|prefill_post_update|fault_[a-z_]+)$")
 SHAPE_KEYS = ("architecture", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
               "head_dim", "tie_word_embeddings", "attention_bias")
@@ -61,12 +63,13 @@ class MatrixCell(BaseModel):
 
 
 def _row(leg: Path) -> dict:
-    lines = (leg / "metrics.jsonl").read_text().splitlines()
-    return json.loads(lines[0]) if lines else {}
+    rows = load_jsonl(leg / "metrics.jsonl")
+    return rows[0] if rows else {}
 
 
 def _config(leg: Path) -> dict:
-    return json.loads((leg / "leg.json").read_text()).get("resolved_config") or {}
+    meta = read_receipt(leg / "leg.json")
+    return (meta.get("resolved_config") or {}) if isinstance(meta, dict) else {}
 
 
 def _pad64(v: int) -> int:
@@ -106,13 +109,16 @@ def _is_control(cfg: dict, other: dict) -> bool:
 
 
 def matrix_legs(root: Path) -> list[tuple[str, Path, re.Match]]:
-    """(run, leg, name match) for every matrix leg under ``root`` (a run folder per child, or legs)."""
+    """(run, leg, name match) for every matrix leg under ``root`` (a run folder per child, or legs).
+    A leg whose folder is not named as a matrix cell is refused by name, never passed over."""
     out = []
     for d in sorted(root.rglob("leg.json")):
         leg = d.parent
         m = LEG_RE.match(leg.name)
-        if m:
-            out.append((leg.parent.name, leg, m))
+        if m is None:
+            raise ReceiptError(d, "<folder name>", f"{leg.name!r} is not a matrix cell "
+                               "(mx-<candidate>-<shape>-<load>-<scored>): not judged, and not skipped")
+        out.append((leg.parent.name, leg, m))
     return out
 
 
@@ -131,6 +137,11 @@ def matrix_cells(question: Question, root: str | Path) -> list[MatrixCell]:
     for run, leg, m in legs:
         verdict, reasons = judged[leg]
         row, cfg = _safe(_row, leg, {}), configs[leg]
+        recorded_load = row.get("tica/load")
+        if recorded_load is not None and recorded_load != m["load"] and verdict is not Verdict.FAIL:
+            # the folder's name is a label; what the producer recorded running is the content
+            verdict, reasons = Verdict.INCONCLUSIVE, (f"inconclusive: {leg.name} is named for load {m['load']!r} but "
+                                                      f"recorded running load {recorded_load!r}", *reasons)
         control = None
         for run2, leg2, m2 in legs:
             if (run2 == run and m2["candidate"] == m["candidate"] and m2["load"] == m["load"]
@@ -155,7 +166,7 @@ def matrix_cells(question: Question, root: str | Path) -> list[MatrixCell]:
 def _safe(fn, leg: Path, default):
     try:
         return fn(leg)
-    except (OSError, ValueError):
+    except (OSError, ValueError, ReceiptError):
         return default
 
 
