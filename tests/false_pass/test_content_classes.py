@@ -278,3 +278,21 @@ def test_an_entry_of_a_receipts_folder_that_is_no_leg_is_refused_by_name(bound, 
     make(folder)
     with pytest.raises(ReceiptError, match="not skipped"):
         expand_receipts([folder])
+
+
+# ------------------------------------------------------------------ the basis's pilot digests, read
+
+
+def test_a_pilot_leg_the_basis_was_planned_from_is_no_formal_measurement(bound, candidate, questions):
+    from tica.seal import seal_digest
+
+    q = questions[E.THROUGHPUT]
+    legs = bound(E.THROUGHPUT)
+    assert q.criteria.statistical_basis is not None
+    pilot = tput_leg(legs, "bi0", _targets(q)[0], 1)
+    data = q.model_dump(mode="json")
+    data["criteria"]["statistical_basis"]["pilot_digests"] = [seal_digest(pilot).upper()]  # any spelling
+    cell = judge(E.THROUGHPUT, parse_question(data), legs, candidate)
+    assert_no_pass(cell, f"{pilot.name} is a pilot leg")
+    # control: the basis as frozen names other pilots, and the same legs pass
+    assert judge(E.THROUGHPUT, q, legs, candidate).verdict is Verdict.PASS

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from tica import leg_times
+from tica import digests, leg_times
 from tica.binding import BindingProblem, Candidate, bind_legs
 from tica.errors import InputError, ReceiptError, UsageParser
 from tica.evidence import EvidenceItem
@@ -105,7 +105,27 @@ def judge_criteria(item: EvidenceItem | str, question: Question, leg_paths: Sequ
         f.inconclusive(f"unreadable receipt: {err}")
         return cell(item, question, f, f"a receipt could not be read ({err.file}: {err.field})",
                     numbers={"receipt_error": {"file": err.file, "field": err.field, "message": err.message}})
-    return _accounted(_incomplete_legs_are_no_pass(result, paths), paths)
+    return _accounted(_pilots_are_no_formal_legs(_incomplete_legs_are_no_pass(result, paths), question), paths)
+
+
+def _pilots_are_no_formal_legs(result: VerdictCell, question: Question) -> VerdictCell:
+    """A frozen statistical basis names the sealed pilot legs it was planned from: a pilot sized the
+    design and is never one of the formal measurements it decides (its digest among the judged)."""
+    basis = getattr(question.criteria, "statistical_basis", None)
+    if basis is None:
+        return result
+    pilots = {digests.canonical(d) for d in basis.pilot_digests}
+    reused = sorted(Path(p).name for p, d in result.receipt_hashes.items() if d and digests.canonical(d) in pilots)
+    if not reused:
+        return result
+    why = (f"{', '.join(reused)} {'is a pilot leg' if len(reused) == 1 else 'are pilot legs'} the statistical basis "
+           "was planned from: a pilot is no formal measurement")
+    verdict = Verdict.INCONCLUSIVE if result.verdict is Verdict.PASS else result.verdict
+    return result.model_copy(update={
+        "verdict": verdict, "reasons": (f"{verdict.value}: {why}", *result.reasons) if verdict is not result.verdict
+        else (*result.reasons, f"note: {why}"),
+        "summary": f"inconclusive: {why}; criteria: " + result.summary.removeprefix("pass: ")
+        if verdict is not result.verdict else result.summary})
 
 
 def _accounted(result: VerdictCell, paths: Sequence[Path]) -> VerdictCell:
