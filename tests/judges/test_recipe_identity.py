@@ -110,3 +110,21 @@ def test_a_sealed_dry_run_directory_is_checked_before_reading(recipe, tmp_path):
     from tica.errors import ReceiptError
     with pytest.raises(ReceiptError):
         judge_recipe_identity(d)
+
+
+@pytest.mark.parametrize("before,after", [
+    ("actor_rollout_ref.model.path=/ckpt/qwen3-8b", "actor_rollout_ref.model.path=/ckpt/qwen3-8b-other"),
+    ("data.train_files=/data/gsm8k/train.parquet", "data.train_files=/data/math/train.parquet"),
+    ("--tokenizer-path /tok/a", "--tokenizer-path /tok/b"),
+    ("actor.load_path=/ckpt/step_10", "actor.load_path=/ckpt/step_20"),
+])
+def test_an_input_path_that_differs_in_bi0_is_a_recipe_change_not_a_name(before, after):
+    """Issue 27, class 8: keys are classified by an explicit table, never by a name or a '/' in the
+    value: a model, data, tokenizer or load path changes what is computed."""
+    base = "python3 -m verl.trainer.main_ppo trainer.experiment_name=baseline "
+    changes = bi0_changes(base + before, base.replace("baseline", "baseline_bi0") + after)
+    assert any(not c.allowed for c in changes), changes
+    # control: the output directory and the run's name may differ
+    ok = bi0_changes(base + "trainer.default_local_dir=/ckpt/runs/a", base.replace("baseline", "b") +
+                     "trainer.default_local_dir=/ckpt/runs/b")
+    assert ok and all(c.allowed for c in ok), ok

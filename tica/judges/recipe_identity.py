@@ -22,13 +22,18 @@ from tica.judges._common import JUDGE_VERSION, Findings, md_table
 from tica.receipts import RecipeCombo, load_recipe_dry_runs
 from tica.verdict import Verdict
 
-# A key whose value is only a name or a location: BI=0 paths are suffixed so arms never share
-# a checkpoint directory, which is a required difference, not a recipe change.
-_NAME_OR_PATH_KEY = re.compile(
-    r"(experiment|project|run|exp|job|trial|group)_name|name_(suffix|prefix)|"
-    r"\w*(dir|dirs|path|paths|root|folder|file|prefix|suffix)|(output|log|save|ckpt|checkpoint|wandb|tensorboard)\w*|"
-    r"tags?|run_id"
-)
+# The keys (last component, `-` read as `_`) whose value only names a run or says where its
+# outputs go: BI=0 paths are suffixed so arms never share a checkpoint directory, a required
+# difference, not a recipe change. An explicit table, failing closed: a key not listed here (a
+# model, tokenizer, data or load path, an engine name) changes what is computed, whatever its
+# name or value looks like.
+NAME_OR_OUTPUT_KEYS: frozenset[str] = frozenset({
+    "experiment_name", "project_name", "run_name", "exp_name", "job_name", "trial_name", "group_name",
+    "name_suffix", "name_prefix", "tags", "tag", "run_id",
+    "default_local_dir", "default_hdfs_dir", "output_dir", "output_path", "save_dir", "save_path", "ckpt_dir",
+    "checkpoint_dir", "log_dir", "logging_dir", "log_path", "tensorboard_dir", "wandb_dir", "rollout_data_dir",
+    "validation_data_dir", "trace_dir", "profile_dir",
+})
 _SWITCH = re.compile(r"^(\+\+|\+|~)?[A-Za-z_][\w.\-/]*=")
 
 
@@ -75,13 +80,11 @@ def _key(tok: str) -> str | None:
     return None
 
 
-def _is_name_or_path(key: str | None, a: str, b: str) -> bool:
-    va, vb = a.split("=", 1)[-1], b.split("=", 1)[-1]
-    if "/" in va and "/" in vb:
-        return True
-    # Only the key's last component counts: `rollout.name` selects an engine, it is not a name.
+def _is_name_or_path(key: str | None) -> bool:
+    """Whether the key's value only names the run or its outputs (NAME_OR_OUTPUT_KEYS). Only the
+    key's last component counts: `rollout.name` selects an engine, it is not a name."""
     last = key.split(".")[-1].lstrip("-").replace("-", "_").lower() if key else ""
-    return bool(last) and bool(_NAME_OR_PATH_KEY.fullmatch(last))
+    return last in NAME_OR_OUTPUT_KEYS
 
 
 def _env_key(tok: str) -> str | None:
@@ -126,7 +129,7 @@ def bi0_changes(before: str, after: str) -> list[TokenChange]:
                 key_a = key_b = a[i1 + k - 1].lstrip("-")  # the value of a `--flag value` pair
             if key_a != key_b:
                 out.append(TokenChange(before=ta, after=tb, allowed=False, why="a different switch in this place"))
-            elif _is_name_or_path(key_a, ta, tb):
+            elif _is_name_or_path(key_a):
                 out.append(TokenChange(before=ta, after=tb, allowed=True, why=f"name/path {key_a or 'argument'}"))
             else:
                 out.append(TokenChange(before=ta, after=tb, allowed=False, why=f"value of {key_a or 'argument'} changed"))
