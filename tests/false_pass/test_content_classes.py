@@ -296,3 +296,25 @@ def test_a_pilot_leg_the_basis_was_planned_from_is_no_formal_measurement(bound, 
     assert_no_pass(cell, f"{pilot.name} is a pilot leg")
     # control: the basis as frozen names other pilots, and the same legs pass
     assert judge(E.THROUGHPUT, q, legs, candidate).verdict is Verdict.PASS
+
+
+# ------------------------------------------------------------------ 5. digests in one spelling
+
+
+def test_an_update_to_the_weights_it_started_from_spelled_in_capitals_changed_nothing(bound, candidate, questions):
+    legs = bound(E.UPDATE)
+    leg = legs[0]
+    start = json.loads((leg / "leg.json").read_text())["resolved_config"]["weights_hash"]
+    edit_jsonl(leg / "metrics.jsonl", lambda rows: [{**r, "updated_weights_hash": start.upper()} for r in rows], leg)
+    edit_jsonl(leg / "post_forward" / "metrics.jsonl",
+               lambda rows: [{**r, "checkpoint_version": start} for r in rows], leg)
+    assert_no_pass(judge(E.UPDATE, questions[E.UPDATE], legs, candidate), "nothing was updated")
+
+
+def test_the_post_update_forward_names_the_updated_weights_in_any_spelling(bound, candidate, questions):
+    """Negative control: the same hash, another case, is the same weights."""
+    legs = bound(E.UPDATE)
+    leg = legs[0]
+    edit_jsonl(leg / "post_forward" / "metrics.jsonl",
+               lambda rows: [{**r, "checkpoint_version": r["checkpoint_version"].upper()} for r in rows], leg)
+    assert judge(E.UPDATE, questions[E.UPDATE], legs, candidate).verdict is Verdict.PASS

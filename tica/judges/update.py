@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from tica import digests
 from tica.evidence import EvidenceItem
 from tica.judges._common import Findings, cell, md_table, wrong_question
 from tica.judges.backward import GRAD_HEADERS, is_quantized, read_grads
@@ -61,8 +62,9 @@ def judge_update(question: Question, leg_paths: Sequence[str | Path]) -> Verdict
                 f.inconclusive(f"{label}step {s.step}: weight sync to the rollout engine not recorded")
             if not s.updated_weights_hash:
                 f.inconclusive(f"{label}step {s.step}: updated weights not named by a content hash")
-            elif s.updated_weights_hash in {leg.meta.resolved_config.get("weights_hash"),
-                                            getattr(s, "weights_hash_before", None)} - {None}:
+            elif digests.canonical(s.updated_weights_hash) in {
+                    digests.canonical(h) for h in (leg.meta.resolved_config.get("weights_hash"),
+                                                   getattr(s, "weights_hash_before", None)) if isinstance(h, str)}:
                 f.fail(f"{label}step {s.step}: the updated weights {s.updated_weights_hash} are the weights the step "
                        "started from: nothing was updated")
             rows.append([s.step, s.optimizer, s.weights_changed_tensors, s.weights_total_tensors,
@@ -81,11 +83,12 @@ def judge_update(question: Question, leg_paths: Sequence[str | Path]) -> Verdict
             tables[f"post-update forward: {leg.arm} {leg.path.name}"] = md_table(STEP_HEADERS, reading.rows)
             post = {"steps": reading.steps, "verdict": reading.findings.verdict.value}
             updated = steps[-1].updated_weights_hash if steps else None
-            served = {s["checkpoint_version"] for s in reading.steps if s["checkpoint_version"] is not None}
+            served = {digests.canonical(s["checkpoint_version"]) for s in reading.steps
+                      if s["checkpoint_version"] is not None}
             if updated and any(s["checkpoint_version"] is None for s in reading.steps):
                 f.inconclusive(f"{label}post-update forward: checkpoint_version unknown, so it is not shown to have "
                                f"run on the updated weights {updated}")
-            if updated and served and served != {updated}:
+            if updated and served and served != {digests.canonical(updated)}:
                 f.fail(f"{label}post-update forward ran on {sorted(served)}, not the updated weights {updated}")
         findings.extend(f)
         tables[f"per step: {leg.arm} {leg.path.name}"] = md_table(GRAD_HEADERS, grads.rows)
