@@ -8,7 +8,8 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from tica.evidence import Component, EvidenceItem, invalidated_by, reason
-from tica.fingerprint import FingerprintCache, fingerprint_checkpoint
+from tica.errors import ManifestError
+from tica.fingerprint import CheckpointError, FingerprintCache, fingerprint_checkpoint
 from tica.manifest import LoadedManifest, load_manifest, value_fingerprint
 
 
@@ -43,7 +44,10 @@ class ComponentChange(BaseModel):
 
 def identify(loaded: LoadedManifest, cache: FingerprintCache | None = None) -> CandidateIdentity:
     if loaded.checkpoint_path is not None:
-        weights = fingerprint_checkpoint(loaded.checkpoint_path, cache)
+        try:
+            weights = fingerprint_checkpoint(loaded.checkpoint_path, cache, allowed_root=loaded.checkpoint_root)
+        except CheckpointError as err:
+            raise ManifestError(loaded.path, "checkpoint.path", str(err)) from None
     else:
         weights = loaded.manifest.checkpoint.digest or ""
     components = {Component.WEIGHTS: weights}

@@ -130,29 +130,99 @@ class FingerprintCache:
         os.replace(tmp, self.path)
 
 
-def checkpoint_files(root: Path) -> list[Path]:
-    if root.is_file():
-        return [root]
-    return sorted(p for p in root.rglob("*") if p.is_file())
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be fingerprinted as the loader reads it (names the path and why)."""
+
+
+# What a loader reads of a checkpoint folder: every file, through symlinked folders and files, and
+# every shard a `*.index.json` names (`weight_map`), wherever the index points. Hidden entries (a
+# name starting with ".": git, HF download and editor bookkeeping) no loader reads: left out.
+INDEX_SUFFIX = ".index.json"
+
+
+def _inside(path: Path, root: Path) -> bool:
+    return path == root or root in path.parents
+
+
+def _index_shards(index: Path) -> list[str]:
+    try:
+        data = json.loads(index.read_text())
+        names = sorted(set((data.get("weight_map") or {}).values()))
+    except (OSError, ValueError, AttributeError, TypeError) as err:
+        raise CheckpointError(f"{index.name}: not a readable shard index ({err})") from None
+    if not all(isinstance(n, str) and n for n in names):
+        raise CheckpointError(f"{index.name}: weight_map names a shard that is not a file name")
+    return names
+
+
+def checkpoint_files(root: Path, allowed_root: Path | None = None) -> list[tuple[str, Path]]:
+    """(name, file) for every file a loader reads from `root`, sorted by name: the name as seen
+    from the checkpoint (a link's own path), the file what it resolves to. Links and index-named
+    shards that resolve outside `allowed_root` (default: the checkpoint itself) are refused by
+    name, and so is anything that is not a regular file (a FIFO or a device has no content to hash);
+    a folder linked twice (a cycle) is walked once."""
+    root = Path(root)
+    real_root = root.resolve()
+    fence = (allowed_root or root).resolve()
+    if not (real_root.is_file() or real_root.is_dir()):
+        raise CheckpointError(f"{root.name}: not a regular file or folder (a FIFO or device is never a checkpoint)")
+    if real_root.is_file():
+        return [(root.name, real_root)]
+    found: dict[str, Path] = {}
+    seen_dirs: set[Path] = set()
+
+    def admit(name: str, path: Path) -> None:
+        real = path.resolve()
+        if not _inside(real, fence):
+            raise CheckpointError(f"{name}: resolves outside the checkpoint ({real.name} in another folder); "
+                                  "declare checkpoint.root to admit it")
+        if not real.is_file():
+            raise CheckpointError(f"{name}: not a regular file (a FIFO, device or missing target has no content)")
+        found[name] = real
+
+    for folder, dirs, files in os.walk(root, followlinks=True):
+        real_folder = Path(folder).resolve()
+        if real_folder in seen_dirs or not _inside(real_folder, fence):
+            if not _inside(real_folder, fence):
+                raise CheckpointError(f"{Path(folder).relative_to(root).as_posix()}: a linked folder outside the "
+                                      "checkpoint; declare checkpoint.root to admit it")
+            dirs[:] = []
+            continue
+        seen_dirs.add(real_folder)
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for f in sorted(files):
+            if f.startswith("."):
+                continue
+            path = Path(folder) / f
+            admit(path.relative_to(root).as_posix(), path)
+    for name in [n for n in found if n.endswith(INDEX_SUFFIX)]:
+        here = (root / name).parent
+        for shard in _index_shards(found[name]):
+            shard_name = os.path.normpath((Path(name).parent / shard).as_posix())
+            if shard_name not in found:
+                if not (here / shard).exists():
+                    raise CheckpointError(f"{name}: names shard {shard}, which does not exist")
+                admit(shard_name, here / shard)
+    return sorted(found.items(), key=lambda nf: Path(nf[0]))  # by path parts, as fingerprints always were
 
 
 def fingerprint_checkpoint(root: str | Path, cache: FingerprintCache | None = None, workers: int = 4, *,
-                           persist: bool = True) -> str:
-    """One digest over every file's relative path, size and BLAKE3 content hash.
+                           persist: bool = True, allowed_root: str | Path | None = None) -> str:
+    """One digest over every file a loader reads (`checkpoint_files`): its name, size and BLAKE3
+    content hash. CheckpointError where the checkpoint cannot be read as the loader reads it.
 
     Without a cache: the shared cache file, or with persist=False none at all (every file hashed,
     nothing read from or written to disk but the checkpoint's own bytes)."""
     root = Path(root)
     own_cache = cache is None
     cache = cache or FingerprintCache(persistent=persist)
-    files = checkpoint_files(root)
-    base = root.parent if root.is_file() else root
-    total = sum(p.stat().st_size for p in files)
+    files = checkpoint_files(root, Path(allowed_root) if allowed_root is not None else None)
+    total = sum(p.stat().st_size for _, p in files)
     with Progress(f"fingerprint {root}", total, unit="B") as bar, ThreadPoolExecutor(max_workers=workers) as pool:
-        digests = list(pool.map(lambda p: cache.digest(p, bar), files))
+        digests = list(pool.map(lambda nf: cache.digest(nf[1], bar), files))
     if own_cache:
         cache.save()
     h = blake3.blake3()
-    for path, digest in zip(files, digests):
-        h.update(f"{path.relative_to(base).as_posix()}\0{path.stat().st_size}\0{digest}\n".encode())
+    for (name, path), digest in zip(files, digests):
+        h.update(f"{name}\0{path.stat().st_size}\0{digest}\n".encode())
     return PREFIX + h.hexdigest()

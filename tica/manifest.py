@@ -36,6 +36,9 @@ class Checkpoint(_Strict):
     weights are not on this machine, the content digest its producer recorded."""
 
     path: str | None = Field(None, description="folder or file of the deployed weights, relative to the manifest")
+    root: str | None = Field(None, description="a folder the checkpoint's links and index-named shards may resolve "
+                                               "into (an HF cache's models--org--name), relative to the manifest; "
+                                               "default: the checkpoint folder itself")
     digest: str | None = Field(None, description="recorded content digest, only when the weights are not here")
     format: Literal["safetensors", "gguf", "dcp", "other"] = "safetensors"
 
@@ -238,6 +241,7 @@ class LoadedManifest(BaseModel):
     manifest: Manifest
     checkpoint_path: Path | None
     text_hash: str
+    checkpoint_root: Path | None = None
 
 
 def load_manifest(path: str | Path) -> LoadedManifest:
@@ -253,7 +257,11 @@ def load_manifest(path: str | Path) -> LoadedManifest:
         resolved = checkout_commit(path.parent)
         if resolved is not None:
             manifest = manifest.model_copy(update={"source": manifest.source.model_copy(update={"commit": resolved})})
-    ckpt = None
+    ckpt = ckpt_root = None
+    if manifest.checkpoint.root is not None:
+        ckpt_root = (path.parent / manifest.checkpoint.root).resolve()
+        if not ckpt_root.is_dir():
+            raise ManifestError(path, "checkpoint.root", f"{manifest.checkpoint.root} is not a folder")
     if manifest.checkpoint.path is not None:
         ckpt = (path.parent / manifest.checkpoint.path).resolve()
         if not ckpt.exists():
@@ -264,5 +272,6 @@ def load_manifest(path: str | Path) -> LoadedManifest:
         path=path.resolve(),
         manifest=manifest,
         checkpoint_path=ckpt,
+        checkpoint_root=ckpt_root,
         text_hash="sha256:" + hashlib.sha256(raw).hexdigest(),
     )

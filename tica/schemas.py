@@ -50,6 +50,9 @@ REGISTRY: dict[str, SchemaEntry] = {e.name: e for e in (
                 "in a quality leg: the six items of the evaluation contract"),
     SchemaEntry("bench", "tica.receipts:BenchResult", "bench.json",
                 "in a throughput leg, or a bare `vllm bench serve --save-result` file"),
+    SchemaEntry("gradcheck", "tica.receipts:GradcheckFile", "gradcheck.json",
+                "in a backward leg: the gradient check and its planted-error controls (judged under the "
+                "question's gradcheck_rel_tol)"),
     SchemaEntry("recipe-dry-runs", "tica.receipts:RecipeDryRuns", "recipe_dry_runs.json",
                 "the recipe's resolved commands per mode, optimizer and arm (tica judge recipe)"),
 )}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -102,3 +103,89 @@ def test_renaming_a_file_changes_the_fingerprint(tmp_path):
     before = fingerprint_checkpoint(root, FingerprintCache(tmp_path / "c.json"))
     (root / "a.safetensors").rename(root / "b.safetensors")
     assert fingerprint_checkpoint(root, FingerprintCache(tmp_path / "c.json")) != before
+
+
+# ---- what the loader reads (issue 28, class 1 and 5)
+
+
+def _ckpt(tmp_path, name="ckpt"):
+    d = tmp_path / name
+    d.mkdir(parents=True)
+    (d / "config.json").write_text('{"hidden_size": 64}')
+    (d / "model.safetensors").write_bytes(b"w" * 1024)
+    return d
+
+
+def test_a_linked_folder_is_followed_and_its_content_counts(tmp_path):
+    from tica.fingerprint import fingerprint_checkpoint
+
+    d = _ckpt(tmp_path)
+    shards = tmp_path / "ckpt" / "real_shards"
+    shards.mkdir()
+    (shards / "a.bin").write_bytes(b"a" * 10)
+    (d / "linked").symlink_to(shards, target_is_directory=True)
+    before = fingerprint_checkpoint(d, persist=False)
+    (shards / "a.bin").write_bytes(b"b" * 10)  # the loader would read new bytes through the link
+    assert fingerprint_checkpoint(d, persist=False) != before
+
+
+def test_a_link_outside_the_checkpoint_is_refused_by_name_unless_the_root_admits_it(tmp_path):
+    from tica.fingerprint import CheckpointError, fingerprint_checkpoint
+
+    d = _ckpt(tmp_path / "models--org--m" / "snapshots", "rev1")
+    blob = tmp_path / "models--org--m" / "blobs" / "abc"
+    blob.parent.mkdir(parents=True)
+    blob.write_bytes(b"x" * 64)
+    (d / "extra.safetensors").symlink_to(blob)
+    with pytest.raises(CheckpointError, match="extra.safetensors: resolves outside the checkpoint"):
+        fingerprint_checkpoint(d, persist=False)
+    admitted = fingerprint_checkpoint(d, persist=False, allowed_root=tmp_path / "models--org--m")
+    blob.write_bytes(b"y" * 64)
+    assert fingerprint_checkpoint(d, persist=False, allowed_root=tmp_path / "models--org--m") != admitted
+
+
+def test_a_shard_the_index_names_outside_the_folder_is_hashed_or_refused(tmp_path):
+    from tica.fingerprint import CheckpointError, fingerprint_checkpoint
+
+    d = _ckpt(tmp_path / "run")
+    other = tmp_path / "run" / "shared"
+    other.mkdir()
+    (other / "model-00002.safetensors").write_bytes(b"s" * 32)
+    (d / "model.safetensors.index.json").write_text(
+        '{"weight_map": {"a": "model.safetensors", "b": "../shared/model-00002.safetensors"}}')
+    with pytest.raises(CheckpointError, match="resolves outside the checkpoint"):
+        fingerprint_checkpoint(d, persist=False)
+    admitted = fingerprint_checkpoint(d, persist=False, allowed_root=tmp_path / "run")
+    (other / "model-00002.safetensors").write_bytes(b"t" * 32)
+    assert fingerprint_checkpoint(d, persist=False, allowed_root=tmp_path / "run") != admitted
+    (d / "model.safetensors.index.json").write_text('{"weight_map": {"a": "model-00009.safetensors"}}')
+    with pytest.raises(CheckpointError, match="names shard model-00009.safetensors, which does not exist"):
+        fingerprint_checkpoint(d, persist=False)
+
+
+def test_hidden_bookkeeping_files_no_loader_reads_do_not_change_the_fingerprint(tmp_path):
+    from tica.fingerprint import fingerprint_checkpoint
+
+    d = _ckpt(tmp_path)
+    before = fingerprint_checkpoint(d, persist=False)
+    (d / ".gitattributes").write_text("*.safetensors filter=lfs")
+    (d / ".cache").mkdir()
+    (d / ".cache" / "download.lock").write_text("1")
+    assert fingerprint_checkpoint(d, persist=False) == before
+    (d / "tokenizer.json").write_text("{}")  # control: a file the loader reads does
+    assert fingerprint_checkpoint(d, persist=False) != before
+
+
+def test_a_fifo_is_never_fingerprinted_as_empty_content(tmp_path):
+    import os
+
+    from tica.fingerprint import CheckpointError, fingerprint_checkpoint
+
+    fifo = tmp_path / "weights.fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(CheckpointError, match="not a regular file"):
+        fingerprint_checkpoint(fifo, persist=False)
+    d = _ckpt(tmp_path)
+    os.mkfifo(d / "pipe.safetensors")
+    with pytest.raises(CheckpointError, match="pipe.safetensors: not a regular file"):
+        fingerprint_checkpoint(d, persist=False)

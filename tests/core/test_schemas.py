@@ -131,7 +131,8 @@ def _fixture_receipts() -> list[tuple[str, Path, object]]:
         for name, path in jsonl:
             if path.is_file():
                 out += [(name, path, json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
-        for name, path in (("quality-contract", leg / "contract.json"), ("bench", leg / "bench.json")):
+        for name, path in (("quality-contract", leg / "contract.json"), ("bench", leg / "bench.json"),
+                           ("gradcheck", leg / "gradcheck.json")):
             if path.is_file():
                 out.append((name, path, json.loads(path.read_text())))
     out += [("recipe-dry-runs", p, json.loads(p.read_text())) for p in sorted(FIXTURES.rglob("recipe_dry_runs.json"))]

@@ -12,12 +12,14 @@ from tica.fingerprint import fingerprint_checkpoint
 
 
 def weights_hash(model_dir: str | Path) -> str:
-    """`blake3:...` over every file of model_dir (relative path, size, BLAKE3 of its bytes);
-    nothing read from or written to ~/.cache."""
+    """`blake3:...` over every file the loader reads from model_dir (name, size, BLAKE3 of its
+    bytes; links and index-named shards followed); nothing read from or written to ~/.cache. A
+    producer certifies the bytes it loaded wherever its links point (no fence: the manifest's
+    `checkpoint.root` is the fence on the judging side)."""
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise FileNotFoundError(f"{model_dir}: not a model directory")
-    return fingerprint_checkpoint(model_dir, persist=False)
+    return fingerprint_checkpoint(model_dir, persist=False, allowed_root="/")
 
 
 def sha256_of(path: str | Path) -> str:
