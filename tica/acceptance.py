@@ -31,7 +31,7 @@ from tica.manifest import LoadedManifest
 from tica.question import Question
 from tica.receipts import LEG_FILE, read_receipt
 from tica.records import freeze_question, record_candidate, record_invalidations, record_leg, record_verdict
-from tica.seal import check_seal
+from tica.seal import check_seal, seal_digest
 from tica.verdict import Verdict, VerdictCell
 
 E = EvidenceItem
@@ -173,6 +173,7 @@ def materialize(
             f"this verdict under {question.name} is recorded plainly, not as a rerun of them")
     judged: list[Judged] = []
     for batch in batches or [LegBatch(legs=())]:
+        foreign = recorded_for_another(ledger, identity, item, [*batch.legs, *upstream_legs])
         with ledger.session():
             for leg in batch.legs:
                 meta = _leg_meta(leg)
@@ -181,6 +182,8 @@ def materialize(
         cell = judge(item, question, legs, candidate)
         if uncovered:
             cell = not_covering(cell, uncovered)
+        if foreign:
+            cell = not_this_candidates(cell, foreign)
         outcomes = check_verdict(ledger, item, question, cell, legs, loaded, frozen_at, canary_outcome)
         reason = batch.rerun_reason if rerun_of else None
         verdict_id = record_verdict(ledger, candidate_id, cell, rerun_of=rerun_of, checks=outcomes, rerun_reason=reason)
@@ -200,6 +203,48 @@ def not_covering(cell: VerdictCell, uncovered: Sequence[str]) -> VerdictCell:
         "verdict": verdict, "reasons": (*why, *cell.reasons),
         "summary": f"{verdict.value}: {len(uncovered)} covered item(s) not covered ({'; '.join(uncovered)}); "
                    f"judged over the rest: {rest}"})
+
+
+def recorded_for_another(ledger: Ledger, identity: CandidateIdentity, item: EvidenceItem,
+                         legs: Sequence[Path]) -> list[str]:
+    """Legs the ledger first recorded for another candidate that differs from this one in a
+    component the leg's own item reads (or whose components the ledger does not hold): such a receipt was
+    made by another candidate, and re-judging it under an edited manifest never revives it. A leg
+    recorded first for a candidate that differs only where the item does not look still counts."""
+    out = []
+    for leg in legs:
+        try:
+            digest = seal_digest(leg)
+        except (OSError, ValueError):
+            continue  # no readable seal: the judge says so
+        rows = ledger.rows("SELECT candidate_id FROM legs WHERE detail_json LIKE ? ORDER BY seq LIMIT 1",
+                           [f"%{digest}%"])
+        if not rows or rows[0]["candidate_id"] == identity.candidate_id:
+            continue
+        first = rows[0]["candidate_id"]
+        # the leg's own item decides what it measured (a forward leg's exits do not read the scorer,
+        # even where clean exit, which covers it, is voided by one)
+        try:
+            own = EvidenceItem(_leg_meta(leg).get("item"))
+        except ValueError:
+            own = item
+        voiding = changes_voiding(ledger, first, identity, own)
+        if voiding is None:
+            out.append(f"{leg.name} was first recorded for {first}, whose components the ledger does not hold")
+        elif voiding:
+            out.append(f"{leg.name} was first recorded for {first}, which differs from this candidate in "
+                       f"{', '.join(c.value for c in voiding)}: another candidate's receipt")
+    return out
+
+
+def not_this_candidates(cell: VerdictCell, foreign: Sequence[str]) -> VerdictCell:
+    """A cell judged over legs another candidate made: never a pass (a fail or not run stays)."""
+    if cell.verdict is not Verdict.PASS:
+        return cell.model_copy(update={"reasons": (*cell.reasons, *(f"note: {f}" for f in foreign))})
+    why = tuple(f"inconclusive: not evidence for this candidate: {f}" for f in foreign)
+    return cell.model_copy(update={
+        "verdict": Verdict.INCONCLUSIVE, "reasons": (*why, *cell.reasons),
+        "summary": f"inconclusive: {foreign[0]}; criteria: {cell.summary.split(': ', 1)[-1]}"})
 
 
 # ---------------------------------------------------------------------------- candidate changes

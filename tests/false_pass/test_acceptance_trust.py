@@ -521,3 +521,27 @@ def test_the_reports_anchor_holds_when_the_same_ledger_is_named_another_way(trac
     anchor = _last_verified(context(ledger.path.name), ledger_key(Ledger(link)))
     with pytest.raises(LedgerIntegrityError):
         report(Ledger(link), TRACK, t.identity, questions=IN_FORCE, last_verified=anchor)
+
+
+# ---------------------------------------------------------------------------- issue 28: no stale evidence revived
+
+
+def test_receipts_another_candidate_made_are_not_revived_by_rejudging_under_an_edited_manifest(track, tmp_path):
+    """The MoE backend is pinned but no receipt records it, so binding alone cannot tell: the
+    forward legs the ledger recorded for the old candidate, judged again for the new one, would
+    pass. The ledger knows whose they were."""
+    t, ledger = track
+    own = own_legs(t)
+    backends = {**t.loaded.manifest.backends.model_dump(mode="json"), "moe": "triton (fused_moe, batch invariant)"}
+    loaded, b = changed_track(t, tmp_path, "moe", backends=backends)
+    assert b.candidate_id != t.identity.candidate_id
+    again = mat(ledger, t, E.FORWARD, tmp_path, loaded=loaded, identity=b, legs=own[E.FORWARD])
+    assert_no_pass_cell(again.current.cell, "first recorded for")
+    # control: fresh legs for the new candidate pass
+    fresh = mat(ledger, t, E.FORWARD, tmp_path, loaded=loaded, identity=b)
+    assert fresh.current.cell.verdict is Verdict.PASS, fresh.current.cell.reasons
+
+
+def assert_no_pass_cell(cell, text):
+    assert cell.verdict is not Verdict.PASS, cell.reasons
+    assert any(text in r for r in cell.reasons), cell.reasons
