@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from tica import canonical
 from tica.candidate import CandidateIdentity
 from tica.evidence import Component, EvidenceItem, sensitive_components
 from tica.manifest import LoadedManifest, Manifest
@@ -31,8 +32,6 @@ from tica.source import WORKING_TREE, same_commit
 
 TRAINER_ITEMS = frozenset({"forward", "backward", "update"})
 ENGINE_ITEMS = frozenset({"forward", "update", "quality", "throughput", "clean_exit"})
-_DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16", "half": "float16",
-           "fp32": "float32", "float32": "float32", "float": "float32"}
 _PACKAGE = re.compile(r"^\s*([A-Za-z0-9_.\-]+)\s*==\s*([^\s;]+)\s*$")
 
 
@@ -101,8 +100,20 @@ _PLATFORM_LABEL = re.compile(r"(cpu|cu\d+|rocm[\d.]*|xpu|tpu|hpu|neuron)")
 
 
 def _package_version(pinned: Any, recorded: Any) -> bool:
-    release, _, label = str(recorded).strip().partition("+")
-    return _text(pinned, recorded) or (_text(pinned, release) and bool(_PLATFORM_LABEL.fullmatch(label)))
+    pinned, recorded = canonical.version(pinned), canonical.version(recorded)
+    release, _, label = recorded.partition("+")
+    return pinned == recorded or (pinned == release and bool(_PLATFORM_LABEL.fullmatch(label)))
+
+
+def _digest(pinned: Any, recorded: Any) -> bool:
+    """One digest in any spelling of it (tica.canonical)."""
+    return isinstance(recorded, str) and canonical.digest(str(pinned)) == canonical.digest(recorded)
+
+
+def _unordered(pinned: Any, recorded: Any) -> bool:
+    """A set the engine reads without order (stop sequences): the same members, in any order."""
+    return (isinstance(recorded, list) and all(isinstance(x, str) for x in recorded)
+            and canonical.unordered(pinned) == canonical.unordered(recorded) and len(set(recorded)) == len(recorded))
 
 
 def _lower(a: Any, b: Any) -> bool:
@@ -120,8 +131,8 @@ def _int(pinned: Any, recorded: Any) -> bool:
 
 
 def _dtype(pinned: Any, recorded: Any) -> bool:
-    a, b = _DTYPES.get(str(pinned).strip().lower()), _DTYPES.get(str(recorded).strip().lower().removeprefix("torch."))
-    return a is not None and a == b
+    a, b = canonical.dtype(str(pinned)), canonical.dtype(str(recorded))
+    return a in canonical.DTYPES.values() and a == b
 
 
 def _first_word(pinned: Any, recorded: Any) -> bool:
@@ -159,7 +170,7 @@ def _kv_dtype(weights: str) -> Callable[[Any, Any], bool]:
 
 
 def _absent_or(pinned: Any, recorded: Any) -> bool:
-    return recorded is None if pinned is None else _text(pinned, recorded)
+    return recorded is None if pinned is None else _digest(pinned, recorded)
 
 
 # ------------------------------------------------------------------------ what a manifest pins
@@ -176,9 +187,10 @@ def _packages(m: Manifest) -> dict[str, str]:
 
 def pins(candidate: Candidate) -> list[Pin]:
     m, C = candidate.manifest, Component
-    out = [Pin(C.WEIGHTS, "checkpoint (weights fingerprint)", candidate.weights, ("resolved_config.weights_hash",), _text)]
+    out = [Pin(C.WEIGHTS, "checkpoint (weights fingerprint)", candidate.weights, ("resolved_config.weights_hash",),
+               _digest)]
     if m.image.digest:
-        out.append(Pin(C.IMAGE, "image.digest", m.image.digest, ("image_digest",), _text))
+        out.append(Pin(C.IMAGE, "image.digest", m.image.digest, ("image_digest",), _digest))
     for name, version in _packages(m).items():
         keys = (f"versions.{name}",) + ((f"versions.{name.removesuffix('-cpu')}",) if name.endswith("-cpu") else ())
         out.append(Pin(C.IMAGE, f"package {name}", version, keys, _package_version))
@@ -245,9 +257,10 @@ def pins(candidate: Candidate) -> list[Pin]:
                          ("sampling.stop", list(c.sampling.stop))):
         if field == "thinking_mode" and value == "n/a":
             value = "none"  # a template without a thinking switch, as receipts spell it ("n/a" is unrecorded there)
-        out.append(Pin(C.EVAL_CONTRACT, f"eval_contract.{field}", value, (f"contract.{field}",),
-                       lambda a, b: a == b and type(a) is type(b) or (isinstance(a, (int, float)) and not isinstance(b, bool)
-                                                                       and isinstance(b, (int, float)) and a == b),
+        same = _unordered if field == "sampling.stop" else (
+            lambda a, b: a == b and type(a) is type(b) or (isinstance(a, (int, float)) and not isinstance(b, bool)
+                                                            and isinstance(b, (int, float)) and a == b))
+        out.append(Pin(C.EVAL_CONTRACT, f"eval_contract.{field}", value, (f"contract.{field}",), same,
                        items=frozenset({"quality"})))
     return out
 

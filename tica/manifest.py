@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from tica import canonical
 from tica.errors import ManifestError, pydantic_errors, read_yaml_mapping
 from tica.evidence import Component, EvidenceItem
 from tica.source import WORKING_TREE, checkout_commit
@@ -26,6 +27,8 @@ class _Strict(BaseModel):
 
 
 def _digest(value: str) -> str:
+    """A content digest in its canonical spelling (tica.canonical: case, a bare sha256)."""
+    value = canonical.digest(value)
     if not value.startswith(DIGEST_PREFIXES) or len(value.split(":", 1)[1]) < 16:
         raise ValueError(f"{value!r} is not a content digest (expected one of {', '.join(DIGEST_PREFIXES)}<hex>)")
     return value
@@ -47,7 +50,7 @@ class Checkpoint(_Strict):
         if (self.path is None) == (self.digest is None):
             raise ValueError("give exactly one of checkpoint.path (hashed here) or checkpoint.digest (recorded elsewhere)")
         if self.digest is not None:
-            _digest(self.digest)
+            object.__setattr__(self, "digest", _digest(self.digest))
         return self
 
 
@@ -64,6 +67,8 @@ class Source(_Strict):
                         description=f"a git commit (7 to 40 hex digits, `+dirty` for a changed checkout), or "
                         f"{WORKING_TREE!r}: the checkout holding the manifest, resolved to its HEAD when loaded")
     overlay_digest: str | None = None
+
+    _commit = field_validator("commit")(classmethod(lambda cls, v: canonical.commit(v)))
 
     @field_validator("overlay_digest")
     @classmethod
@@ -92,10 +97,14 @@ class Runner(_Strict):
     trainer: str = Field(..., description="e.g. megatron-core==0.16.1 or vllm_kernels")
     parallelism: Parallelism = Parallelism()
 
+    _pins = field_validator("rollout_engine", "trainer")(classmethod(lambda cls, v: canonical.package_pin(v)))
+
 
 class Precision(_Strict):
     weights: str
     kv_cache: str
+
+    _dtypes = field_validator("weights", "kv_cache")(classmethod(lambda cls, v: canonical.dtype(v)))
 
 
 class Backends(_Strict):
@@ -114,6 +123,8 @@ class GraphCache(_Strict):
     chunked_prefill: bool
     max_num_batched_tokens: int | None = None
     async_scheduling: bool = False
+
+    _sizes = field_validator("cuda_graph_sizes")(classmethod(lambda cls, v: canonical.unordered(v)))
 
 
 class Recipe(_Strict):
@@ -143,6 +154,8 @@ class Sampling(_Strict):
     n: int = Field(1, ge=1)
     stop: tuple[str, ...] = ()
 
+    _stop = field_validator("stop")(classmethod(lambda cls, v: canonical.unordered(v)))
+
 
 class EvalContract(_Strict):
     """The six items; two scores that differ in any of them are not the same score."""
@@ -171,9 +184,15 @@ class Workload(_Strict):
         counts = self.num_prompts.values() if isinstance(self.num_prompts, dict) else [self.num_prompts]
         if any(isinstance(n, bool) or n < 1 for n in counts):
             raise ValueError("num_prompts: a request count is at least 1")
+        if len(set(self.concurrencies)) != len(self.concurrencies):
+            raise ValueError(f"concurrencies {list(self.concurrencies)} names one twice")
         if isinstance(self.num_prompts, dict) and set(self.num_prompts) != set(self.concurrencies):
             raise ValueError(f"num_prompts names concurrencies {sorted(self.num_prompts)}, the workload's are "
                              f"{sorted(self.concurrencies)}")
+        # canonical forms (tica.canonical): the order of concurrencies is no substance, and a count
+        # per concurrency that is one number everywhere is that number
+        object.__setattr__(self, "concurrencies", canonical.unordered(self.concurrencies))
+        object.__setattr__(self, "num_prompts", canonical.per_concurrency(self.num_prompts))
         return self
 
     def prompts_at(self, concurrency: int) -> int | None:

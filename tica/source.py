@@ -45,7 +45,10 @@ def checkout_commit(root: str | Path) -> str | None:
 
 def same_commit(pinned: str, recorded: str) -> bool:
     """A pinned commit (at least 7 hex digits, a prefix of the recorded one) names it; a dirty
-    checkout matches only the same changes, never a clean one."""
+    checkout matches only the same changes (its `+dirty.<digest>`), never a clean one, and a bare
+    `+dirty`, which names no changes, matches nothing."""
     p, p_sep, p_dirty = pinned.lower().partition(DIRTY_SUFFIX)
     r, r_sep, r_dirty = recorded.lower().partition(DIRTY_SUFFIX)
+    if p_sep and not p_dirty:  # a bare +dirty names no changes: two different dirty trees would match
+        return False
     return (p_sep, p_dirty) == (r_sep, r_dirty) and len(p) >= 7 and r.startswith(p)

@@ -107,11 +107,21 @@ def test_a_dirty_checkout_is_not_the_clean_commit_the_manifest_pins(bound, candi
 
 
 def test_a_clean_checkout_is_not_the_dirty_tree_the_manifest_pins(bound, make_candidate, questions):
-    dirty = make_candidate("dirty", source={"repository": "github.com/verl-project/verl", "commit": COMMIT + "+dirty"})
+    dirty = make_candidate("dirty", source={"repository": "github.com/verl-project/verl",
+                                            "commit": COMMIT + "+dirty.0123456789ab"})
     legs = bound(E.FORWARD, cand=dirty)
     edit_meta(leg_of(legs, arm="bi1"), lambda m: m["source"].update(commit=COMMIT))
     cell = judge(E.FORWARD, questions[E.FORWARD], legs, dirty)
     assert_unbound(cell, "source.commit", "differs")
+
+
+def test_two_bare_dirty_trees_never_bind_each_other(bound, make_candidate, questions):
+    """Issue 28, class 3: `+dirty` alone names no changes, so it cannot show two trees are one."""
+    pinned = make_candidate("bare", source={"repository": "github.com/verl-project/verl", "commit": COMMIT + "+dirty"})
+    legs = bound(E.FORWARD)  # control: the clean commit binds (the fixture checks it passes)
+    for leg in legs:
+        edit_meta(leg, lambda m: m["source"].update(commit=COMMIT + "+dirty"))
+    assert_unbound(judge(E.FORWARD, questions[E.FORWARD], legs, pinned), "source.commit", "differs")
 
 
 def test_a_leg_in_another_image_is_not_evidence_even_with_the_same_vllm(bound, candidate, questions):
