@@ -265,6 +265,46 @@ def pins(candidate: Candidate) -> list[Pin]:
     return out
 
 
+# Manifest fields that are not compared per leg by a Pin above, each with what holds it instead, or
+# why nothing can: tests/core/test_manifest_fields.py requires every manifest field to be a Pin's
+# field or listed here, and README's pin table is written from both (`pin_table`).
+NOT_PINNED_PER_LEG: dict[str, str] = {
+    "track": "informational: names the track; part of the candidate id",
+    "description": "informational: for a person",
+    "checkpoint.path": "the weights fingerprint is computed from it (the weights pin)",
+    "checkpoint.root": "the folder the weights fingerprint may follow links into",
+    "checkpoint.digest": "the weights fingerprint when the weights are elsewhere (the weights pin)",
+    "checkpoint.format": "UNBOUND: no producer records the format it loaded",
+    "image.reference": "informational: a human tag; the digest identifies the image",
+    "source.repository": "informational: the commit identifies the source",
+    "hardware.nodes": "UNBOUND: producers record one host (resolved_config.node), not a node count",
+    "hardware.interconnect": "UNBOUND: no producer records the interconnect",
+    "runner.rollout_engine": "the `package` pin of its `name==version`",
+    "backends.dense_gemm": "UNBOUND: producers name the GEMM by other names (a linear method), nothing to compare",
+    "backends.moe": "UNBOUND: no producer records the MoE backend yet",
+    "backends.all_to_all": "UNBOUND: no producer records the all-to-all backend yet",
+    "graph_cache.cuda_graph_sizes": "UNBOUND: no producer records the capture sizes yet",
+    "recipe.bi1": "the recipe-identity receipt (tica judge recipe), not a leg",
+    "recipe.bi0": "the recipe-identity receipt (tica judge recipe), not a leg",
+    "workload.concurrencies": "every throughput leg runs at one of them (concurrency in leg.json)",
+    "workload.num_prompts": "every throughput leg's resolved_config.num_prompts at its concurrency",
+    "deviations": "informational: the table of deviations from the reference, for the report",
+}
+
+
+def pin_table(candidate: Candidate) -> str:
+    """Markdown: every manifest field, the receipt field that binds it (or what holds it instead)."""
+    rows = ["| manifest field | bound by the leg's | items |", "| --- | --- | --- |"]
+    for pin in pins(candidate):
+        keys = " or ".join(f"`{k}`" for k in pin.receipt_keys)
+        items = ", ".join(sorted(pin.items)) if pin.items else "every item reading the component"
+        arms = " (BI=1 legs)" if pin.arms == frozenset({"bi1"}) else ""
+        rows.append(f"| `{pin.field}` | {keys}{arms} | {items} |")
+    for field, why in NOT_PINNED_PER_LEG.items():
+        rows.append(f"| `{field}` | {why} | |")
+    return "\n".join(rows)
+
+
 # ------------------------------------------------------------------------ reading a receipt
 
 
