@@ -52,7 +52,9 @@ def identify(loaded: LoadedManifest, cache: FingerprintCache | None = None) -> C
         weights = loaded.manifest.checkpoint.digest or ""
     components = {Component.WEIGHTS: weights}
     for component, value in loaded.manifest.component_values().items():
-        components[component] = value_fingerprint(value)
+        files = loaded.named_files.get(component)
+        # a named file's content is part of the component (a manifest naming none hashes as before)
+        components[component] = value_fingerprint({"value": value, "files": files} if files else value)
     return CandidateIdentity(
         track=loaded.manifest.track, manifest_path=str(loaded.path), components=components
     )

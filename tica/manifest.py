@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shlex
 from pathlib import Path
 from typing import Any, Literal
 
@@ -252,7 +253,8 @@ def value_fingerprint(value: Any) -> str:
 
 
 class LoadedManifest(BaseModel):
-    """A validated manifest with where it came from and its checkpoint resolved on disk."""
+    """A validated manifest with where it came from, its checkpoint resolved on disk, and the files
+    its evaluation contract and recipe name, resolved and hashed (`named_files`)."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -261,6 +263,46 @@ class LoadedManifest(BaseModel):
     checkpoint_path: Path | None
     text_hash: str
     checkpoint_root: Path | None = None
+    named_files: dict[Component, dict[str, str]] = {}
+
+
+# Where a manifest names a file by its path (a `--chat-template templates/chat.jinja`, a scorer
+# module `scorers/math.py`), the file's content is the identity, not the name: each token of these
+# fields that is the path of a regular file inside the manifest's folder is hashed, and the hash is
+# part of the component's fingerprint (tica.candidate.identify). A path outside the folder, or to
+# no file, is left as the text it is.
+NAMED_FILE_FIELDS: dict[Component, tuple[str, ...]] = {
+    Component.EVAL_CONTRACT: ("prompt_template", "scorer"),
+    Component.RECIPE: ("bi1", "bi0"),
+}
+
+
+def _tokens(text: str) -> list[str]:
+    try:
+        words = shlex.split(text)
+    except ValueError:
+        words = text.split()
+    return [part for w in words for part in (w, w.split("=", 1)[-1]) if part]
+
+
+def named_files(manifest: Manifest, folder: Path) -> dict[Component, dict[str, str]]:
+    """{component: {path as named: sha256 of the file}} for every file the fields name."""
+    folder = folder.resolve()
+    out: dict[Component, dict[str, str]] = {}
+    for component, fields in NAMED_FILE_FIELDS.items():
+        section = getattr(manifest, "eval_contract" if component is Component.EVAL_CONTRACT else "recipe")
+        for field in fields:
+            for token in _tokens(str(getattr(section, field))):
+                if token.startswith("-") or len(token) > 4096:
+                    continue
+                try:
+                    path = (folder / token).resolve()
+                    regular = path.is_file() and (path == folder or folder in path.parents)
+                except (OSError, ValueError):
+                    continue
+                if regular:
+                    out.setdefault(component, {})[token] = "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
+    return out
 
 
 def load_manifest(path: str | Path) -> LoadedManifest:
@@ -292,5 +334,6 @@ def load_manifest(path: str | Path) -> LoadedManifest:
         manifest=manifest,
         checkpoint_path=ckpt,
         checkpoint_root=ckpt_root,
+        named_files=named_files(manifest, path.parent),
         text_hash="sha256:" + hashlib.sha256(raw).hexdigest(),
     )

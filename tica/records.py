@@ -31,7 +31,10 @@ def record_candidate(ledger: Ledger, identity: CandidateIdentity, loaded: Loaded
                 "track": identity.track,
                 "manifest_path": identity.manifest_path,
                 "manifest_hash": loaded.text_hash,
-                "manifest_json": loaded.manifest.model_dump(mode="json"),
+                # with the files its fields name, resolved and hashed (they are part of its identity)
+                "manifest_json": {**loaded.manifest.model_dump(mode="json"),
+                                  **({"named_files": {c.value: f for c, f in loaded.named_files.items()}}
+                                     if loaded.named_files else {})},
             },
         )]
         return out + [("components", {"candidate_id": cid, "component": c.value, "fingerprint": fp})

@@ -85,3 +85,34 @@ def test_cli_diff_prints_component_and_voided_items(candidate_dir, manifest_data
     assert main(["candidate", "diff", str(candidate_dir / "old.yaml"), str(candidate_dir / "new.yaml")]) == 0
     out = capsys.readouterr().out
     assert "workload" in out and "throughput" in out and "quality" not in out.split("voided evidence:")[1]
+
+
+# ---- a name where content is the identity (issue 28, class 2)
+
+
+def test_editing_a_file_the_manifest_names_changes_exactly_its_component(tmp_path, monkeypatch):
+    import yaml
+
+    from tests.false_pass.conftest import manifest_data, write_manifest
+    from tica.candidate import diff, identify
+    from tica.evidence import Component
+    from tica.manifest import load_manifest
+
+    monkeypatch.setenv("TICA_CACHE_DIR", str(tmp_path / "cache"))
+    data = manifest_data()
+    data["eval_contract"]["prompt_template"] = "chat_template templates/chat.jinja"
+    data["recipe"]["bi1"] = "VLLM_BATCH_INVARIANT=1 vllm serve /m --chat-template=templates/chat.jinja"
+    path = write_manifest(tmp_path / "m", data)
+    (tmp_path / "m" / "templates").mkdir()
+    template = tmp_path / "m" / "templates" / "chat.jinja"
+    template.write_text("{{ messages }}")
+    before = identify(load_manifest(path))
+    assert set(load_manifest(path).named_files) == {Component.EVAL_CONTRACT, Component.RECIPE}
+    template.write_text("{{ messages }}<think>")
+    after = identify(load_manifest(path))
+    assert {c.component for c in diff(before, after)} == {Component.EVAL_CONTRACT, Component.RECIPE}
+    # control: a name that is no file under the manifest's folder stays text, and hashes as before
+    data["eval_contract"]["prompt_template"] = "chat_template sha256:872be49d"
+    data["recipe"]["bi1"] = "VLLM_BATCH_INVARIANT=1 vllm serve /m"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    assert load_manifest(path).named_files == {}
