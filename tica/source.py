@@ -24,23 +24,34 @@ def _git(root: Path, *args: str) -> str | None:
 
 
 def checkout_commit(root: str | Path) -> str | None:
-    """`<sha>` of HEAD; `<sha>+dirty.<digest>` when tracked files differ from it, the digest
-    naming those differences (two different edits are two different sources); None outside a
-    checkout. Only tracked files count: ignored outputs (data/, .venv) and untracked files do
-    not change what the commit names."""
+    """`<sha>` of HEAD; `<sha>+dirty.<digest>` when the checkout differs from it, the digest naming
+    those differences (two different edits are two different sources); None outside a checkout.
+
+    What counts is what an import can read: tracked changes, every submodule's own changes (a
+    second patch to an already dirty submodule is another source), and untracked files git does
+    not ignore (a new module that tracked code imports). Ignored outputs (data/, .venv) do not."""
     root = Path(root)
     head = _git(root, "rev-parse", "HEAD")
     if not head:
         return None
-    status = _git(root, "status", "--porcelain", "--untracked-files=no")
+    status = _git(root, "status", "--porcelain", "--untracked-files=all", "--ignore-submodules=none")
     if status is None:
         return None
     if not status.strip():
         return head.strip()
-    changes = _git(root, "diff", "HEAD", "--binary")
-    if changes is None:
+    changes = _git(root, "diff", "HEAD", "--binary", "--submodule=diff")
+    untracked = _git(root, "ls-files", "--others", "--exclude-standard", "--full-name", "-z", ":/")
+    if changes is None or untracked is None:
         return None
-    return f"{head.strip()}{DIRTY_SUFFIX}.{hashlib.sha256(changes.encode()).hexdigest()[:12]}"
+    h = hashlib.sha256(changes.encode())
+    top = Path((_git(root, "rev-parse", "--show-toplevel") or str(root)).strip())
+    for name in sorted(n for n in untracked.split("\0") if n):
+        try:
+            content = hashlib.sha256((top / name).read_bytes()).hexdigest()
+        except OSError:
+            content = "unreadable"
+        h.update(f"\0untracked {name}\0{content}".encode())
+    return f"{head.strip()}{DIRTY_SUFFIX}.{h.hexdigest()[:12]}"
 
 
 def same_commit(pinned: str, recorded: str) -> bool:
