@@ -189,8 +189,10 @@ def pins(candidate: Candidate) -> list[Pin]:
     m, C = candidate.manifest, Component
     out = [Pin(C.WEIGHTS, "checkpoint (weights fingerprint)", candidate.weights, ("resolved_config.weights_hash",),
                _digest)]
-    if m.image.digest:
-        out.append(Pin(C.IMAGE, "image.digest", m.image.digest, ("image_digest",), _digest))
+    # A pinned image binds by its digest alone; no image (null) is a value too: a leg that ran in
+    # one is another candidate, and the package versions below are what binds the environment.
+    out.append(Pin(C.IMAGE, "image.digest", m.image.digest, ("image_digest",), _absent_or,
+                   absent_ok=m.image.digest is None))
     for name, version in _packages(m).items():
         keys = (f"versions.{name}",) + ((f"versions.{name.removesuffix('-cpu')}",) if name.endswith("-cpu") else ())
         out.append(Pin(C.IMAGE, f"package {name}", version, keys, _package_version))
@@ -352,7 +354,6 @@ def bind_leg(leg_dir: str | Path, candidate: Candidate) -> list[BindingProblem |
     except ValueError:
         return [f"{leg_dir.name}: leg.json item {item!r} is not an evidence item"]
     problems: list[BindingProblem | str] = []
-    packages_bound: list[bool] = []
     for pin in pins(candidate):
         if pin.component not in read_by or (pin.items is not None and item not in pin.items):
             continue
@@ -363,14 +364,12 @@ def bind_leg(leg_dir: str | Path, candidate: Candidate) -> list[BindingProblem |
                             "which names no commit (outside a git checkout it cannot be resolved)")
             continue
         problem = _check(pin, meta, leg_dir)
-        if pin.field.startswith("package "):
-            packages_bound.append(problem is None)
         if problem is not None:
             problems.append(problem)
     problems += _switch_problems(meta, item, arm, leg_dir)
     if item == "throughput":
         problems += _workload_problems(meta, candidate.manifest, leg_dir)
-    return _image_by_packages(problems, packages_bound)
+    return problems
 
 
 ARM_ITEMS = frozenset({"forward", "backward", "update", "quality", "throughput"})
@@ -436,16 +435,6 @@ def _check(pin: Pin, meta: dict[str, Any], leg_dir: Path) -> BindingProblem | No
         if not _agrees(pin, value):
             return BindingProblem(leg_dir.name, f"{file} ({key})", pin.component, pin.field, pin.value, value, "differs")
     return None
-
-
-def _image_by_packages(problems: list[BindingProblem | str], packages_bound: list[bool]) -> list[BindingProblem | str]:
-    """Where a leg records no image digest, the package versions the manifest pins bind the
-    image instead (the practice accepts "image or package versions"); a digest it records
-    must still be the manifest's."""
-    if packages_bound and all(packages_bound):
-        return [p for p in problems if not (isinstance(p, BindingProblem) and p.field == "image.digest"
-                                            and p.kind == "unrecorded")]
-    return problems
 
 
 def bind_legs(leg_dirs: Sequence[str | Path], candidate: Candidate) -> list[BindingProblem | str]:

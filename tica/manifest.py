@@ -56,10 +56,11 @@ class Checkpoint(_Strict):
 
 
 class Image(_Strict):
-    digest: str
+    digest: str | None = Field(..., description="the image's content digest; null: no image (a machine's own "
+                                                "environment), bound by the package versions runner pins")
     reference: str | None = Field(None, description="human tag, informational only; the digest identifies it")
 
-    _check = field_validator("digest")(classmethod(lambda cls, v: _digest(v)))
+    _check = field_validator("digest")(classmethod(lambda cls, v: None if v is None else _digest(v)))
 
 
 class Source(_Strict):

@@ -506,3 +506,19 @@ def load_manifest_contract() -> dict:
     from .conftest import manifest_data
 
     return manifest_data()["eval_contract"]
+
+
+def test_package_versions_never_stand_in_for_a_pinned_image_digest(bound, candidate, questions):
+    """Issue 28, class 3: the image binds by digest. A leg that records the pinned vllm version but
+    no image digest is not shown to have run in the pinned image."""
+    legs = bound(E.QUALITY)
+    edit_meta(legs[0], lambda m: m.pop("image_digest"))
+    assert_unbound(judge(E.QUALITY, questions[E.QUALITY], legs, candidate), "image.digest", "unrecorded")
+
+
+def test_a_manifest_with_no_image_is_bound_by_its_packages_and_contradicted_by_an_image(bound, make_candidate,
+                                                                                         questions):
+    bare = make_candidate("bare", image={"digest": None, "reference": "this machine's .venv"})
+    legs = bound(E.QUALITY, cand=bare)  # control: legs that record no image bind (the fixture checks)
+    edit_meta(legs[0], lambda m: m.update(image_digest="sha256:" + "9f" * 32))
+    assert_unbound(judge(E.QUALITY, questions[E.QUALITY], legs, bare), "image.digest", "differs")
