@@ -294,6 +294,27 @@ NOT_PINNED_PER_LEG: dict[str, str] = {
 }
 
 
+_UNBOUND_COMPONENT = {"checkpoint": Component.WEIGHTS, "hardware": Component.HARDWARE, "backends": Component.BACKENDS,
+                      "graph_cache": Component.GRAPH_CACHE}
+
+
+def unbound_pins(candidate: Candidate, item: EvidenceItem) -> list[str]:
+    """The fields this candidate's manifest pins (a value, not null or empty) for a component the
+    item reads that no receipt records (NOT_PINNED_PER_LEG's UNBOUND): named on every cell, never
+    silently taken as checked."""
+    dump = candidate.manifest.model_dump(mode="json")
+    out = []
+    for field, why in NOT_PINNED_PER_LEG.items():
+        section, _, name = field.partition(".")
+        component = _UNBOUND_COMPONENT.get(section)
+        if not why.startswith("UNBOUND") or component is None or component not in sensitive_components(item):
+            continue
+        value = (dump.get(section) or {}).get(name)
+        if value not in (None, "", [], ()):
+            out.append(f"{field} = {_show(value)} is pinned but no receipt records it, so no leg is checked against it")
+    return out
+
+
 def pin_table(candidate: Candidate) -> str:
     """Markdown: every manifest field, the receipt field that binds it (or what holds it instead)."""
     rows = ["| manifest field | bound by the leg's | items |", "| --- | --- | --- |"]

@@ -522,3 +522,15 @@ def test_a_manifest_with_no_image_is_bound_by_its_packages_and_contradicted_by_a
     legs = bound(E.QUALITY, cand=bare)  # control: legs that record no image bind (the fixture checks)
     edit_meta(legs[0], lambda m: m.update(image_digest="sha256:" + "9f" * 32))
     assert_unbound(judge(E.QUALITY, questions[E.QUALITY], legs, bare), "image.digest", "differs")
+
+
+def test_a_pin_no_receipt_records_is_named_on_the_cell_never_taken_as_checked(bound, make_candidate, questions):
+    moe = make_candidate("moe", backends={"attention": "FLASH_ATTN (FA3, num_splits=1)", "dense_gemm": "cublas",
+                                          "moe": "triton fused_moe"})
+    cell = judge(E.FORWARD, questions[E.FORWARD], bound(E.FORWARD, cand=moe), moe)
+    notes = cell.numbers["unbound_pins"]
+    assert any(n.startswith("backends.moe = triton fused_moe is pinned but no receipt records it") for n in notes)
+    assert any(r.startswith("note: backends.dense_gemm") for r in cell.reasons)
+    # control: an item that does not read the backends names none of them
+    quiet = judge(E.BACKWARD, questions[E.BACKWARD], bound(E.BACKWARD, cand=moe), moe)
+    assert not any("backends." in n for n in quiet.numbers.get("unbound_pins", []))

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from tica import digests, leg_times
-from tica.binding import BindingProblem, Candidate, bind_legs
+from tica.binding import BindingProblem, Candidate, bind_legs, unbound_pins
 from tica.errors import InputError, ReceiptError, UsageParser
 from tica.evidence import EvidenceItem
 from tica.judges._common import JUDGE_VERSION, Findings, cell
@@ -70,7 +70,12 @@ def judge(item: EvidenceItem | str, question: Question, leg_paths: Sequence[str 
         problems: list[BindingProblem | str] = ["bound to no candidate: name the candidate's manifest to judge for it"]
     else:
         problems = bind_legs(leg_paths, candidate)
-    return bound_cell(cell, candidate, problems)
+    cell = bound_cell(cell, candidate, problems)
+    unchecked = unbound_pins(candidate, as_item(item)) if candidate is not None else []
+    if not unchecked:
+        return cell
+    return cell.model_copy(update={"reasons": (*cell.reasons, *(f"note: {u}" for u in unchecked)),
+                                   "numbers": {**cell.numbers, "unbound_pins": unchecked}})
 
 
 def bound_cell(cell: VerdictCell, candidate: Candidate | None, problems: Sequence[BindingProblem | str]) -> VerdictCell:
