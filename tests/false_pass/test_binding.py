@@ -525,12 +525,16 @@ def test_a_manifest_with_no_image_is_bound_by_its_packages_and_contradicted_by_a
 
 
 def test_a_pin_no_receipt_records_is_named_on_the_cell_never_taken_as_checked(bound, make_candidate, questions):
+    from tests.manifests import H200_SHAPED
+
+    graph = {**H200_SHAPED["graph_cache"], "cuda_graph_sizes": [1, 2, 4, 8]}
     moe = make_candidate("moe", backends={"attention": "FLASH_ATTN (FA3, num_splits=1)", "dense_gemm": "cublas",
-                                          "moe": "triton fused_moe"})
+                                          "moe": "triton fused_moe"}, graph_cache=graph)
     cell = judge(E.FORWARD, questions[E.FORWARD], bound(E.FORWARD, cand=moe), moe)
     notes = cell.numbers["unbound_pins"]
     assert any(n.startswith("backends.moe = triton fused_moe is pinned but no receipt records it") for n in notes)
+    assert any(n.startswith("graph_cache.cuda_graph_sizes") for n in notes)
     assert any(r.startswith("note: backends.dense_gemm") for r in cell.reasons)
-    # control: an item that does not read the backends names none of them
+    # control: the trainer's backward does not read the graph config, so its capture sizes are not named there
     quiet = judge(E.BACKWARD, questions[E.BACKWARD], bound(E.BACKWARD, cand=moe), moe)
-    assert not any("backends." in n for n in quiet.numbers.get("unbound_pins", []))
+    assert not any("cuda_graph_sizes" in n for n in quiet.numbers["unbound_pins"])
