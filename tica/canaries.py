@@ -991,6 +991,9 @@ def logged_only(leg: Path, step: int, scale_mean: float | None = None, **kv: Any
                 r.update(kv)
                 if scale_mean is not None:  # a probability difference stays in [0, 1]
                     r["training/rollout_probs_diff_mean"] = min(1.0, r["training/rollout_probs_diff_mean"] * scale_mean)
+                mean, mx = r.get("training/rollout_probs_diff_mean"), r.get("training/rollout_probs_diff_max")
+                if isinstance(mean, float) and isinstance(mx, float) and mean > mx:
+                    r["training/rollout_probs_diff_max"] = mean  # a max is never below its mean
     edit_jsonl(leg / "metrics.jsonl", f, leg)
 
 

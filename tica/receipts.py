@@ -49,7 +49,7 @@ class _Receipt(BaseModel):
 class ProcessExit(_Receipt):
     # trainer_engine_core / trainer_worker: a vLLM engine the trainer itself runs (trainer=vllm_engine)
     role: Literal["client", "api_server", "engine_core", "worker", "trainer", "trainer_engine_core", "trainer_worker"]
-    pid: int | None = None
+    pid: int | None = Field(None, ge=1)
     exit_code: int | None = None
     end_state: EndState
     signal: str | int | None = None
@@ -123,6 +123,7 @@ def recorded_value(meta: LegMeta, dotted: str) -> Any | None:
 _FORWARD_DOMAINS: dict[str, tuple[float, float]] = {
     "probs_diff_max": (0.0, 1.0), "probs_diff_mean": (0.0, 1.0), "probs_diff_std": (0.0, 1.0),
     "pearson": (-1.0, 1.0), "k3_kl": (0.0, math.inf), "logprob_abs_diff_max": (0.0, math.inf),
+    "grad_norm": (0.0, math.inf),
 }
 
 
@@ -161,6 +162,9 @@ class ForwardStep(_Receipt):
             v = getattr(self, name)
             if v is not None and math.isfinite(v) and not lo <= v <= hi:
                 raise ValueError(f"{name} {v!r} is outside [{lo:g}, {hi:g}]: no such quantity can take it")
+        mx, mean = self.probs_diff_max, self.probs_diff_mean
+        if mx is not None and mean is not None and math.isfinite(mx) and math.isfinite(mean) and mean > mx:
+            raise ValueError(f"probs diff mean {mean!r} above its max {mx!r}: no such pair of statistics")
         return self
 
 
@@ -189,6 +193,8 @@ class BackwardStep(_Receipt):
 
     @model_validator(mode="after")
     def _counts(self) -> "BackwardStep":
+        if self.grad_norm is not None and math.isfinite(self.grad_norm) and self.grad_norm < 0:
+            raise ValueError(f"grad norm {self.grad_norm!r}: a norm is never negative")
         if self.params_with_grad > self.params_total:
             raise ValueError(f"params_with_grad {self.params_with_grad} > params_total {self.params_total}")
         if self.params_nonzero_grad is not None and self.params_nonzero_grad > self.params_with_grad:
@@ -545,6 +551,11 @@ def load_bench(path: str | Path) -> BenchResult:
     for key, value in bench.model_dump().items():
         if isinstance(value, float) and not math.isfinite(value):
             raise ReceiptError(path, key, f"{value} is not a finite number")
+    # run settings vLLM writes: a request rate is above 0 ("inf": as fast as possible), so is burstiness
+    for key in ("request_rate", "burstiness"):
+        value = (bench.model_extra or {}).get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and not value > 0:
+            raise ReceiptError(path, key, f"{value!r}: a {key.replace('_', ' ')} is above 0")
     return bench
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from tica.errors import ReceiptError
+from tica import digests
 from tica.evidence import EvidenceItem
 from tica.judges._common import Findings, cell, md_table, wrong_question
 from tica.judges.confounders import require_recorded
@@ -56,16 +57,16 @@ def judge_artifacts(question: Question, leg_paths: Sequence[str | Path]) -> Verd
             if criteria.require_weights_hash and not meta.not_run_reason:
                 findings.inconclusive(f"{path.name}: resolved_config.weights_hash not recorded")
                 status = "inconclusive"
-        elif not CONTENT_HASH.match(str(named)):
+        elif not CONTENT_HASH.match(digests.canonical(str(named))):
             if criteria.require_weights_hash:
                 findings.fail(f"{path.name}: weights named {named!r}, not by a content hash")
                 status = "fail"
         elif not meta.not_run_reason:  # a leg that did not run produced nothing: it names no artifact
-            weights.setdefault(str(named), set()).add(path.name)
+            weights.setdefault(digests.canonical(str(named)), set()).add(path.name)
         if meta.item == "update" and (path / METRICS_FILE).is_file():
             for row in load_jsonl(path / METRICS_FILE):
                 h = row.get("updated_weights_hash")
-                if h is not None and not CONTENT_HASH.match(str(h)):
+                if h is not None and not CONTENT_HASH.match(digests.canonical(str(h))):
                     findings.fail(f"{path.name}: updated weights named {h!r}, not by a content hash")
                     status = "fail"
         rows.append([path.name, "sealed", named, status])

@@ -147,6 +147,10 @@ def read_grads(
         f.inconclusive(f"{label}no steps recorded")
         return r
     f.extend(read_gradcheck(steps, leg_dir, label, tol, trainer))
+    present = [s.step for s in steps]  # every step from 1 (or where the run began): a dropped step is no pass
+    missing = sorted(set(range(1, present[-1] + 1)) - set(present))
+    if missing:
+        f.inconclusive(f"{label}steps {missing} missing from 1 to {present[-1]}: a missing step is not a pass")
     informative = 0
     for s in steps:
         sf = Findings()
