@@ -257,6 +257,24 @@ def load_gradcheck(path: str | Path) -> GradcheckFile:
     return _validate(GradcheckFile, load_json(path), path)
 
 
+def as_read(value: Any) -> Any:
+    """A parsed receipt as every rule reads it: placeholders absent (tica.unknowns), and a whole
+    number written as a float (`1.0`) read as the number it is (JSON has one number type: `1` and
+    `1.0` are one value spelled two ways, and a count's spelling never decides a verdict)."""
+    value = unknowns.without_placeholders(value)
+    return _whole_numbers(value)
+
+
+def _whole_numbers(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _whole_numbers(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_whole_numbers(v) for v in value]
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2 ** 53:
+        return int(value)
+    return value
+
+
 def _read_text(path: Path) -> str:
     try:
         return strict_io.text_of(strict_io.regular_file_bytes(path))
@@ -274,7 +292,7 @@ def load_jsonl(path: str | Path) -> list[dict[str, Any]]:
         if not line.strip():
             continue
         try:
-            row = unknowns.without_placeholders(strict_io.loads(line))
+            row = as_read(strict_io.loads(line))
         except strict_io.StrictInputError as err:
             raise ReceiptError(path, f"line {n}", str(err)) from None
         if not isinstance(row, dict):
@@ -288,7 +306,7 @@ def load_json(path: str | Path) -> dict[str, Any]:
     receipt through here or `read_receipt`."""
     path = Path(path)
     try:
-        data = unknowns.without_placeholders(strict_io.loads(_read_text(path)))
+        data = as_read(strict_io.loads(_read_text(path)))
     except strict_io.StrictInputError as err:
         raise ReceiptError(path, "<json>", str(err)) from None
     if not isinstance(data, dict):
@@ -299,7 +317,7 @@ def load_json(path: str | Path) -> dict[str, Any]:
 def read_receipt(path: str | Path) -> Any:
     """A receipt file's JSON as the rules see it (placeholders made absent), for readers that
     look at a few keys before the models: ValueError or OSError where it cannot be read."""
-    return unknowns.without_placeholders(strict_io.read_json(path))
+    return as_read(strict_io.read_json(path))
 
 
 def _validate(model: type[BaseModel], data: Any, path: Path, where: str = "") -> Any:

@@ -342,13 +342,23 @@ def test_a_leg_json_that_is_not_an_object_binds_nothing(bound, candidate, questi
     assert_no_pass(cell, "not a JSON object")
 
 
-@pytest.mark.parametrize("value", ["1", True, 1.0])
+@pytest.mark.parametrize("value", ["1", True])
 def test_a_value_recorded_as_the_wrong_type_is_not_the_pinned_value(value, bound, candidate, questions):
-    """tensor_parallel_size "1", True or 1.0 is not the pinned integer 1."""
+    """tensor_parallel_size "1" or True is not the pinned integer 1."""
     legs = bound(E.FORWARD)
     edit_meta(leg_of(legs, arm="bi1"), lambda m: set_key(m, "resolved_config.tensor_parallel_size", value))
     cell = judge(E.FORWARD, questions[E.FORWARD], legs, candidate)
     assert_unbound(cell, "runner.parallelism.tp", "differs")
+
+
+def test_a_whole_number_spelled_as_a_float_is_that_number(bound, candidate, questions):
+    """Issue 27, class 5: JSON has one number type; 1.0 is 1 spelled another way, and binds."""
+    legs = bound(E.FORWARD)
+    edit_meta(leg_of(legs, arm="bi1"), lambda m: set_key(m, "resolved_config.tensor_parallel_size", 1.0))
+    assert judge(E.FORWARD, questions[E.FORWARD], legs, candidate).verdict is Verdict.PASS
+    # control: 1.5 is no count of GPUs
+    edit_meta(leg_of(legs, arm="bi1"), lambda m: set_key(m, "resolved_config.tensor_parallel_size", 1.5))
+    assert_unbound(judge(E.FORWARD, questions[E.FORWARD], legs, candidate), "runner.parallelism.tp", "differs")
 
 
 # ------------------------------------------------------------ found: false passes (strict xfail)
