@@ -276,7 +276,7 @@ NOT_PINNED_PER_LEG: dict[str, str] = {
     "checkpoint.path": "the weights fingerprint is computed from it (the weights pin)",
     "checkpoint.root": "the folder the weights fingerprint may follow links into",
     "checkpoint.digest": "the weights fingerprint when the weights are elsewhere (the weights pin)",
-    "checkpoint.format": "UNBOUND: no producer records the format it loaded",
+    "checkpoint.format": "informational: the files the loader reads are the weights fingerprint, whatever their format",
     "image.reference": "informational: a human tag; the digest identifies the image",
     "source.repository": "informational: the commit identifies the source",
     "hardware.nodes": "UNBOUND: producers record one host (resolved_config.node), not a node count",
