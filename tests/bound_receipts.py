@@ -38,7 +38,8 @@ def recorded_value(pin: Pin, key: str) -> Any:
     return v
 
 
-def _set(data: dict, dotted: str, value: Any) -> None:
+def set_dotted(data: dict, dotted: str, value: Any) -> None:
+    """Set a dotted key, making the mappings on its way."""
     node = data
     parts = dotted.split(".")
     for part in parts[:-1]:
@@ -91,17 +92,17 @@ def stamp_leg(leg: Path, candidate: Candidate, when: Callable[[_dt.datetime], _d
             continue
         if pin.receipt_keys[0].startswith("contract."):
             if contract is not None:
-                _set(contract, pin.receipt_keys[0].removeprefix("contract."), recorded_value(pin, pin.receipt_keys[0]))
+                set_dotted(contract, pin.receipt_keys[0].removeprefix("contract."), recorded_value(pin, pin.receipt_keys[0]))
             continue
         if pin.absent_ok:
             continue
         if pin.field.startswith("package "):  # recorded under the distribution's import name
-            _set(meta, pin.receipt_keys[-1], recorded_value(pin, pin.receipt_keys[-1]))
+            set_dotted(meta, pin.receipt_keys[-1], recorded_value(pin, pin.receipt_keys[-1]))
             continue
         # One place holds the value; a second, disagreeing place would name another candidate.
         for key in pin.receipt_keys[1:]:
             _clear(meta, key)
-        _set(meta, pin.receipt_keys[0], recorded_value(pin, pin.receipt_keys[0]))
+        set_dotted(meta, pin.receipt_keys[0], recorded_value(pin, pin.receipt_keys[0]))
     if meta["item"] == "forward" and leg.name.endswith("_post_update") and (leg / "metrics.jsonl").is_file():
         # a re-check after an update continues the step numbering: today's producer records where it began
         first = json.loads((leg / "metrics.jsonl").read_text().splitlines()[0])["step"]

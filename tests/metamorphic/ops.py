@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from tests.bound_receipts import set_dotted  # noqa: F401 (re-exported for the catalogue)
 from tica.metrics import forward_metrics
 from tica.seal import SEAL_FILE, seal_leg
 
@@ -107,15 +108,6 @@ def get_dotted(data: Any, dotted: str, default: Any = _MISSING) -> Any:
         node = node[part]
     return node
 
-
-def set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
-    node = data
-    parts = dotted.split(".")
-    for part in parts[:-1]:
-        if not isinstance(node.get(part), dict):
-            node[part] = {}
-        node = node[part]
-    node[parts[-1]] = value
 
 
 def del_dotted(data: dict[str, Any], dotted: str) -> bool:
