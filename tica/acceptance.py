@@ -26,6 +26,7 @@ from tica.candidate import CandidateIdentity, ComponentChange, diff, voided_item
 from tica.errors import FrozenQuestionError, InputError
 from tica.evidence import COVERS, Component, EvidenceItem
 from tica.judges import JUDGE_VERSION, judge
+from tica.judges._common import without_pass
 from tica.ledger import Head, Ledger
 from tica.manifest import LoadedManifest
 from tica.question import Question
@@ -239,12 +240,7 @@ def recorded_for_another(ledger: Ledger, identity: CandidateIdentity, item: Evid
 
 def not_this_candidates(cell: VerdictCell, foreign: Sequence[str]) -> VerdictCell:
     """A cell judged over legs another candidate made: never a pass (a fail or not run stays)."""
-    if cell.verdict is not Verdict.PASS:
-        return cell.model_copy(update={"reasons": (*cell.reasons, *(f"note: {f}" for f in foreign))})
-    why = tuple(f"inconclusive: not evidence for this candidate: {f}" for f in foreign)
-    return cell.model_copy(update={
-        "verdict": Verdict.INCONCLUSIVE, "reasons": (*why, *cell.reasons),
-        "summary": f"inconclusive: {foreign[0]}; criteria: {cell.summary.split(': ', 1)[-1]}"})
+    return without_pass(cell, [f"not evidence for this candidate: {f}" for f in foreign])
 
 
 # ---------------------------------------------------------------------------- candidate changes

@@ -18,7 +18,7 @@ from tica import digests, leg_times
 from tica.binding import BindingProblem, Candidate, bind_legs, unbound_pins
 from tica.errors import InputError, ReceiptError, UsageParser
 from tica.evidence import EvidenceItem
-from tica.judges._common import JUDGE_VERSION, Findings, cell
+from tica.judges._common import JUDGE_VERSION, Findings, cell, without_pass
 from tica.judges.artifacts import judge_artifacts
 from tica.judges.backward import judge_backward
 from tica.judges.clean_exit import judge_clean_exit
@@ -123,14 +123,8 @@ def _pilots_are_no_formal_legs(result: VerdictCell, question: Question) -> Verdi
     reused = sorted(Path(p).name for p, d in result.receipt_hashes.items() if d and digests.canonical(d) in pilots)
     if not reused:
         return result
-    why = (f"{', '.join(reused)} {'is a pilot leg' if len(reused) == 1 else 'are pilot legs'} the statistical basis "
-           "was planned from: a pilot is no formal measurement")
-    verdict = Verdict.INCONCLUSIVE if result.verdict is Verdict.PASS else result.verdict
-    return result.model_copy(update={
-        "verdict": verdict, "reasons": (f"{verdict.value}: {why}", *result.reasons) if verdict is not result.verdict
-        else (*result.reasons, f"note: {why}"),
-        "summary": f"inconclusive: {why}; criteria: " + result.summary.removeprefix("pass: ")
-        if verdict is not result.verdict else result.summary})
+    return without_pass(result, [f"{', '.join(reused)} {'is a pilot leg' if len(reused) == 1 else 'are pilot legs'} "
+                                 "the statistical basis was planned from: a pilot is no formal measurement"])
 
 
 def _accounted(result: VerdictCell, paths: Sequence[Path]) -> VerdictCell:
@@ -147,12 +141,8 @@ def _accounted(result: VerdictCell, paths: Sequence[Path]) -> VerdictCell:
             if why is None:
                 silent.append(p.name)
         inputs.append({"input": p.name, "fate": fate})
-    update: dict = {"numbers": {**result.numbers, "inputs": inputs}}
-    if silent and result.verdict is Verdict.PASS:
-        why = f"{', '.join(silent)} named as input(s) but neither judged nor refused"
-        update.update(verdict=Verdict.INCONCLUSIVE, reasons=(f"inconclusive: {why}", *result.reasons),
-                      summary=f"inconclusive: {why}; criteria: " + result.summary.removeprefix("pass: "))
-    return result.model_copy(update=update)
+    result = result.model_copy(update={"numbers": {**result.numbers, "inputs": inputs}})
+    return without_pass(result, [f"{', '.join(silent)} named as input(s) but neither judged nor refused"] if silent else [])
 
 
 def _incomplete_legs_are_no_pass(result: VerdictCell, paths: Sequence[Path]) -> VerdictCell:
@@ -176,13 +166,7 @@ def _incomplete_legs_are_no_pass(result: VerdictCell, paths: Sequence[Path]) -> 
         sealed_at = seal.get("sealed_at") if isinstance(seal, dict) else None
         problems += [f"{p.name}: {why}: the leg's times contradict themselves"
                      for why in leg_times.contradictions(meta, sealed_at)]
-    if not problems:
-        return result
-    if result.verdict is not Verdict.PASS:
-        return result.model_copy(update={"reasons": (*result.reasons, *(f"note: {e}" for e in problems))})
-    return result.model_copy(update={"verdict": Verdict.INCONCLUSIVE, "reasons": (*(
-        f"inconclusive: {e}" for e in problems), *result.reasons),
-        "summary": f"inconclusive: {problems[0]}; criteria: " + result.summary.removeprefix("pass: ")})
+    return without_pass(result, problems)
 
 
 def expand_receipts(paths: Sequence[str | Path]) -> list[Path]:

@@ -121,6 +121,18 @@ def cell(
     )
 
 
+def without_pass(result: VerdictCell, why: Sequence[str]) -> VerdictCell:
+    """A cell these reasons forbid to pass: a pass becomes inconclusive, the first reason leading its
+    summary; any other verdict stays what the criteria found, the reasons added as notes."""
+    if not why:
+        return result
+    if result.verdict is not Verdict.PASS:
+        return result.model_copy(update={"reasons": (*result.reasons, *(f"note: {w}" for w in why))})
+    return result.model_copy(update={
+        "verdict": Verdict.INCONCLUSIVE, "reasons": (*(f"inconclusive: {w}" for w in why), *result.reasons),
+        "summary": f"inconclusive: {why[0]}; criteria: " + result.summary.removeprefix("pass: ")})
+
+
 def fmt(x: Any) -> str:
     if x is None:
         return "—"
