@@ -265,3 +265,13 @@ def pytest_collection_modifyitems(config, items):
         reason = OPEN.get(item.name)
         if reason is not None:
             item.add_marker(pytest.mark.xfail(strict=True, reason=f"open: {reason}"))
+
+
+def run_transform(case: "Case", candidate, t) -> tuple:
+    """(cell, None) for a transform of a copy of the case judged, or (None, the traceback's text)."""
+    with case.copy() as legs:
+        legs = t.fn(legs)
+        try:
+            return case.judge(legs, candidate, t.name), None
+        except Traceback as err:
+            return None, str(err)

@@ -23,22 +23,13 @@ from tica.verdict import Verdict
 
 from . import ops
 from .catalogue import Transform
-from .conftest import Case, Traceback, line, selected
+from .conftest import run_transform as _run, Case, Traceback, line, selected
 from .variants import VARIANTS
 
 E = EvidenceItem
 ALL_IDS = selected([v.id for v in VARIANTS])
 BASE_IDS = [v.id for v in VARIANTS if v.name == "base"]
 Fn = Callable[[list[Path]], list[Path]]
-
-
-def _run(case: Case, candidate, t: Transform):
-    with case.copy() as legs:
-        legs = t.fn(legs)
-        try:
-            return case.judge(legs, candidate, t.name), None
-        except Traceback as err:
-            return None, str(err)
 
 
 def _never_pass(case: Case, candidate, transforms: list[Transform], relation: str) -> None:

@@ -24,7 +24,7 @@ from tica.verdict import Verdict
 
 from . import ops
 from .catalogue import Transform
-from .conftest import FULL, HYP, Case, Traceback, cap, capped, line, one_per_item, selected
+from .conftest import run_transform as _run, FULL, HYP, Case, Traceback, cap, capped, line, one_per_item, selected
 from .variants import VARIANTS
 
 ALL_IDS = selected([v.id for v in VARIANTS])
@@ -36,15 +36,6 @@ PRIORITY = ("versions.torch", "versions.vllm", "device.name", "kernels.attention
             "resolved_config.node", "checkpoint_version", "prompt_hash", "image_digest", "source.commit")
 PRIORITY_THROUGHPUT = ("versions.torch", "resolved_config.node", "kernels.attention")
 LEG_SECTIONS = ("env", "versions", "device", "kernels", "resolved_config", "source")
-
-
-def _run(case: Case, candidate, t: Transform):
-    with case.copy() as legs:
-        legs = t.fn(legs)
-        try:
-            return case.judge(legs, candidate, t.name), None
-        except Traceback as err:
-            return None, str(err)
 
 
 def _report(case: Case, violations: list[str], relation: str) -> None:
