@@ -58,6 +58,26 @@ class ProcessExit(_Receipt):
     command: tuple[str, ...] | None = Field(None, strict=False)
 
 
+# Domains of the settings every engine and trainer records alike: (type, low, high, low excluded).
+# A value outside is no such setting, whatever leg or arm records it; keys not named are read by
+# the binding and alike rules as recorded (tica.receipt_fields).
+_INF = math.inf
+_COUNT, _INDEX = (int, 1, _INF, False), (int, 0, _INF, False)
+_CONFIG_DOMAINS: dict[str, tuple[type | tuple[type, ...], float, float, bool]] = {
+    "gpu_memory_utilization": ((int, float), 0, 1, True),
+    **{k: _COUNT for k in ("max_model_len", "max_num_batched_tokens", "max_num_seqs", "num_prompts",
+                           "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size",
+                           "hidden_size", "num_hidden_layers", "vocab_size", "input_len", "output_len",
+                           "block_size", "max_concurrency")},
+    **{k: _INDEX for k in ("num_warmups", "seed", "schedule_seed")},
+    "random_range_ratio": ((int, float), 0, 1, False),
+    "lr": ((int, float), 0, _INF, True),
+    "gradcheck_tol": ((int, float), 0, _INF, True),
+}
+_DEVICE_DOMAINS: dict[str, tuple[type | tuple[type, ...], float, float, bool]] = {
+    k: _COUNT for k in ("count", "multiprocessors", "total_memory_bytes")}
+
+
 class LegMeta(_Receipt):
     schema_: Literal["tica.leg/1"] = Field(alias="schema")
     item: Literal["forward", "backward", "update", "quality", "throughput", "clean_exit"]
@@ -89,6 +109,21 @@ class LegMeta(_Receipt):
     processes: tuple[ProcessExit, ...] = Field((), strict=False)
     not_run_reason: str | None = None
     errors: tuple[str, ...] = Field((), strict=False, description="what the producer caught while running: the leg is incomplete")
+
+    @model_validator(mode="after")
+    def _settings_in_their_domain(self) -> "LegMeta":
+        for section, domains in (("resolved_config", _CONFIG_DOMAINS), ("device", _DEVICE_DOMAINS)):
+            recorded = getattr(self, section)
+            for key, (kind, low, high, low_open) in domains.items():
+                value = recorded.get(key)
+                if value is None:
+                    continue
+                if isinstance(value, bool) or not isinstance(value, kind):
+                    raise ValueError(f"{section}.{key} {value!r} is not a {'whole number' if kind is int else 'number'}")
+                if not (low < value if low_open else low <= value) or value > high or not math.isfinite(value):
+                    raise ValueError(f"{section}.{key} {value!r} is outside its domain "
+                                     f"{'(' if low_open else '['}{low}, {high}]")
+        return self
 
     @model_validator(mode="after")
     def _switch_matches_arm(self) -> "LegMeta":

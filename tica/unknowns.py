@@ -6,8 +6,10 @@ receipt reader (`tica.receipts.read_receipt`) turns every placeholder into an ab
 before any model or rule sees it — a mapping's key is dropped (absent is unknown), a list item
 becomes null. Standard library only.
 
-"none" is not on the list: it is a value some settings take (vLLM's CUDA graph mode NONE, a
-prompt template without a thinking switch).
+"none" and white space alone are placeholders too, except under the keys in `WORD_VALUE_KEYS`:
+there they are what a setting or a model wrote (vLLM's CUDA graph mode NONE, a thinking mode
+"none", a stop sequence "\n", a delimiter " ", a response "None"). Where the key is not known,
+an empty-looking word is read as unknown: a setting read as unrecorded costs a pass, never gives one.
 """
 
 from __future__ import annotations
@@ -21,22 +23,39 @@ PLACEHOLDERS: frozenset[str] = frozenset({
 })
 
 
-def is_placeholder(value: Any) -> bool:
-    """A string that stands for 'not recorded' (case and surrounding space ignored). White space
-    alone is a value ("\n" is a stop sequence); only the empty string is empty."""
+# Keys whose string values are model text or a setting's own word: there, "none" and white space
+# are values. A value nested under such a key (a list of stop sequences) is read the same way.
+WORD_VALUE_KEYS: frozenset[str] = frozenset({
+    "cudagraph_mode", "thinking_mode", "enable_thinking",
+    "stop", "stop_sequences", "until", "fewshot_delimiter", "target_delimiter",
+    "text", "token_str", "tokens", "prompt", "completion", "response", "resps", "filtered_resps", "output",
+    "answer", "target", "extracted", "doc_to_text", "doc_to_target", "regex_pattern", "pattern", "replacement",
+    "tokenizer_bos_token", "tokenizer_eos_token", "tokenizer_pad_token",
+})
+_EMPTY_WORDS = frozenset({"", "none"})
+
+
+def is_placeholder(value: Any, key: str | None = None) -> bool:
+    """A string that stands for 'not recorded' (case and surrounding space ignored). Under a key in
+    `WORD_VALUE_KEYS`, or with no key, "none" and white space alone are values; under any other
+    key they are placeholders."""
     if not isinstance(value, str):
         return False
     word = value.strip().lower()
-    return value == "" or (word != "" and word in PLACEHOLDERS)
+    if value == "" or (word != "" and word in PLACEHOLDERS):
+        return True
+    return key is not None and key not in WORD_VALUE_KEYS and word in _EMPTY_WORDS
 
 
-def without_placeholders(value: Any) -> Any:
-    """`value` with every placeholder made absent: dropped from mappings, null in lists, None alone."""
+def without_placeholders(value: Any, key: str | None = None) -> Any:
+    """`value` with every placeholder made absent: dropped from mappings, null in lists, None alone.
+    `key` is the mapping key the value sits under (a list's items sit under the list's key)."""
     if isinstance(value, dict):
-        return {k: without_placeholders(v) for k, v in value.items() if not is_placeholder(v)}
+        inner = {k: (key if key in WORD_VALUE_KEYS else k) for k in value}
+        return {k: without_placeholders(v, inner[k]) for k, v in value.items() if not is_placeholder(v, inner[k])}
     if isinstance(value, list):
-        return [None if is_placeholder(v) else without_placeholders(v) for v in value]
-    return None if is_placeholder(value) else value
+        return [None if is_placeholder(v, key) else without_placeholders(v, key) for v in value]
+    return None if is_placeholder(value, key) else value
 
 
 def is_unknown(value: Any) -> bool:

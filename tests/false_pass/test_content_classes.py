@@ -148,6 +148,12 @@ def test_the_placeholder_list_is_read_one_way():
     assert without_placeholders({"a": "n/a", "b": ["x", "unknown"], "c": {"d": ""}}) == {"b": ["x", None], "c": {}}
 
 
+def test_none_and_white_space_are_values_only_where_a_setting_or_model_text_takes_them():
+    read = without_placeholders({"torch": "none", "commit": " ", "cudagraph_mode": "NONE", "until": ["\n", " "],
+                                 "sampling": {"stop": ["none"]}, "checkpoint_version": "None"})
+    assert read == {"cudagraph_mode": "NONE", "until": ["\n", " "], "sampling": {"stop": ["none"]}}
+
+
 @pytest.mark.parametrize("placeholder", ["unknown", "n/a", "", "?"])
 def test_equal_placeholders_in_both_arms_are_not_the_same_contract_item(bound, candidate, questions, placeholder):
     legs = bound(E.QUALITY)
@@ -318,3 +324,33 @@ def test_the_post_update_forward_names_the_updated_weights_in_any_spelling(bound
     edit_jsonl(leg / "post_forward" / "metrics.jsonl",
                lambda rows: [{**r, "checkpoint_version": r["checkpoint_version"].upper()} for r in rows], leg)
     assert judge(E.UPDATE, questions[E.UPDATE], legs, candidate).verdict is Verdict.PASS
+
+
+# ------------------------------------------------------------------ 7. numbers outside their domain
+
+
+@pytest.mark.parametrize("key,value", [("resolved_config.gpu_memory_utilization", 1.7),
+                                       ("resolved_config.max_model_len", -12288), ("device.count", 0)])
+@pytest.mark.parametrize("item", [E.FORWARD, E.CLEAN_EXIT])
+def test_a_setting_outside_its_domain_in_every_leg_is_no_pass(bound, candidate, questions, item, key, value):
+    legs = bound(item)
+    section, name = key.split(".")
+    for leg in legs:
+        edit_meta(leg, lambda m: m.setdefault(section, {}).update({name: value}))
+    assert_no_pass(judge(item, questions[item], legs, candidate), "outside its domain")
+
+
+# ------------------------------------------------------------------ 6. a per-leg rule: every exit of the server
+
+
+def test_a_worker_exit_one_leg_left_out_is_not_covered_by_the_other_arm(bound, candidate, questions):
+    legs = bound(E.CLEAN_EXIT)
+    edit_meta(legs[0], lambda m: m.update(processes=[p for p in m["processes"] if p["role"] != "worker"]))
+    assert_no_pass(judge(E.CLEAN_EXIT, questions[E.CLEAN_EXIT], legs, candidate), "['worker']")
+
+
+def test_a_tensor_parallel_server_records_every_worker_exit(bound, candidate, questions):
+    legs = bound(E.CLEAN_EXIT)
+    for leg in legs:
+        edit_meta(leg, lambda m: m["resolved_config"].update(tensor_parallel_size=2))
+    assert_no_pass(judge(E.CLEAN_EXIT, questions[E.CLEAN_EXIT], legs, candidate), "1 worker exit(s) recorded")

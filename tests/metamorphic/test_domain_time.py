@@ -242,9 +242,13 @@ def _end_before_short(m: dict[str, Any]) -> None:
     m["ended_at"] = (ops.parse_time(m["started_at"]) - _dt.timedelta(milliseconds=300)).isoformat()
 
 
-def _naive(m: dict[str, Any]) -> None:
-    for k in ("started_at", "ended_at"):
-        m[k] = ops.respell_time(m[k], "naive")
+def _naive(then: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], None]:
+    """A contradiction spelled without zones: one local clock orders a leg's own two times."""
+    def fn(m: dict[str, Any]) -> None:
+        then(m)
+        for k in ("started_at", "ended_at"):
+            m[k] = ops.respell_time(m[k], "naive")
+    return fn
 
 
 def _mixed(m: dict[str, Any]) -> None:
@@ -267,7 +271,8 @@ TIMES: list[tuple[str, Callable[[dict[str, Any]], None]]] = [
     ("started_at and ended_at swapped (ends before it starts)", _swap),
     ("ended_at one hour before started_at", _end_before),
     ("ended_at 0.3 s before started_at", _end_before_short),
-    ("zone-less (naive) started_at and ended_at", _naive),
+    ("zone-less, started_at and ended_at swapped", _naive(_swap)),
+    ("zone-less, ended_at 0.3 s before started_at", _naive(_end_before_short)),
     ("naive started_at, aware ended_at (mixed)", _mixed),
     ("aware started_at, naive ended_at (mixed)", _mixed_end),
     ("started_at unreadable ('yesterday at ten')", _unreadable),

@@ -238,6 +238,8 @@ SPELLINGS: list[tuple[str, Callable[[Path], None]]] = [
     ("timestamps with '.000000' microseconds", _times("micro_zero")),
     ("timestamps + 123456 microseconds (every leg alike)", _times("micro")),
     ("timestamps with a space for 'T'", _times("space")),
+    ("timestamps without their zone, the UTC wall clock (tica.leg_times reads them as one local clock)",
+     _times("naive")),
     ("image_digest hex in upper case", _meta_str("image_digest", ops.upper_hex)),
     ("image_digest prefix 'SHA256:'", _meta_str("image_digest", _prefix_upper)),
     ("image_digest without its 'sha256:' prefix", _meta_str("image_digest", _prefix_drop)),

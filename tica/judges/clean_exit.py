@@ -93,6 +93,23 @@ def served(meta: LegMeta) -> bool:
     return meta.item in SERVED_ITEMS or any(p.role == "api_server" for p in meta.processes)
 
 
+def world_size(meta: LegMeta) -> int | None:
+    """How many GPU workers the leg's server runs (tensor × pipeline parallel), None when unrecorded."""
+    sizes = [meta.resolved_config.get(k) for k in ("tensor_parallel_size", "pipeline_parallel_size")]
+    if not isinstance(sizes[0], int):
+        return None
+    return sizes[0] * (sizes[1] if isinstance(sizes[1], int) else 1)
+
+
+def server_roles(required: Sequence[str], meta: LegMeta, served_legs: Sequence[Any]) -> list[str]:
+    """The server roles a served leg must record an exit for: the question's, and every server
+    role another served leg of its item recorded (the same recipe runs the same processes, so a
+    role one leg shows and another lacks is an exit that leg did not record)."""
+    seen = {p.role for leg in served_legs if leg.meta.item == meta.item for p in leg.meta.processes
+            if SIDES[p.role] == "server"}
+    return list(required) + sorted(seen - set(required))
+
+
 def judge_clean_exit(question: Question, leg_paths: Sequence[str | Path]) -> VerdictCell:
     item = EvidenceItem.CLEAN_EXIT
     findings = Findings()
@@ -131,13 +148,18 @@ def judge_clean_exit(question: Question, leg_paths: Sequence[str | Path]) -> Ver
             ran_rows += not leg.meta.not_run_reason
     for side, f in sides.items():
         findings.extend(f, prefix=f"{side}: ")
-    for leg in legs:  # a per-leg rule: a served leg's exits are its own, never another leg's of its arm
-        if leg.meta.not_run_reason or not served(leg.meta):
-            continue
-        missing = [r for r in criteria.required_roles if not any(p.role == r for p in leg.meta.processes)]
+    ran_served = [leg for leg in legs if not leg.meta.not_run_reason and served(leg.meta)]
+    for leg in ran_served:  # a per-leg rule: a served leg's exits are its own, never another leg's of its arm
+        missing = [r for r in server_roles(criteria.required_roles, leg.meta, ran_served)
+                   if not any(p.role == r for p in leg.meta.processes)]
         if missing:
             findings.inconclusive(f"{leg.meta.item} {leg.arm} {leg.path.name}: no exit receipt for roles {missing} of "
                                   "the server it ran: they cannot be verified")
+        workers = world_size(leg.meta)
+        recorded = sum(p.role == "worker" for p in leg.meta.processes)
+        if workers is not None and workers > 1 and recorded < workers:
+            findings.inconclusive(f"{leg.meta.item} {leg.arm} {leg.path.name}: {recorded} worker exit(s) recorded for a "
+                                  f"server of {workers} GPU workers: the others cannot be verified")
     for arm, roles in sorted(seen_roles.items()):  # each arm verified on its own: one's exits never cover another's
         missing = [r for r in criteria.required_roles if r not in roles]
         if missing:
