@@ -29,6 +29,7 @@ from tica.judges import JUDGE_VERSION, judge
 from tica.judges._common import without_pass
 from tica.ledger import Head, Ledger
 from tica.manifest import LoadedManifest
+from tica.messages import clip, sentence, without_prefix
 from tica.question import Question
 from tica.receipts import LEG_FILE, read_receipt
 from tica.records import freeze_question, record_candidate, record_invalidations, record_leg, record_verdict
@@ -332,6 +333,7 @@ class ReportCell:
     earlier: tuple[EarlierVerdict, ...] = ()  # non-pass verdicts of this item that still hold for the candidate
     missing_checks: tuple[str, ...] = ()  # required checks this verdict does not carry
     uncovered: dict[str, list[str]] = field(default_factory=dict)  # covered item -> legs this verdict did not judge
+    reasons: tuple[str, ...] = ()  # the verdict's reasons, as the judge gave them
 
     @property
     def stale(self) -> bool:
@@ -360,6 +362,58 @@ class ReportCell:
     def accepted(self) -> bool:
         return self.verdict == Verdict.PASS.value and not self.stale and not self.after_the_fact and not self.blocking
 
+    @property
+    def state(self) -> str:
+        """The one word the report groups the cell under: accepted, fail, inconclusive, not run,
+        stale, judged after the fact, or 'pass, not accepted'."""
+        if self.accepted:
+            return "accepted"
+        if self.stale:
+            return "stale"
+        if self.after_the_fact:
+            return "judged after the fact"
+        if self.verdict == Verdict.PASS.value:
+            return "pass, not accepted"
+        return self.verdict
+
+    @property
+    def deciding(self) -> str:
+        """In one sentence, what keeps the cell from being accepted ('' when it is accepted)."""
+        if self.accepted:
+            return ""
+        if self.stale:
+            return sentence(self.stale_cause or "")
+        if self.after_the_fact:
+            return "its question was frozen after its legs ran"
+        if self.verdict == Verdict.PASS.value:
+            if self.missing_checks:
+                return f"checks missing: {', '.join(self.missing_checks)}"
+            return sentence(self.blocking[0]) if self.blocking else "not accepted"
+        if self.question_hash is None:
+            return "no verdict recorded"
+        own = [r for r in self.reasons if r.lower().startswith(f"{self.verdict}:")]
+        return sentence((own or [without_prefix(self.summary)])[0])
+
+    @property
+    def next_step(self) -> str:
+        """What would decide the cell, as a person would do it next ('' when it is accepted)."""
+        name = self.item.value
+        if self.accepted:
+            return ""
+        if self.question_hash is None:
+            return f"materialize {name}"
+        if self.stale:
+            return f"materialize {name} again for the current candidate"
+        if self.after_the_fact:
+            return f"rerun {name} under a question frozen before its legs run"
+        if self.verdict == Verdict.PASS.value:
+            return "resolve what blocks it, then materialize it again"
+        if self.verdict == Verdict.FAIL.value:
+            return "the candidate fails this item: change the candidate, then materialize it again"
+        if self.verdict == Verdict.INCONCLUSIVE.value:
+            return "record what is missing, then materialize it again"
+        return f"run {name}'s legs where they can run"
+
 
 @dataclass(frozen=True)
 class Report:
@@ -372,6 +426,23 @@ class Report:
     @property
     def accepted(self) -> bool:
         return all(c.accepted for c in self.cells)
+
+    @property
+    def headline(self) -> str:
+        """The report's first line: accepted or not, how many cells pass, and per kind of non-pass
+        how many and what decides the first of them."""
+        n, ok = len(self.cells), sum(c.accepted for c in self.cells)
+        if self.accepted:
+            return f"{self.track}: accepted — {n} of {n} pass"
+        groups: dict[str, list[ReportCell]] = {}
+        for c in self.cells:
+            if not c.accepted:
+                groups.setdefault(c.state, []).append(c)
+        order = ("fail", "inconclusive", "not run", "stale", "judged after the fact", "pass, not accepted")
+        parts = [f"{len(cs)} {state} ({', '.join(c.item.value for c in cs)}): {clip(cs[0].deciding, 90)}"
+                 for state in sorted(groups, key=lambda s: order.index(s) if s in order else len(order))
+                 for cs in [groups[state]]]
+        return f"{self.track}: not accepted — {ok} of {n} pass; " + "; ".join(parts)
 
     @property
     def why_not(self) -> list[str]:
@@ -598,6 +669,8 @@ def _report(ledger: Ledger, track: str, current: CandidateIdentity | None, condi
         seqs)}
     for r in picked.values():
         r.update(wide.get(r["verdict_id"], {}))
+    reasons = {r["verdict_id"]: _reasons(r.get("numbers_json")) for r in _rows_in(
+        ledger, "SELECT verdict_id, numbers_json FROM verdicts WHERE seq IN ({marks})", [r["seq"] for r in picked.values()])}
     hashes = [r["question_hash"] for r in picked.values()] + [r["question_hash"] for e in earlier.values() for r, _ in e]
     hashes += list((questions or {}).values())
     names: dict[str, str] = {}
@@ -653,9 +726,20 @@ def _report(ledger: Ledger, track: str, current: CandidateIdentity | None, condi
         cells.append(ReportCell(
             item, pick["verdict"], pick.get("summary") or "", pick["question_hash"], pick["candidate_id"],
             pick["verdict_id"], pick.get("judge_version"), stale_cause, tuple(blocking), after, off,
-            question_in_force=in_force, earlier=tuple(shown_earlier), missing_checks=missing, uncovered=uncovered))
+            question_in_force=in_force, earlier=tuple(shown_earlier), missing_checks=missing, uncovered=uncovered,
+            reasons=reasons.get(pick["verdict_id"], ())))
     return Report(track=track, candidate_id=current.candidate_id if current else None, cells=tuple(cells),
                   conditions=conditions, verified_head=verified)
+
+
+def _reasons(numbers_json) -> tuple[str, ...]:
+    """A verdict row's reasons (`record_verdict` keeps them beside its numbers); () when unreadable."""
+    try:
+        data = json.loads(numbers_json) if isinstance(numbers_json, str) else numbers_json
+    except ValueError:
+        return ()
+    found = data.get("reasons") if isinstance(data, dict) else None
+    return tuple(r for r in found if isinstance(r, str)) if isinstance(found, list) else ()
 
 
 def unrecorded_change(ledger: Ledger, candidate_id: str, item: EvidenceItem, current: CandidateIdentity) -> str | None:
@@ -684,15 +768,17 @@ def scope_line(cells: Sequence[ReportCell]) -> str:
 
 
 def report_markdown(rep: Report) -> str:
-    lines = [f"### Acceptance report: {rep.track}", "",
-             f"**{'accepted' if rep.accepted else 'not accepted'}** for candidate `{rep.candidate_id}`", "",
-             *([f"Shown under: {rep.conditions}", ""] if rep.conditions else []),
-             "| evidence | verdict | summary | why not accepted | question | judge |",
-             "| --- | --- | --- | --- | --- | --- |"]
+    """The report as a person reads it: the answer, one row per item (verdict, why in one
+    sentence, the next step), then the details one level down."""
+    lines = [f"**{rep.headline}**", "",
+             "| evidence | verdict | why | next step |", "| --- | --- | --- | --- |"]
     for c in rep.cells:
-        verdict = c.shown if c.accepted or c.verdict != Verdict.PASS.value else f"**{c.shown}**"
-        lines.append(f"| {TITLES[c.item]} | {verdict} | {c.summary.replace('|', '/')} | {c.why.replace('|', '/')} | "
-                     f"`{(c.question_hash or '')[:19]}` | `{c.judge_version or ''}` |")
+        lines.append(f"| {TITLES[c.item]} | {'accepted' if c.accepted else c.state} | "
+                     f"{(c.deciding or sentence(c.summary)).replace('|', '/')} | {c.next_step or '—'} |")
+    lines += ["", f"Candidate `{rep.candidate_id}`" + (f", shown under: {rep.conditions}" if rep.conditions else ""), "",
+              "| evidence | summary | question | judge |", "| --- | --- | --- | --- |"]
+    lines += [f"| {TITLES[c.item]} | {clip(c.summary, 200).replace('|', '/')} | `{(c.question_hash or '')[:19]}` | "
+              f"`{c.judge_version or ''}` |" for c in rep.cells]
     earlier = [(c.item, e) for c in rep.cells for e in c.earlier]
     if earlier:
         lines += ["", "**Earlier non-pass verdicts that still hold for this candidate:**", ""]

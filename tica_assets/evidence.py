@@ -37,7 +37,9 @@ from tica.candidate import CandidateIdentity
 from tica.checks import FROZEN
 from tica.errors import FrozenQuestionError, ManifestError, QuestionError
 from tica.evidence import COVERS, LEG_ITEMS, EvidenceItem, sensitive_components  # noqa: F401 (re-exported)
+from tica.messages import sentence
 from tica.seal import seal_digest
+from tica.verdict import Verdict
 from tica_assets import core, plots
 from tica_assets.candidates import load_track, observed_version
 from tica_assets.keys import GPU_POOL, LEDGER_POOL, component_key, evidence_key, leg_runner_key, safe_name
@@ -153,22 +155,34 @@ def cell_metadata(judged: Judged, question, candidate_id: str, runner_kind: str,
     return meta
 
 
-# Checks whose failure is a finding about the evidence, not an integrity fault: the run goes on
-# and the report shows the cell as not accepted (judged after the fact; legs that ran another
-# workload than the candidate's).
+# Checks whose failure is a finding about the evidence, not an integrity fault: drawn as a
+# failure (ERROR) but not blocking in Dagster's sense, so the run goes on and the report shows
+# the cell as not accepted (judged after the fact; legs that ran another workload than the
+# candidate's). The report requires them all the same (tica.checks.REQUIRED).
 VERDICT_CHECKS = (FROZEN, checks.WORKLOAD)
+# The cell's verdict on the canvas: passed only for a pass; a fail is an error (red), inconclusive
+# and not run warnings (amber). Not blocking: a verdict is the answer, it stops nothing.
+VERDICT = "verdict"
+
+
+def verdict_result(key: AssetKey, judged: Judged) -> AssetCheckResult:
+    cell = judged.cell
+    why = sentence(next((r for r in cell.reasons if r.startswith(f"{cell.verdict.value}:")), cell.summary))
+    return AssetCheckResult(asset_key=key, check_name=VERDICT, passed=cell.verdict is Verdict.PASS,
+                            severity=AssetCheckSeverity.ERROR if cell.verdict is Verdict.FAIL else AssetCheckSeverity.WARN,
+                            description=f"{cell.verdict.value}: {why}",
+                            metadata={"verdict": cell.verdict.value, "verdict_id": judged.verdict_id})
 
 
 def check_results(key: AssetKey, judged: Judged) -> list[AssetCheckResult]:
-    """The verdict's checks, as the ledger holds them, shown as Dagster asset checks. Integrity
-    checks that fail stop the run (ERROR); a check with nothing to check (the cell cannot pass
-    anyway), the advisory ones and VERDICT_CHECKS warn (the report refuses the cell)."""
-    out = []
+    """The verdict, and its checks as the ledger holds them, shown as Dagster asset checks. A
+    required check that fails is an error: integrity checks stop the run, VERDICT_CHECKS do not.
+    A check with nothing to check (the cell cannot pass anyway) and the advisory ones warn."""
+    out = [verdict_result(key, judged)]
     for c in judged.checks:
-        severity = (AssetCheckSeverity.ERROR if c.blocking and c.applicable and c.name not in VERDICT_CHECKS
-                    else AssetCheckSeverity.WARN)
+        severity = AssetCheckSeverity.ERROR if c.blocking and c.applicable else AssetCheckSeverity.WARN
         out.append(AssetCheckResult(asset_key=key, check_name=c.name, passed=c.passed, severity=severity,
-                                    description=c.description[:2000],
+                                    description=sentence(c.description, 2000),
                                     metadata={"verdict_id": judged.verdict_id, "blocking": c.blocking,
                                               "detail": MetadataValue.json(c.detail)}))
     return out
@@ -222,12 +236,15 @@ def materialize_evidence(context: AssetExecutionContext, track: Track, item: Evi
 
 def check_specs(track: Track, item: EvidenceItem) -> list[AssetCheckSpec]:
     key = evidence_key(track.name, item)
-    # Every check an item's verdict needs before it can be accepted (tica.checks.REQUIRED) is blocking.
-    return [AssetCheckSpec(name, asset=key, blocking=True, description=CHECK_DESCRIPTIONS[name])
-            for name in checks.REQUIRED[item]]
+    # Every check an item's verdict needs before it can be accepted (tica.checks.REQUIRED) is
+    # declared; the integrity ones block what runs after them (VERDICT_CHECKS, above, do not).
+    return [AssetCheckSpec(VERDICT, asset=key, blocking=False, description=CHECK_DESCRIPTIONS[VERDICT])] + [
+        AssetCheckSpec(name, asset=key, blocking=name not in VERDICT_CHECKS, description=CHECK_DESCRIPTIONS[name])
+        for name in checks.REQUIRED[item]]
 
 
 CHECK_DESCRIPTIONS = {
+    VERDICT: "the verdict under the frozen question: passed only for pass (fail: error; inconclusive, not run: warning)",
     checks.CANARIES: "every criterion of the frozen question returns fail on its planted error (those the question "
                      "switches off are listed one by one)",
     checks.RECEIPTS: "every judged receipt matches its seal and every hash the ledger recorded for it",

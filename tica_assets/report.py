@@ -9,9 +9,21 @@ import json
 import os
 from pathlib import Path
 
-from dagster import AssetExecutionContext, Definitions, MaterializeResult, MetadataValue, asset
+from dagster import (
+    AssetCheckResult,
+    AssetCheckSeverity,
+    AssetCheckSpec,
+    AssetExecutionContext,
+    Definitions,
+    MaterializeResult,
+    MetadataValue,
+    TableColumn,
+    TableRecord,
+    TableSchema,
+    asset,
+)
 
-from tica.acceptance import report, report_markdown, scope_line
+from tica.acceptance import TITLES, Report, report, report_markdown, scope_line
 from tica.errors import ManifestError, QuestionError
 from tica.ledger import Head
 from tica.evidence import EvidenceItem
@@ -46,6 +58,7 @@ def report_defs(track: Track, settings: Settings) -> Definitions:
         group_name=safe_name(track.name),
         required_resource_keys={"ledger"},
         kinds={"duckdb"},
+        check_specs=[AssetCheckSpec(ACCEPTED, asset=report_key(track.name), description=ACCEPTED_DESCRIPTION)],
     )
     def _report(context) -> MaterializeResult:
         try:
@@ -59,7 +72,10 @@ def report_defs(track: Track, settings: Settings) -> Definitions:
         questions = questions_in_force(context, track, settings)
         rep = report(ledger, track.name, current, conditions, _last_verified(context, key), questions=questions)
         numbers = rep.numbers
+        context.log.info(rep.headline)
         meta = {
+            "answer": MetadataValue.text(rep.headline),
+            "verdicts": verdict_table(rep),
             "acceptance": MetadataValue.text("accepted" if rep.accepted else "not accepted: " + "; ".join(rep.why_not)),
             "scope": MetadataValue.text(scope_line(rep.cells)),
             "report": MetadataValue.md(report_markdown(rep)),
@@ -76,9 +92,32 @@ def report_defs(track: Track, settings: Settings) -> Definitions:
         }
         for c in rep.cells:
             meta[f"cell: {c.item.value}"] = MetadataValue.text(c.shown + (f" ({c.why})" if c.why else ""))
-        return MaterializeResult(metadata=meta)
+        return MaterializeResult(metadata=meta, check_results=[accepted_check(track.name, rep)])
 
     return Definitions(assets=[_report])
+
+
+ACCEPTED = "accepted"
+ACCEPTED_DESCRIPTION = "every evidence item of the track is accepted for the candidate the manifest names now"
+
+
+def accepted_check(track: str, rep: Report) -> AssetCheckResult:
+    """The report's answer on the canvas: passed only when the candidate is accepted; a failed cell
+    makes it an error (red), anything else not yet accepted a warning (amber). Not blocking: the
+    answer is shown, it stops nothing."""
+    failed = any(c.state == "fail" for c in rep.cells)
+    return AssetCheckResult(asset_key=report_key(track), check_name=ACCEPTED, passed=rep.accepted,
+                            severity=AssetCheckSeverity.ERROR if failed else AssetCheckSeverity.WARN,
+                            description=rep.headline, metadata={"answer": MetadataValue.text(rep.headline)})
+
+
+def verdict_table(rep: Report) -> MetadataValue:
+    """One row per evidence item, shown inline in the UI: verdict, why in one sentence, next step."""
+    schema = TableSchema(columns=[TableColumn("evidence", "string"), TableColumn("verdict", "string"),
+                                  TableColumn("why", "string"), TableColumn("next step", "string")])
+    return MetadataValue.table(records=[
+        TableRecord({"evidence": TITLES[c.item], "verdict": c.state, "why": c.deciding or "—",
+                     "next step": c.next_step or "—"}) for c in rep.cells], schema=schema)
 
 
 def ledger_key(ledger) -> str:
