@@ -364,8 +364,8 @@ class ReportCell:
 
     @property
     def state(self) -> str:
-        """The one word the report groups the cell under: accepted, fail, inconclusive, not run,
-        stale, judged after the fact, or 'pass, not accepted'."""
+        """What the report groups the cell under: accepted, fail, inconclusive, not run, stale,
+        judged after the fact, 'pass, checks missing' or 'pass, not accepted'."""
         if self.accepted:
             return "accepted"
         if self.stale:
@@ -373,7 +373,7 @@ class ReportCell:
         if self.after_the_fact:
             return "judged after the fact"
         if self.verdict == Verdict.PASS.value:
-            return "pass, not accepted"
+            return "pass, checks missing" if self.missing_checks else "pass, not accepted"
         return self.verdict
 
     @property
@@ -438,7 +438,8 @@ class Report:
         for c in self.cells:
             if not c.accepted:
                 groups.setdefault(c.state, []).append(c)
-        order = ("fail", "inconclusive", "not run", "stale", "judged after the fact", "pass, not accepted")
+        order = ("fail", "inconclusive", "not run", "stale", "judged after the fact", "pass, checks missing",
+                 "pass, not accepted")
         parts = [f"{len(cs)} {state} ({', '.join(c.item.value for c in cs)}): {clip(cs[0].deciding, 90)}"
                  for state in sorted(groups, key=lambda s: order.index(s) if s in order else len(order))
                  for cs in [groups[state]]]
@@ -560,10 +561,13 @@ def uncovered_legs(covering: dict, covered: dict[EvidenceItem, dict]) -> tuple[d
 
 
 class _Holding:
-    """Whether a verdict of the track still holds for the candidate the manifest names now: no
-    recorded invalidation voided it, and the manifest has not changed since in a component that
-    voids its item (`changes_voiding`, over the track's components read once). None: it holds;
-    else the cause."""
+    """Whether a verdict of the track still holds for the candidate the manifest names now. It
+    holds when (1) the last change the ledger recorded for its item since it was judged (an
+    invalidation row) leads back to a candidate that agrees with the verdict's on every component
+    that voids the item, or there is none, and (2) the candidate the manifest names now agrees
+    with it the same way. A change reverted (recorded back by the sensor) makes the verdict hold
+    again, the rows of what was voided meanwhile staying in the ledger; a reader holding an
+    outdated manifest still sees what the sensor recorded since. None: it holds; else the cause."""
 
     def __init__(self, ledger: Ledger, track: str, current: CandidateIdentity | None) -> None:
         self.current = current
@@ -573,44 +577,55 @@ class _Holding:
         self.seqs = {item: [i["seq"] for i in rows] for item, rows in self.by_item.items()}
         self.ledger, self.track = ledger, track
         self._components: dict[str, dict[Component, str]] | None = None  # read once, when first needed
-        self._unrecorded: dict[tuple[str, EvidenceItem], str | None] = {}
+        self._causes: dict[tuple[str, EvidenceItem], str | None] = {}
 
-    def recorded(self, r: dict) -> str | None:
-        rows = self.by_item.get(r["item"], [])
-        start = bisect.bisect_right(self.seqs.get(r["item"], []), r["seq"])
-        causes = [f"{i['component']}: {i['cause']}" for i in rows[start:] if i["new_candidate_id"] != r["candidate_id"]]
-        return "; ".join(causes) or None
-
-    def unrecorded(self, candidate_id: str, item: EvidenceItem) -> str | None:
-        """As `unrecorded_change`, from the components read with the track."""
-        current = self.current
-        assert current is not None
-        if candidate_id == current.candidate_id:
-            return None
+    def components(self, candidate_id: str) -> dict[Component, str] | None:
         if self._components is None:
             self._components = {}
-            for r in self.ledger.rows(TRACK_COMPONENTS_SQL, [self.track]):
+            for row in self.ledger.rows(TRACK_COMPONENTS_SQL, [self.track]):
                 try:
-                    self._components.setdefault(r["candidate_id"], {})[Component(r["component"])] = r["fingerprint"]
+                    self._components.setdefault(row["candidate_id"], {})[Component(row["component"])] = row["fingerprint"]
                 except ValueError:
                     continue
-        judged = self._components.get(candidate_id, {})
-        if set(judged) != set(Component):
-            return f"judged for {candidate_id}, whose components the ledger does not hold"
-        old = CandidateIdentity(track=current.track, manifest_path=current.manifest_path, components=judged)
-        causes = voided_items(diff(old, current)).get(item, [])
+        found = self._components.get(candidate_id, {})
+        return found if set(found) == set(Component) else None
+
+    def voiding(self, judged_for: str, other: CandidateIdentity | str, item: EvidenceItem) -> list[Component] | None:
+        """The components voiding `item` in which `other` differs from the verdict's candidate
+        (None: the ledger does not hold the components of one of them)."""
+        other_id = other if isinstance(other, str) else other.candidate_id
+        if judged_for == other_id:
+            return []
+        old = self.components(judged_for)
+        new = self.components(other) if isinstance(other, str) else dict(other.components)
+        if old is None or new is None:
+            return None
+        a = CandidateIdentity(track=self.track, manifest_path="", components=old)
+        b = CandidateIdentity(track=self.track, manifest_path="", components=new)
+        return voided_items(diff(a, b)).get(item, [])
+
+    def recorded(self, r: dict, item: EvidenceItem) -> str | None:
+        """Why the changes recorded since the verdict leave it void, None when they lead back."""
+        rows = self.by_item.get(r["item"], [])[bisect.bisect_right(self.seqs.get(r["item"], []), r["seq"]):]
+        if not rows or self.voiding(r["candidate_id"], rows[-1]["new_candidate_id"], item) == []:
+            return None
+        last = rows[-1]["new_candidate_id"]
+        return "; ".join(f"{i['component']}: {i['cause']}" for i in rows if i["new_candidate_id"] == last)
+
+    def changed(self, r: dict, item: EvidenceItem) -> str | None:
+        assert self.current is not None
+        causes = self.voiding(r["candidate_id"], self.current, item)
+        if causes is None:
+            return f"judged for {r['candidate_id']}, whose components the ledger does not hold"
         return "; ".join(f"{c.value}: changed in the manifest since judged, not yet recorded" for c in causes) or None
 
     def cause(self, r: dict, item: EvidenceItem) -> str | None:
-        recorded = self.recorded(r)
-        if recorded is not None:
-            return recorded
-        if self.current is None:
-            return "the manifest could not be read: the candidate it names now is unknown"
-        key = (r["candidate_id"], item)
-        if key not in self._unrecorded:
-            self._unrecorded[key] = self.unrecorded(r["candidate_id"], item)
-        return self._unrecorded[key]
+        key = (r["verdict_id"], item)
+        if key not in self._causes:
+            self._causes[key] = (self.recorded(r, item) or (
+                "the manifest could not be read: the candidate it names now is unknown" if self.current is None
+                else self.changed(r, item)))
+        return self._causes[key]
 
 
 def _relation(r: dict, pick: dict) -> str:

@@ -22,6 +22,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from tica.evidence import EvidenceItem
+from tica.messages import without_prefix
 from tica.metrics import forward_metrics
 from tica.question import (
     CleanExitCriteria,
@@ -1025,13 +1026,13 @@ def _needs_bi0_smoke(question: Question | None) -> str | None:
     c = getattr(question, "criteria", None)
     if isinstance(c, ForwardCriteria) and not c.bi0_smoke:
         return ("the question judges BI=1: BI=0's grad norm is judged where recorded, required only in a "
-                "BI=0 smoke question (arms [bi0])")
+                "BI=0 smoke question, arms [bi0]")
     return None
 
 
 def _needs_must_record(question: Question | None) -> str | None:
     if question is not None and not question.must_record:
-        return "the question requires no leg.json field to be recorded (must_record is empty)"
+        return "the question requires no leg.json field to be recorded: must_record is empty"
     return None
 
 
@@ -1131,8 +1132,8 @@ def run_canaries(
                 continue
             baseline = run(question, base)
             if baseline.verdict is not Verdict.PASS:
-                why = f"the passing receipt set does not pass under this question ({baseline.verdict.value}): " + \
-                      "; ".join(baseline.reasons[:3])
+                why = f"the passing receipt set is {baseline.verdict.value} under this question: " + \
+                      "; ".join(without_prefix(r) for r in baseline.reasons[:3])
                 results += [CanaryResult(name=c.name, item=key, rule=c.rule,
                                          expected=tuple(sorted(v.value for v in c.expect)), got="baseline " +
                                          baseline.verdict.value, broken=True, detail=why) for c in group]

@@ -16,6 +16,7 @@ from typing import Any
 
 from tica import strict_io
 from tica.evidence import EvidenceItem
+from tica.messages import clip, digest, in_leg, relative, without_prefix
 from tica.question import Question, QualityCriteria, ThroughputCriteria
 from tica.receipts import LEG_FILE, RESULTS_FILE, read_receipt
 from tica.seal import SEAL_FILE, check_seal
@@ -110,14 +111,15 @@ def canaries(item: EvidenceItem, question: Question,
         # question, say): no criterion can be shown to flip a pass, and no cell under it passes.
         # Recorded as failed (acceptance stays blocked); not an integrity fault that stops a run.
         return CheckOutcome(CANARIES, False, True, f"{len(missed)} canary(ies) cannot run: under this question no "
-                            f"receipt set passes ({missed[0].detail[:300]}), so no criterion can be shown to fail "
-                            "a pass; the cell cannot be accepted", detail, applicable=False)
+                            "receipt set passes, so no criterion can be shown to fail a pass and the cell cannot be "
+                            f"accepted; {clip(relative(without_prefix(missed[0].detail)), 240)}", detail,
+                            applicable=False)
     if missed:
         return CheckOutcome(CANARIES, False, True, f"{len(missed)} canary(ies) not caught: "
                             + ", ".join(f"{r.name} (got {r.got})" for r in missed), detail)
     text = f"{len(results) - len(off)} canaries all caught"
     if off:
-        text += "; switched off by the question: " + "; ".join(f"{r.name} ({r.detail})" for r in off)
+        text += "; switched off by the question: " + "; ".join(f"{r.name}: {r.detail}" for r in off)
     return CheckOutcome(CANARIES, True, True, text, detail)
 
 
@@ -129,20 +131,21 @@ def receipts(legs: Sequence[Path], recorded: dict[str, list[dict[str, str]]]) ->
     hashes are the sealed ones. A judged leg the ledger never recorded is no evidence."""
     problems: list[str] = []
     for leg in legs:
-        problems += check_seal(leg)
+        problems += [in_leg(p, leg) for p in check_seal(leg)]
         seal = (_read_json(leg / SEAL_FILE) or {}).get("files", {})
         records = recorded.get(str(leg))
         if not records:
-            problems.append(f"{leg}: judged but never recorded in the ledger")
+            problems.append(f"{leg.name}: judged but never recorded in the ledger")
             continue
         for files in records:
-            for rel, digest in files.items():
-                if seal.get(rel) != digest:
-                    problems.append(f"{leg / rel}: seal says {str(seal.get(rel))[:12]}, the ledger recorded {digest[:12]}")
+            for rel, recorded_digest in files.items():
+                if seal.get(rel) != recorded_digest:
+                    problems.append(f"{leg.name}/{rel}: seal says {digest(seal.get(rel))}, the ledger "
+                                    f"recorded {digest(recorded_digest)}")
             # a file the seal now holds that a recording of this leg did not: added after the ledger saw it
             for rel in sorted(set(seal) - set(files)):
-                problems.append(f"{leg / rel}: sealed now, but not in the leg when the ledger recorded it "
-                                "(added after; a leg is never changed in place)")
+                problems.append(f"{leg.name}/{rel}: sealed now, but not in the leg when the ledger "
+                                "recorded it (added after; a leg is never changed in place)")
     text = f"{len(legs)} leg(s) sealed and as recorded" if not problems else f"{len(problems)} problem(s): {problems[0]}"
     return CheckOutcome(RECEIPTS, not problems, True, text, {"problems": problems, "legs": len(legs)})
 
@@ -211,7 +214,7 @@ def recount_quality(legs: Sequence[Path]) -> tuple[dict[str, int], list[str]]:
         try:
             lines = strict_io.text_of(strict_io.regular_file_bytes(leg / RESULTS_FILE)).splitlines()
         except (OSError, ValueError) as err:
-            problems.append(f"{leg.name}: {RESULTS_FILE} unreadable ({err})")
+            problems.append(f"{leg.name}: {RESULTS_FILE} unreadable: {relative(str(err))}")
             continue
         for n, line in enumerate(lines, 1):
             if not line.strip():
@@ -288,7 +291,7 @@ def workload(legs: Sequence[Path], manifest_workload: Any, question: Question) -
             continue
         bench = _read_json(leg / "bench.json")
         if not isinstance(bench, dict):
-            problems.append(f"{leg}: no readable bench.json")
+            problems.append(f"{leg.name}: no readable bench.json")
             continue
         cfg = meta.get("resolved_config") or {}
         for name in ("input_len", "output_len", "ignore_eos"):

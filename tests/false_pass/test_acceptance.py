@@ -282,6 +282,25 @@ def test_a_recorded_invalidation_keeps_the_old_candidates_evidence_stale(track, 
         assert all(c.stale and "weights" in c.stale_cause for c in rep.cells), [c.stale_cause for c in rep.cells]
 
 
+def test_a_change_recorded_then_reverted_makes_the_evidence_hold_again(track, tmp_path):
+    """Fresh is computed from fingerprints: weights changed and recorded (every item stale), then
+    changed back and recorded (every item holds again); the invalidation rows stay in the ledger."""
+    t, ledger = track
+    path = write_manifest(tmp_path / "new-weights", manifest_data(track=TRACK), weights=b"other checkpoint" * 64)
+    loaded = load_manifest(path)
+    new = identify(loaded)
+    record_candidate_change(ledger, loaded, new, dict(t.identity.components))
+    assert not any(c.accepted for c in report(ledger, TRACK, new, questions=IN_FORCE).cells)
+    rows = ledger.rows("SELECT count(*) AS n FROM invalidations")[0]["n"]
+    back = record_candidate_change(ledger, load_manifest(t.identity.manifest_path), t.identity, dict(new.components))
+    assert [c.component for c in back] == [Component.WEIGHTS]
+    rep = report(ledger, TRACK, t.identity, questions=IN_FORCE)
+    assert rep.accepted, rep.why_not
+    assert ledger.rows("SELECT count(*) AS n FROM invalidations")[0]["n"] == 2 * rows  # the history stays
+    # negative control: the candidate with the other weights has no evidence of its own
+    assert not any(c.accepted for c in report(ledger, TRACK, new, questions=IN_FORCE).cells)
+
+
 def test_evidence_judged_for_another_candidate_of_the_track_is_not_this_candidates(track, tmp_path):
     """Forward rerun for a candidate with other weights on the same track: the newest forward verdict
     is that candidate's; the report of the candidate the manifest names keeps its own verdict, and

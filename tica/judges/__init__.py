@@ -18,7 +18,7 @@ from tica import digests, leg_times
 from tica.binding import BindingProblem, Candidate, bind_legs, unbound_pins
 from tica.errors import InputError, ReceiptError, UsageParser
 from tica.evidence import EvidenceItem
-from tica.judges._common import JUDGE_VERSION, Findings, cell, without_pass
+from tica.judges._common import JUDGE_VERSION, Findings, cell, criteria_alone, prefixed, shown, without_pass
 from tica.judges.artifacts import judge_artifacts
 from tica.judges.backward import judge_backward
 from tica.judges.clean_exit import judge_clean_exit
@@ -27,6 +27,7 @@ from tica.judges.quality import judge_quality
 from tica.judges.recipe_identity import RecipeIdentityResult, judge_recipe_identity
 from tica.judges.throughput import judge_throughput
 from tica.judges.update import judge_update
+from tica.messages import clip
 from tica.question import Question, load_question
 from tica.receipts import LEG_FILE, read_receipt
 from tica.seal import SEAL_FILE
@@ -74,7 +75,7 @@ def judge(item: EvidenceItem | str, question: Question, leg_paths: Sequence[str 
     unchecked = unbound_pins(candidate, as_item(item)) if candidate is not None else []
     if not unchecked:
         return cell
-    return cell.model_copy(update={"reasons": (*cell.reasons, *(f"note: {u}" for u in unchecked)),
+    return cell.model_copy(update={"reasons": (*cell.reasons, *(prefixed("note", u) for u in unchecked)),
                                    "numbers": {**cell.numbers, "unbound_pins": unchecked}})
 
 
@@ -87,14 +88,35 @@ def bound_cell(cell: VerdictCell, candidate: Candidate | None, problems: Sequenc
     if problems:
         f = Findings()
         for p in problems:
-            f.inconclusive(f"not evidence for this candidate: {p}")
+            f.inconclusive(f"not evidence for this candidate: {_binding_text(p)}")
         # Unbound evidence never passes; a fail or a not-run stays what the criteria found.
         verdict = Verdict.INCONCLUSIVE if cell.verdict is Verdict.PASS else cell.verdict
         update.update(verdict=verdict, reasons=(*f.reasons(), *cell.reasons) if verdict is not cell.verdict
                       else (*cell.reasons, *f.reasons()),
-                      summary=(f"{verdict.value}: {len(problems)} binding problem(s), e.g. {problems[0]}; "
-                               f"criteria: {cell.summary}") if verdict is not cell.verdict else cell.summary)
+                      summary=prefixed(verdict.value, (f"{len(problems)} binding problems, e.g. " if len(problems) > 1
+                                                       else "not evidence for this candidate: ")
+                                       + f"{_binding_text(problems[0])}; {criteria_alone(cell.summary)}")
+                      if verdict is not cell.verdict else cell.summary)
     return cell.model_copy(update=update)
+
+
+def _binding_value(value: object) -> str:
+    text = json.dumps(value, sort_keys=True, default=str) if not isinstance(value, str) else value
+    return clip(text, 120)
+
+
+def _binding_text(p: BindingProblem | str) -> str:
+    """A binding problem as a person reads it: the receipt's path relative, a long value cut at a
+    word (with an ellipsis), never mid-word; a digest whole, so that two that differ show where."""
+    if not isinstance(p, BindingProblem):
+        return shown(str(p))
+    if p.kind == "unrecorded":
+        text = (f"{p.leg}: {p.component.value} not bound: the manifest pins {p.field} = {_binding_value(p.pinned)}; "
+                f"{p.file} records nothing for it")
+    else:
+        text = (f"{p.leg}: {p.component.value} names another candidate: the manifest pins {p.field} = "
+                f"{_binding_value(p.pinned)}; {p.file} records {_binding_value(p.recorded)}")
+    return shown(text)
 
 
 def judge_criteria(item: EvidenceItem | str, question: Question, leg_paths: Sequence[str | Path]) -> VerdictCell:

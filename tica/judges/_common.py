@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from tica.evidence import EvidenceItem
+from tica.messages import relative, without_prefix
 from tica.question import Question
 from tica.verdict import Verdict, VerdictCell
 
@@ -94,7 +95,37 @@ class Findings:
     def reasons(self) -> tuple[str, ...]:
         # Worst first, so the first reason is the one that decided the cell.
         ordered = sorted(self.items, key=lambda vr: -_SEVERITY[vr[0]])
-        return tuple(f"{v.value}: {r}" if v is not Verdict.PASS else f"note: {r}" for v, r in ordered)
+        return tuple(prefixed("note" if v is Verdict.PASS else v.value, r) for v, r in ordered)
+
+    def deciding(self) -> str | None:
+        """The reason that decided the verdict (the first of the worst), without its prefix; None
+        when nothing was found."""
+        ordered = sorted(self.items, key=lambda vr: -_SEVERITY[vr[0]])
+        return shown(ordered[0][1]) if ordered else None
+
+
+def shown(text: str) -> str:
+    """A reason or summary as a person reads it: no verdict prefix of its own (the cell adds one),
+    receipt paths relative (tica.messages.relative)."""
+    return relative(without_prefix(str(text)))
+
+
+def prefixed(word: str, text: str) -> str:
+    """`word: text`, once: a text that already carries a verdict prefix is not prefixed again."""
+    return f"{word}: {shown(text)}"
+
+
+def led(findings: Findings, summary: str, when: Sequence[Verdict] = (Verdict.FAIL, Verdict.INCONCLUSIVE,
+                                                                     Verdict.NOT_RUN)) -> str:
+    """A summary whose headline is not contradicted by its body: for a verdict in `when`, the reason
+    that decided it leads ("fail: forward_bi1: weights named ...; 3 of 3 receipts sealed")."""
+    why = findings.deciding() if findings.verdict in when else None
+    return f"{why}; {summary}" if why else summary
+
+
+def did_not_run(label: str, reason: object) -> str:
+    """Why a leg did not run, as its producer recorded it (a recorded 'not run: ' is not repeated)."""
+    return f"{label}did not run: {shown(str(reason))}"
 
 
 def cell(
@@ -111,7 +142,7 @@ def cell(
     return VerdictCell(
         item=item,
         verdict=v,
-        summary=f"{v.value}: {summary}",
+        summary=prefixed(v.value, summary),
         question_hash=question.hash,
         reasons=findings.reasons(),
         numbers=numbers or {},
@@ -127,10 +158,16 @@ def without_pass(result: VerdictCell, why: Sequence[str]) -> VerdictCell:
     if not why:
         return result
     if result.verdict is not Verdict.PASS:
-        return result.model_copy(update={"reasons": (*result.reasons, *(f"note: {w}" for w in why))})
+        return result.model_copy(update={"reasons": (*result.reasons, *(prefixed("note", w) for w in why))})
     return result.model_copy(update={
-        "verdict": Verdict.INCONCLUSIVE, "reasons": (*(f"inconclusive: {w}" for w in why), *result.reasons),
-        "summary": f"inconclusive: {why[0]}; criteria: " + result.summary.removeprefix("pass: ")})
+        "verdict": Verdict.INCONCLUSIVE, "reasons": (*(prefixed("inconclusive", w) for w in why), *result.reasons),
+        "summary": prefixed("inconclusive", f"{shown(why[0])}; {criteria_alone(result.summary)}")})
+
+
+def criteria_alone(summary: str) -> str:
+    """What the criteria found, quoted after the reason that forbids their pass (no second verdict
+    prefix: 'the criteria alone pass, with ...')."""
+    return f"the criteria alone pass, with {shown(summary)}"
 
 
 def fmt(x: Any) -> str:

@@ -10,7 +10,8 @@ from typing import Any
 from tica.errors import ReceiptError
 from tica import digests
 from tica.evidence import EvidenceItem
-from tica.judges._common import Findings, cell, md_table, wrong_question
+from tica.judges._common import Findings, cell, led, md_table, wrong_question
+from tica.messages import digest, in_leg
 from tica.judges.confounders import require_recorded
 from tica.question import ArtifactsCriteria, Question
 from tica.receipts import LEG_FILE, METRICS_FILE, load_jsonl, load_leg_meta
@@ -33,13 +34,14 @@ def judge_artifacts(question: Question, leg_paths: Sequence[str | Path]) -> Verd
     for raw in leg_paths:
         path = Path(raw)
         if not path.is_dir():
-            findings.fail(f"{path}: not a sealed leg directory")
+            findings.fail(f"{path.name}: not a sealed leg directory")
             rows.append([str(path), "no seal", None, "fail"])
             continue
         problems = check_seal(path)
         if problems:
+            problems = [in_leg(p, path) for p in problems]
             for p in problems:
-                findings.fail(f"{p}")
+                findings.fail(p)
             rows.append([path.name, "; ".join(problems), None, "fail"])
             continue
         hashes[str(path)] = seal_digest(path)
@@ -81,5 +83,6 @@ def judge_artifacts(question: Question, leg_paths: Sequence[str | Path]) -> Verd
     numbers = {"legs": [dict(zip(["leg", "seal", "weights_hash", "status"], r)) for r in rows],
                "weights": sorted(weights)}
     tables = {"receipts": md_table(["leg", "seal", "weights", "status"], rows)}
-    summary = f"{len(hashes)} of {len(leg_paths)} receipts sealed and intact; weights {sorted(weights) or 'unnamed'}"
+    named = ", ".join(digest(w) for w in sorted(weights)) or "unnamed"
+    summary = led(findings, f"{len(hashes)} of {len(leg_paths)} receipts sealed and intact; weights {named}")
     return cell(item, question, findings, summary, numbers, tables, hashes)

@@ -16,13 +16,13 @@ from typing import Any
 
 from tica.errors import ReceiptError
 from tica.evidence import EvidenceItem
-from tica.judges._common import Findings, cell, md_table, wrong_question
+from tica.judges._common import Findings, cell, did_not_run, led, md_table, wrong_question
 from tica.judges.confounders import require_recorded
 from tica.question import BackwardCriteria, Question
 from tica.question import GRADCHECK_REL_TOL
 from tica.receipts import (GRADCHECK_FILE, METRICS_FILE, BackwardStep, GradcheckFile, GradcheckOp, Leg, load_gradcheck,
                            load_leg, load_step_metrics)
-from tica.verdict import VerdictCell
+from tica.verdict import Verdict, VerdictCell
 
 GRAD_HEADERS = ["step", "basis", "grad norm", "finite", "params with grad", "params total",
                 "nonzero grad", "group rewards", "deployed bytes equal", "gradient check", "reading"]
@@ -227,7 +227,7 @@ def judge_backward(question: Question, leg_paths: Sequence[str | Path]) -> Verdi
             findings.inconclusive(f"{label}is a {leg.meta.item} leg, not a backward leg")
             continue
         if leg.meta.not_run_reason:
-            findings.not_run(f"{label}did not run: {leg.meta.not_run_reason}")
+            findings.not_run(did_not_run(label, leg.meta.not_run_reason))
             continue
         ran.append(leg)
         steps = load_step_metrics(leg.path / METRICS_FILE, BackwardStep)
@@ -243,5 +243,5 @@ def judge_backward(question: Question, leg_paths: Sequence[str | Path]) -> Verdi
         findings.not_run("no backward leg")
     elif not any(l.arm == "bi1" for l in ran):
         findings.not_run("no BI=1 backward leg ran: the true on-policy trainer's backward has no evidence")
-    summary = f"{len(ran)} backward leg(s) judged"
+    summary = findings.deciding() if findings.verdict is Verdict.NOT_RUN else led(findings, f"{len(ran)} backward leg(s) judged")
     return cell(item, question, findings, summary, numbers, tables, {str(l.path): l.digest for l in legs})

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from tica.evidence import EvidenceItem
-from tica.judges._common import Findings, cell, md_table, worst, wrong_question
+from tica.messages import digest
+from tica.judges._common import Findings, cell, did_not_run, led, md_table, worst, wrong_question
 from tica.judges.backward import zero_advantage
 from tica.judges.confounders import confounder_markdown, confounder_table, require_recorded, unquantified
 from tica.metrics import forward_metrics, n_bitwise_diff
@@ -115,7 +116,7 @@ def same_content(label: str, steps: Sequence[dict[str, Any]]) -> list[str]:
     by_content: dict[str, list[int]] = {}
     for s in steps:
         by_content.setdefault(s["content"], []).append(s["step"])
-    return [f"{label}steps {nums} hold one measurement (content {content[:19]}...): a copy under another step "
+    return [f"{label}steps {nums} hold one measurement (content {digest(content)}): a copy under another step "
             "number is not another step" for content, nums in by_content.items() if len(nums) > 1]
 
 
@@ -295,7 +296,7 @@ def judge_forward(question: Question, leg_paths: Sequence[str | Path]) -> Verdic
             findings.inconclusive(f"{label}is a {leg.meta.item} leg, not a forward leg")
             continue
         if leg.meta.not_run_reason:
-            (findings.not_run if judged else findings.note)(f"{label}did not run: {leg.meta.not_run_reason}")
+            (findings.not_run if judged else findings.note)(did_not_run(label, leg.meta.not_run_reason))
             arm_verdicts[leg.arm].append(Verdict.NOT_RUN)
             continue
         reading = read_forward(leg.path, leg.arm, criteria.min_steps, bi0_range, label,
@@ -342,8 +343,11 @@ def judge_forward(question: Question, leg_paths: Sequence[str | Path]) -> Verdic
             # BI=1's verdict stands on its own; only the BI=0 magnitude would be misattributed.
             findings.note("BI=0 magnitude is not attributed to the switch alone; unquantified: "
                           + ", ".join(c.key for c in loose))
-    return cell(item, question, findings, _summary(criteria, arm_verdicts, numbers), numbers, tables,
-                {str(l.path): l.digest for l in legs})
+    summary = _summary(criteria, arm_verdicts, numbers)
+    arm = "bi1" if "bi1" in criteria.arms else "bi0"
+    if findings.verdict is not (worst(arm_verdicts[arm]) if arm_verdicts[arm] else Verdict.NOT_RUN):
+        summary = led(findings, summary)  # the judged arm's own verdict is not the cell's: say what decided it
+    return cell(item, question, findings, summary, numbers, tables, {str(l.path): l.digest for l in legs})
 
 
 def _summary(criteria: ForwardCriteria, arm_verdicts: dict[str, list[Verdict]], numbers: dict[str, Any]) -> str:
@@ -351,7 +355,7 @@ def _summary(criteria: ForwardCriteria, arm_verdicts: dict[str, list[Verdict]], 
     if "bi1" in criteria.arms:
         v1 = worst(arm_verdicts["bi1"]) if arm_verdicts["bi1"] else Verdict.NOT_RUN
         n_steps = max((len(l["steps"]) for l in numbers["legs"] if l["arm"] == "bi1"), default=0)
-        parts.append(f"BI=1 {v1.value} over {n_steps} step(s)")
+        parts.append(f"BI=1 {v1.value} over {n_steps} step(s)" if n_steps else "no BI=1 step measured")
     else:
         v0 = worst(arm_verdicts["bi0"]) if arm_verdicts["bi0"] else Verdict.NOT_RUN
         parts.append(f"BI=0 smoke {v0.value}")

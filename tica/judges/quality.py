@@ -25,7 +25,7 @@ from typing import Any
 import tica.stats.quality as threshold_test
 from tica import digests
 from tica.evidence import EvidenceItem
-from tica.judges._common import Findings, cell, md_table, wrong_question
+from tica.judges._common import Findings, cell, did_not_run, md_table, wrong_question
 from tica.judges.confounders import confounder_markdown, confounder_table, require_recorded, unquantified
 from tica.question import QualityCriteria, Question
 from tica.receipts import (CONTRACT_FILE, RESULTS_FILE, Leg, ProblemResult, RecordedEvalContract, load_json, load_leg,
@@ -120,16 +120,16 @@ def judge_quality(question: Question, leg_paths: Sequence[str | Path]) -> Verdic
         if leg.meta.item != "quality":
             findings.inconclusive(f"{leg.path.name}: is a {leg.meta.item} leg, not a quality leg")
         elif leg.meta.not_run_reason:
-            findings.not_run(f"{leg.arm} {leg.path.name}: did not run: {leg.meta.not_run_reason}")
+            findings.not_run(did_not_run(f"{leg.arm} {leg.path.name}: ", leg.meta.not_run_reason))
             not_run_arms.add(leg.arm)
         else:
             by_arm[leg.arm].append(leg)
     if not legs:
         findings.not_run("no quality leg ran for this candidate")
-        return cell(item, question, findings, "quality pairing not run")
+        return cell(item, question, findings, "no quality leg ran for this candidate: nothing to pair")
     if any(not by_arm[arm] and arm in not_run_arms for arm in by_arm):
         missing = sorted(a for a in by_arm if not by_arm[a])
-        return cell(item, question, findings, f"quality pairing not run: no {', '.join(missing)} leg ran",
+        return cell(item, question, findings, f"no {', '.join(missing)} quality leg ran: nothing to pair",
                     receipt_hashes=hashes)
     for arm, arm_legs in by_arm.items():
         if len(arm_legs) != 1:

@@ -49,7 +49,8 @@ from typing import Any
 import tica.stats.throughput as budget_test
 from tica import leg_times
 from tica.evidence import EvidenceItem
-from tica.judges._common import Findings, cell, md_table, wrong_question
+from tica.messages import digest
+from tica.judges._common import Findings, cell, did_not_run, led, md_table, wrong_question
 from tica.judges.clean_exit import exit_problems
 from tica.judges.confounders import confounder_markdown, confounder_table, require_recorded, unquantified
 from tica.question import WORKLOAD_FIELDS, Question, ThroughputCriteria, ThroughputFormula
@@ -171,7 +172,7 @@ def check_workload(leg: BenchLeg, criteria: ThroughputCriteria) -> LegCheck:
     if leg.meta is not None and leg.meta.item != "throughput":
         p.append(f"a {leg.meta.item} leg, not a throughput leg")
     if leg.meta is not None and leg.meta.not_run_reason:
-        p.append(f"did not run: {leg.meta.not_run_reason}")
+        p.append(did_not_run("", leg.meta.not_run_reason))
     p += _self_contradictions(leg.bench)
     p += time_contradictions(leg)
     if leg.profiled:
@@ -424,11 +425,11 @@ def same_measurements(checks: Sequence[LegCheck]) -> list[SameMeasurement]:
     for key, idx in by_key.items():
         if len(idx) < 2:
             continue
-        why = (f"their bench files have the same content ({key[1][:19]}...)" if key[0] == "sha256" else
+        why = (f"their bench files have the same content, {digest(key[1])}" if key[0] == "sha256" else
                f"their bench files record the same run: date {key[1]}, duration {key[2]!r} s, "
                f"{key[5]} completed, {key[7]} input and {key[8]} output tokens" if key[0] == "identity" else
-               f"their bench files measured the same numbers to the bit (duration {key[1]!r} s, "
-               f"{key[7]!r} output tokens/s): one run, whatever its labels say")
+               f"their bench files measured the same numbers to the bit, duration {key[1]!r} s and "
+               f"{key[7]!r} output tokens/s: one run, whatever its labels say")
         groups.setdefault(tuple(sorted(idx)), []).append(why)
     return [SameMeasurement(c=checks[idx[0]].leg.concurrency, legs=[checks[i] for i in idx], why=why)
             for idx, why in sorted(groups.items())]
@@ -581,12 +582,12 @@ def judge_throughput(question: Question, leg_paths: Sequence[str | Path]) -> Ver
     criteria: ThroughputCriteria = question.criteria  # type: ignore[assignment]
     not_run = not_run_legs(leg_paths)
     for p, meta in not_run.items():
-        findings.not_run(f"{meta['arm']} {p.parent.name}/{p.name}: did not run: {meta['not_run_reason']}")
+        findings.not_run(did_not_run(f"{meta['arm']} {p.parent.name}/{p.name}: ", meta['not_run_reason']))
     ran = [Path(p) for p in leg_paths if Path(p) not in not_run]
     arms_ran = {_leg_arm(p) for p in ran}
     if not ran or not {"bi1", "bi0"} <= arms_ran:
         missing = sorted({"bi1", "bi0"} - arms_ran)
-        summary = f"throughput pairing not run: no {', '.join(missing)} leg ran"
+        summary = f"no {', '.join(missing)} throughput leg ran: nothing to pair"
         findings.not_run(summary)  # also with no legs at all: nothing measured is never a pass
         return cell(item, question, findings, summary, receipt_hashes={str(p): "" for p in not_run})
     legs = [load_bench_leg(p) for p in ran]
@@ -822,4 +823,7 @@ def judge_throughput(question: Question, leg_paths: Sequence[str | Path]) -> Ver
         summary += f"; basis {b.test} at alpha {b.alpha:g} over {b.rounds} rounds"
     elif budget and criteria.formula is not None:
         summary += "; no statistical basis: measured values only, no budget declared passed"
+    over = [str(c) for c in judged if per_c[c]["over_budget"]]
+    if findings.verdict is Verdict.FAIL:  # the headline says what failed before what held
+        summary = f"over the budget at c={', '.join(over)}; {summary}" if over else led(findings, summary)
     return cell(item, question, findings, summary, numbers, tables, hashes)

@@ -12,13 +12,13 @@ from typing import Any
 
 from tica import digests
 from tica.evidence import EvidenceItem
-from tica.judges._common import Findings, cell, md_table, wrong_question
+from tica.judges._common import Findings, cell, did_not_run, led, md_table, wrong_question
 from tica.judges.backward import GRAD_HEADERS, is_quantized, read_grads
 from tica.judges.confounders import require_recorded
 from tica.judges.forward import STEP_HEADERS, read_forward
 from tica.question import Question, UpdateCriteria
 from tica.receipts import METRICS_FILE, POST_FORWARD_DIR, Leg, UpdateStep, load_leg, load_step_metrics
-from tica.verdict import VerdictCell
+from tica.verdict import Verdict, VerdictCell
 
 UPDATE_HEADERS = ["step", "optimizer", "tensors changed", "tensors total", "updated weights", "reloaded by rollout"]
 
@@ -40,7 +40,7 @@ def judge_update(question: Question, leg_paths: Sequence[str | Path]) -> Verdict
             findings.inconclusive(f"{label}is a {leg.meta.item} leg, not an update leg")
             continue
         if leg.meta.not_run_reason:
-            findings.not_run(f"{label}did not run: {leg.meta.not_run_reason}")
+            findings.not_run(did_not_run(label, leg.meta.not_run_reason))
             continue
         ran.append(leg)
         f = Findings()
@@ -100,5 +100,6 @@ def judge_update(question: Question, leg_paths: Sequence[str | Path]) -> Verdict
         findings.not_run("no update leg")
     elif not any(l.arm == "bi1" for l in ran):
         findings.not_run("no BI=1 update leg ran: the update's bitwise re-check has no evidence")
-    summary = f"{len(numbers['legs'])} update leg(s) judged"
+    summary = (findings.deciding() if findings.verdict is Verdict.NOT_RUN
+               else led(findings, f"{len(numbers['legs'])} update leg(s) judged"))
     return cell(item, question, findings, summary, numbers, tables, {str(l.path): l.digest for l in legs})

@@ -19,7 +19,7 @@ from __future__ import annotations
 import runpy
 import sys
 
-from tica.legs import common
+from tica.legs import common, engine
 
 
 def _observe_engine_exits() -> None:
@@ -55,6 +55,7 @@ def main() -> None:
 
 
 common.observe_worker_exits(__name__)  # in the EngineCore vLLM spawns from this server
+engine.observe_engine_config(__name__)  # there too: the engine's resolved config, reported once it is built
 
 if __name__ == "__main__":
     main()

@@ -130,10 +130,6 @@ def deployed_bytes_equal(trainer, model_dir: str | Path) -> bool | None:
     return True if seen else None
 
 
-# This producer's trainer holds the whole model in one process: no parallelism of any kind.
-UNSHARDED = {f"{kind}_parallel_size": 1 for kind in ("tensor", "pipeline", "data", "expert", "context")}
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
@@ -154,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
                 return 0
             import torch
 
+            from tica.legs.trainer_base import trainer_resolved
             from tica.legs.trainers import load_trainer
             from tica.models.hashing import weights_hash
 
@@ -181,7 +178,9 @@ def main(argv: list[str] | None = None) -> int:
             leg.meta["resolved_config"] = {"model": str(Path(args.model).resolve()), "weights_hash": version,
                                            "loss": "policy gradient, GRPO group advantages, toy reward (first token even)",
                                            "group_size": GROUP_SIZE, "master_weights": "float32", "seed": args.seed,
-                                           "trainer": trainer.describe(), "dtype": args.trainer_dtype, **UNSHARDED}
+                                           "trainer": trainer.describe(),
+                                           # the dtype and parallel sizes as the trainer ran them, read from it
+                                           **trainer_resolved(trainer)}
             leg.meta["kernels"] = {"trainer": trainer.describe()}
             leg.finish()
             pipes.report_custom_message({"leg_dir": str(leg.dir), "item": "backward", "metrics": rows})

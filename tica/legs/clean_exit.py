@@ -75,11 +75,11 @@ def main(argv: list[str] | None = None) -> int:
         cleanup = server.reap_leftovers()
         if cleanup:
             leg.meta["resolved_config"]["producer_cleanup"] = cleanup
-        from tica.legs.engine import logged_engine_config
+        from tica.legs.engine import served_engine_kernels
 
         server_log = leg.dir / "server.log"
-        logged = logged_engine_config(server_log.read_text(errors="replace")) if server_log.is_file() else {}
-        leg.meta["kernels"] = {"rollout": {"server": "vllm.entrypoints.openai.api_server", **logged}}
+        leg.meta["kernels"] = {"rollout": served_engine_kernels(server_log.read_text(errors="replace")
+                                                                if server_log.is_file() else "")}
         leg.finish()
         states = {p["role"] + (f":{p['pid']}" if p["pid"] else ""): p["end_state"] for p in leg.processes}
         pipes.log.info(f"clean_exit {args.arm}: {states}")

@@ -5,6 +5,8 @@ processes ended. Import only after `common.set_arm_env` (vLLM reads its switches
 
 from __future__ import annotations
 
+import functools
+import json
 import os
 import re
 import time
@@ -14,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tica.legs.common import (FORCE_KILL_RE, SHUTDOWN_TIMEOUT_S, Leg, children_of, pid_alive, process_name,
-                              process_record, reported_exits)
+from tica.legs.common import (_LOG_PREFIX, FORCE_KILL_RE, SHUTDOWN_TIMEOUT_S, Leg, children_of, pid_alive,
+                              process_name, process_record, reported_exits)
 
 DEFAULT_ENGINE_ARGS = dict(
     dtype="bfloat16",
@@ -50,14 +52,19 @@ def bi1_unsupported_reason() -> str | None:
         torch.mean(x, dim=-1)
         torch.log_softmax(x.float(), dim=-1)
     except Exception as err:  # vLLM's own failure, recorded verbatim
-        tb = traceback.extract_tb(err.__traceback__)
-        where = next((f"{Path(f.filename).name}:{f.lineno} in {f.name}" for f in reversed(tb) if "vllm" in f.filename), "?")
-        return (
-            f"vLLM batch-invariant mode is not supported on platform {current_platform.device_name!r} "
-            f"({type(current_platform).__name__}): VLLM_BATCH_INVARIANT=1 -> {type(err).__name__}: {err} "
-            f"[raised at {where}]"
-        )
+        return bi1_unsupported_sentence(current_platform.device_name, type(current_platform).__name__, err)
     return None
+
+
+def bi1_unsupported_sentence(device: str, platform_class: str, err: BaseException) -> str:
+    """One readable sentence: BI=1 needs a GPU because vLLM's batch-invariant mode is not supported
+    on this platform, with vLLM's own error (type, message, where in vLLM) in parentheses. No `; `
+    (a report shows a reason up to its first one) and no line break."""
+    tb = traceback.extract_tb(err.__traceback__)
+    where = next((f" in {f.name} ({Path(f.filename).name}:{f.lineno})" for f in reversed(tb) if "vllm" in f.filename), "")
+    message = " ".join(str(err).split()).replace("; ", ", ")
+    return (f"BI=1 needs a GPU because vLLM's batch-invariant mode (VLLM_BATCH_INVARIANT=1) is not supported on the "
+            f"{device.upper()} platform ({platform_class}), where it fails{where} with {type(err).__name__}: {message}")
 
 
 def start_llm(model_dir: str | Path, **overrides):
@@ -91,25 +98,101 @@ def _mode_name(mode) -> str | None:
     return None if mode is None else str(getattr(mode, "name", mode))
 
 
-def engine_config(llm) -> dict:
-    """The engine's configuration as vLLM resolved it (not as it was asked for): what a candidate
-    manifest pins for the runner, precision and graph/cache components."""
+def resolved_engine_config(cfg) -> dict:
+    """A `VllmConfig` as vLLM resolved it (not as it was asked for): what a candidate manifest pins
+    for the runner, precision and graph/cache components. A value vLLM left unresolved (None)
+    stays None: unknown, never filled in."""
     try:
-        cfg = llm.llm_engine.vllm_config
-        p, c, s = cfg.parallel_config, cfg.cache_config, cfg.scheduler_config
+        p, c, s, m = cfg.parallel_config, cfg.cache_config, cfg.scheduler_config, cfg.model_config
     except AttributeError as err:
         return {"config_error": f"{type(err).__name__}: {err}"}
-    expert = p.tensor_parallel_size * p.data_parallel_size if p.enable_expert_parallel else 1
-    context = max(int(getattr(p, "prefill_context_parallel_size", 1) or 1),
-                  int(getattr(p, "decode_context_parallel_size", 1) or 1))
+    # vLLM's own rule (FusedMoEParallelConfig.make): experts are spread over TP x DP (x PCP) ranks
+    # only when enable_expert_parallel is set; otherwise there is no expert parallelism (size 1)
+    pcp = int(getattr(p, "prefill_context_parallel_size", 1) or 1)
+    expert = p.tensor_parallel_size * p.data_parallel_size * pcp if p.enable_expert_parallel else 1
+    context = max(pcp, int(getattr(p, "decode_context_parallel_size", 1) or 1))
     return {"tensor_parallel_size": p.tensor_parallel_size, "pipeline_parallel_size": p.pipeline_parallel_size,
             "data_parallel_size": p.data_parallel_size, "expert_parallel_size": expert,
-            "context_parallel_size": context, "kv_cache_dtype": str(c.cache_dtype),
+            "enable_expert_parallel": bool(p.enable_expert_parallel),
+            "context_parallel_size": context, "dtype": None if m.dtype is None else str(m.dtype),
+            "kv_cache_dtype": str(c.cache_dtype),
             "prefix_caching": bool(c.enable_prefix_caching), "chunked_prefill": bool(s.enable_chunked_prefill),
-            "async_scheduling": bool(s.async_scheduling), "max_num_batched_tokens": s.max_num_batched_tokens,
-            "enforce_eager": bool(cfg.model_config.enforce_eager),
+            "async_scheduling": None if s.async_scheduling is None else bool(s.async_scheduling),
+            "max_num_batched_tokens": s.max_num_batched_tokens,
+            "enforce_eager": bool(m.enforce_eager),
             "cudagraph_mode": _mode_name(getattr(cfg.compilation_config, "cudagraph_mode", None)),
             "shutdown_timeout": getattr(cfg, "shutdown_timeout", None)}
+
+
+def engine_config(llm) -> dict:
+    """The offline engine's configuration as vLLM resolved it (`resolved_engine_config`)."""
+    try:
+        cfg = llm.llm_engine.vllm_config
+    except AttributeError as err:
+        return {"config_error": f"{type(err).__name__}: {err}"}
+    return resolved_engine_config(cfg)
+
+
+# An API server's engine runs in its EngineCore process, out of the producer's reach: there (the
+# module run as the server's main, imported again as `__mp_main__` in the EngineCore vLLM spawns)
+# TICA prints the engine's resolved configuration and its worker's kernels once the engine is
+# built, as one whole line of JSON the producer reads back from the server log:
+#     TICA_ENGINE_CONFIG {"tensor_parallel_size": 1, ..., "attention": "CPU_ATTN", ...}
+ENGINE_CONFIG_LINE = "TICA_ENGINE_CONFIG"
+_ENGINE_CONFIG_RE = re.compile(r"^" + _LOG_PREFIX + ENGINE_CONFIG_LINE + r" (\{.*\})[ \t\r]*$", re.MULTILINE)
+
+
+def report_engine_config(core) -> None:
+    """In the EngineCore, after vLLM built it: print its resolved config and its worker's kernels."""
+    out = resolved_engine_config(core.vllm_config)
+    try:
+        out.update(core.collective_rpc(_worker_kernels)[0])
+    except Exception as err:  # recorded, not hidden: the attention backend then stays unknown
+        out["query_error"] = f"{type(err).__name__}: {err}"
+    print(f"{ENGINE_CONFIG_LINE} {json.dumps(out, sort_keys=True, default=str)}", flush=True)
+
+
+def _observe_engine_config() -> None:
+    from vllm.v1.engine.core import EngineCore
+
+    original = EngineCore.__init__
+
+    @functools.wraps(original)
+    def observed(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        try:
+            report_engine_config(self)
+        except Exception as err:  # never stops vLLM: the leg records the config as unknown
+            print(f"TICA: engine config not reported: {type(err).__name__}: {err}", flush=True)
+
+    EngineCore.__init__ = observed
+
+
+def observe_engine_config(module_name: str) -> None:
+    """Call at the top level of a module run as an API server's main (`observe_engine_config(__name__)`);
+    in the EngineCore vLLM spawns from it (`__mp_main__`) the engine reports its resolved config
+    (`report_engine_config`). Anywhere else it does nothing. vLLM's behaviour is not changed."""
+    if module_name == "__mp_main__":
+        _observe_engine_config()
+
+
+def reported_engine_config(log_text: str) -> tuple[dict, str | None]:
+    """The engine config an EngineCore reported (`TICA_ENGINE_CONFIG` whole lines only; a marker
+    inside another line, such as an echoed prompt, is text) and a note: ({}, why) where none was
+    reported, or where two reports disagree (which engine served is then unknown)."""
+    found = []
+    for m in _ENGINE_CONFIG_RE.finditer(log_text):
+        try:
+            value = json.loads(m.group(1))
+        except ValueError:
+            continue
+        if isinstance(value, dict) and value not in found:
+            found.append(value)
+    if not found:
+        return {}, "no engine reported its resolved config (TICA_ENGINE_CONFIG) in the server log"
+    if len(found) > 1:
+        return {}, f"{len(found)} different engine configs reported in one server log: which one served is unknown"
+    return found[0], None
 
 
 # The line vLLM's engine core logs at start ("... with config: k=v, ..."): what an API server
@@ -156,6 +239,29 @@ def logged_engine_config(log_text: str) -> dict:
                 out[name] = int(raw)
         else:
             out[name] = raw
+    return out
+
+
+def served_engine_kernels(log_text: str) -> dict:
+    """`kernels.rollout` of a leg served by vLLM's API server, from its log: the engine's resolved
+    config and its worker's kernels as the EngineCore reported them (`reported_engine_config`),
+    vLLM's own "with config:" line and the shutdown timeout the API server logged applying
+    (`logged_engine_config`). Where two of these name a value differently, the value is unknown
+    (None), never one of them picked; where nothing names it, it is absent."""
+    reported, note = reported_engine_config(log_text)
+    logged = logged_engine_config(log_text)
+    out: dict = {"server": "vllm.entrypoints.openai.api_server", **reported}
+    disagree = []
+    for key, value in logged.items():
+        if reported.get(key) is None:
+            out[key] = value  # only vLLM's log names it
+        elif str(reported[key]) != str(value):
+            disagree.append(f"{key}: the engine reported {reported[key]!r}, vLLM's log says {value!r}")
+            out[key] = None
+    if note:
+        out["engine_config_note"] = note
+    if disagree:
+        out["engine_config_conflicts"] = disagree
     return out
 
 

@@ -173,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
                 pipes.report_custom_message({"leg_dir": str(leg.dir), "item": "forward", "not_run": True})
                 return 0
             from tica.legs import engine
+            from tica.legs.trainer_base import trainer_resolved
             from tica.legs.trainers import load_trainer
             from tica.models.hashing import weights_hash
 
@@ -201,7 +202,8 @@ def main(argv: list[str] | None = None) -> int:
                 leg.end()
                 leg.finish(not_run_reason="vLLM failed under VLLM_BATCH_INVARIANT=1: " + engine_failure_reason(leg.log_text(), err))
                 return 0
-            leg.meta["kernels"] = {"rollout": engine.engine_kernels(llm, leg.log_text()), "trainer": trainer.describe()}
+            leg.meta["kernels"] = {"rollout": engine.engine_kernels(llm, leg.log_text()),
+                                   "trainer": {**trainer.describe(), **trainer_resolved(trainer)}}
             engine.shutdown_and_record(llm, leg)
             if hasattr(trainer, "close_and_record"):
                 trainer.close_and_record(leg)

@@ -239,8 +239,9 @@ def resolved_workload(args, c: int, num_prompts: int, server: Server | None, wei
             "backend": "vllm", "dataset_name": "random", "input_len": args.input_len, "output_len": args.output_len,
             "random_range_ratio": 0, "ignore_eos": True, "concurrency": c, "num_prompts": num_prompts,
             "num_warmups": args.num_warmups, "seed": args.seed, "max_model_len": args.max_model_len,
-            "gpu_memory_utilization": args.gpu_memory_utilization, "enforce_eager": True, "enable_prefix_caching": False,
-            # what the server was given (its command carries it); no server started: None
+            "gpu_memory_utilization": args.gpu_memory_utilization,
+            # what the server was given (its command carries it, --enforce-eager and
+            # --no-enable-prefix-caching included; what vLLM resolved is kernels.rollout); no server started: None
             "shutdown_timeout": server.shutdown_timeout if server else None, "server_command": server.recorded_cmd if server else None}
 
 
@@ -301,11 +302,12 @@ def main(argv: list[str] | None = None) -> int:
         cleanup = server.reap_leftovers()
         for c, leg in legs.items():
             leg.meta["resolved_config"] = resolved_workload(args, c, num_prompts[c], server, weights)
-            from tica.legs.engine import logged_engine_config
+            from tica.legs.engine import served_engine_kernels
 
-            logged = logged_engine_config(server_log.read_text(errors="replace")) if server_log.is_file() else {}
-            # The API server names no attention backend in its log: left unrecorded, never guessed.
-            leg.meta["kernels"] = {"rollout": {"server": "vllm.entrypoints.openai.api_server", **logged}}
+            # the engine's resolved config and kernels as its EngineCore reported them (api_server.py);
+            # nothing reported: unrecorded, never guessed
+            leg.meta["kernels"] = {"rollout": served_engine_kernels(server_log.read_text(errors="replace")
+                                                                    if server_log.is_file() else "")}
             run = clients.get(c)
             if run is not None:  # the leg's work is its bench's own run; a leg whose client never ran has no times
                 leg.begin(run.started_at)

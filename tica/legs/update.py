@@ -68,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
 
             from tica.legs import engine
             from tica.legs.backward import GROUP_SIZE, MasterAdamW, deployed_bytes_equal, group_advantages, policy_loss, toy_reward
+            from tica.legs.trainer_base import trainer_resolved
             from tica.legs.trainers import load_trainer
             from tica.models.hashing import weights_hash
 
@@ -126,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
                                            "loss": "policy gradient, GRPO group advantages, toy reward (first token even)",
                                            "group_size": GROUP_SIZE, "weight_sync": "vLLM collective_rpc('reload_weights', weights_path=...)",
                                            "trainer": trainer.describe()}
-            leg.meta["kernels"] = {"rollout": engine.engine_kernels(llm, leg.log_text()), "trainer": trainer.describe()}
+            leg.meta["kernels"] = {"rollout": engine.engine_kernels(llm, leg.log_text()),
+                                   "trainer": {**trainer.describe(), **trainer_resolved(trainer)}}
             engine.shutdown_and_record(llm, leg)
             leg.end()
             leg.finish()
