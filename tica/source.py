@@ -13,6 +13,11 @@ from pathlib import Path
 
 WORKING_TREE = "working-tree"
 DIRTY_SUFFIX = "+dirty"
+# Paths of a checkout that are not its source (candidate manifests, questions): each a git
+# pathspec pattern per line, '#' comments. They are bound by their own components (a manifest
+# field, a named file, a question hash); counting them as source too would void every item on
+# an edit that touches one. The file itself is always source.
+IGNORE_FILE = ".tica-source-ignore"
 
 
 def _git(root: Path, *args: str) -> str | None:
@@ -32,19 +37,21 @@ def checkout_commit(root: str | Path) -> str | None:
     not ignore (a new module that tracked code imports). Ignored outputs (data/, .venv) do not."""
     root = Path(root)
     head = _git(root, "rev-parse", "HEAD")
-    if not head:
+    top_out = _git(root, "rev-parse", "--show-toplevel")
+    if not head or not top_out:
         return None
-    status = _git(root, "status", "--porcelain", "--untracked-files=all", "--ignore-submodules=none")
+    top = Path(top_out.strip())
+    scope = ["--", ":/", *(f":(top,exclude,glob){p}" for p in ignored_patterns(top))]
+    status = _git(top, "status", "--porcelain", "--untracked-files=all", "--ignore-submodules=none", *scope)
     if status is None:
         return None
     if not status.strip():
         return head.strip()
-    changes = _git(root, "diff", "HEAD", "--binary", "--submodule=diff")
-    untracked = _git(root, "ls-files", "--others", "--exclude-standard", "--full-name", "-z", ":/")
+    changes = _git(top, "diff", "HEAD", "--binary", "--submodule=diff", *scope)
+    untracked = _git(top, "ls-files", "--others", "--exclude-standard", "--full-name", "-z", *scope)
     if changes is None or untracked is None:
         return None
     h = hashlib.sha256(changes.encode())
-    top = Path((_git(root, "rev-parse", "--show-toplevel") or str(root)).strip())
     for name in sorted(n for n in untracked.split("\0") if n):
         try:
             content = hashlib.sha256((top / name).read_bytes()).hexdigest()
@@ -52,6 +59,17 @@ def checkout_commit(root: str | Path) -> str | None:
             content = "unreadable"
         h.update(f"\0untracked {name}\0{content}".encode())
     return f"{head.strip()}{DIRTY_SUFFIX}.{h.hexdigest()[:12]}"
+
+
+def ignored_patterns(top: Path) -> list[str]:
+    """The patterns of `IGNORE_FILE` at the checkout's top (none when it is absent or unreadable)."""
+    try:
+        lines = (top / IGNORE_FILE).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return []
+    patterns = [line.strip().rstrip("/") + ("/**" if line.strip().endswith("/") else "") for line in lines
+                if line.strip() and not line.lstrip().startswith("#")]
+    return [p for p in patterns if p.strip("/*") != IGNORE_FILE]
 
 
 def same_commit(pinned: str, recorded: str) -> bool:

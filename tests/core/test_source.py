@@ -77,3 +77,28 @@ def test_an_untracked_module_tracked_code_imports_changes_the_source(tmp_path):
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "out.bin").write_bytes(b"x")
     assert checkout_commit(tmp_path / "pkg") == clean
+
+
+# ---- what is not source: candidate manifests and questions (issue 29, exact staleness)
+
+
+def test_paths_the_repository_declares_not_source_are_left_out_and_only_those(tmp_path):
+    from tica.source import IGNORE_FILE
+
+    git = _repo(tmp_path)
+    (tmp_path / "candidates").mkdir()
+    (tmp_path / "candidates" / "c.yaml").write_text("track: t\n")
+    (tmp_path / IGNORE_FILE).write_text("# manifests are bound by their own components\ncandidates/\n")
+    git("add", ".")
+    git("commit", "-qm", "two")
+    clean = checkout_commit(tmp_path / "pkg")
+    assert "+dirty" not in clean
+    (tmp_path / "candidates" / "c.yaml").write_text("track: t\nedited: yes\n")  # tracked, edited
+    (tmp_path / "candidates" / "new.yaml").write_text("track: u\n")  # untracked
+    assert checkout_commit(tmp_path / "pkg") == clean
+    (tmp_path / "pkg" / "main.py").write_text("import helper  # edited\n")  # control: code still counts
+    assert checkout_commit(tmp_path / "pkg").startswith(clean + "+dirty.")
+    git("checkout", "pkg/main.py")
+    # the declaration itself is source, even where it names itself
+    (tmp_path / IGNORE_FILE).write_text(f"candidates/\n{IGNORE_FILE}\npkg/\n")
+    assert checkout_commit(tmp_path / "pkg").startswith(clean + "+dirty.")
