@@ -28,6 +28,7 @@ from dagster import (
 from dagster._core.definitions.data_version import DATA_VERSION_TAG
 
 from tica.errors import ManifestError
+from tica.evidence import Component, EvidenceItem, invalidated_by
 from tica.ledger import Ledger
 from tica_assets.candidates import load_track, record_change
 from tica_assets.keys import component_key
@@ -70,6 +71,18 @@ def evaluate_track(
     return events, identity.candidate_id
 
 
+def tick_text(events: list[AssetObservation]) -> str:
+    """What a tick recorded, per track: the components that changed and the evidence they void."""
+    by_track: dict[str, list[str]] = {}
+    for e in events:
+        by_track.setdefault(e.asset_key.path[0], []).append(e.asset_key.path[-1])
+    parts = []
+    for track, names in by_track.items():
+        voided = [i.value for i in EvidenceItem if any(i in invalidated_by(Component(c)) for c in names)]
+        parts.append(f"{track}: {', '.join(names)} changed, voiding {', '.join(voided) or 'no evidence'}")
+    return "; ".join(parts) + " (recorded in the ledger)"
+
+
 def manifest_sensor(tracks: list[Track], settings: Settings):
     @sensor(
         name=SENSOR_NAME,
@@ -90,6 +103,8 @@ def manifest_sensor(tracks: list[Track], settings: Settings):
         cursor = json.dumps(seen, sort_keys=True)
         if not events:
             return SkipReason(f"no component changed in {len(tracks)} track(s)")
-        return SensorResult(asset_events=events, cursor=cursor)
+        # No run is requested (reruns are automation's), so the tick reads as skipped: its
+        # reason says what it recorded and voided instead of Dagster's "empty result".
+        return SensorResult(asset_events=events, cursor=cursor, skip_reason=tick_text(events))
 
     return _sensor

@@ -12,7 +12,7 @@ from dagster_project import MANIFEST, TRACK
 from dagster_helpers import build_defs, kept_instance, tick
 
 from sensors.manifests import evaluate_track
-from tica.evidence import Component, invalidated_by
+from tica.evidence import EvidenceItem, Component, invalidated_by
 from tica.ledger import Ledger
 from tica_assets.keys import component_key
 from tica_assets.tracks import Track
@@ -66,6 +66,9 @@ def test_bad_manifest_is_a_logged_skip_never_an_invalidation(project, tmp_path, 
     data = tick(defs, instance)
     assert {e.asset_key for e in data.asset_events} == {component_key(TRACK, Component.WORKLOAD)}
     assert {r["item"] for r in invalidations(project)} == {i.value for i in invalidated_by(Component.WORKLOAD)}
+    # the tick says what it recorded and voided, not Dagster's "empty result"
+    voided = ", ".join(i.value for i in EvidenceItem if i in invalidated_by(Component.WORKLOAD))
+    assert data.skip_message == f"{TRACK}: workload changed, voiding {voided} (recorded in the ledger)"
 
 
 def test_tracks_side_by_side_a_change_touches_only_its_track(project, tmp_path):
