@@ -654,6 +654,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] == ["judge"]:
         # judging owns its arguments and exit codes (0 pass, 1 fail, 2 inconclusive, 3 not run, 4 bad input)
         return _judge(argv[1:])
+    if "judge" in argv[1:] and all(a.startswith("-") or argv[i - 1] == "--ledger" for i, a in
+                                   enumerate(argv[: argv.index("judge")])):
+        print("tica: error: tica judge reads receipts and writes no ledger: give its options after `judge`, "
+              "without --ledger", file=sys.stderr)
+        return EXIT_BAD_INPUT
     args = build_parser().parse_args(argv)
     from tica.errors import FrozenQuestionError
     from tica.ledger import LedgerMissing

@@ -300,3 +300,11 @@ def test_help_stays_light():
              "print('duckdb' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_judge_after_a_global_ledger_option_is_refused_by_name_not_a_traceback(capsys):
+    from tica.cli import main
+
+    assert main(["--ledger", "x.duckdb", "judge", "forward"]) == 4
+    err = capsys.readouterr().err
+    assert "judge" in err and "--ledger" in err and "Traceback" not in err
