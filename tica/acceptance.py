@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import bisect
 import json
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -316,6 +317,10 @@ class EarlierVerdict:
                 "summary": self.summary, "relation": self.relation}
 
 
+# One recorded invalidation as a stale cause names it (tica.records.record_invalidations' cause).
+_CHANGE = re.compile(r"(?:^|; )(\w+): \1 \S+ -> \S+:")
+
+
 @dataclass(frozen=True)
 class ReportCell:
     item: EvidenceItem
@@ -382,6 +387,10 @@ class ReportCell:
         if self.accepted:
             return ""
         if self.stale:
+            changed = _CHANGE.findall(self.stale_cause or "")
+            if changed:  # invalidation causes: "<component>: <component> <old> -> <new>: <why>"
+                names = list(dict.fromkeys(changed))
+                return f"{', '.join(names)} changed since it was judged"
             return sentence(self.stale_cause or "")
         if self.after_the_fact:
             return "its question was frozen after its legs ran"

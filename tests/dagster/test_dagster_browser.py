@@ -21,6 +21,27 @@ pytestmark = [pytest.mark.browser, pytest.mark.skipif(CHROMIUM is None, reason="
 ARTIFACTS = PROJECT_ROOT / ".tica" / "artifacts" / "browser"
 TIMESTAMP = re.compile(r"^[A-Z][a-z]{2} \d{1,2}, \d{1,2}:\d{2} [AP]M$")
 STALE = """query { assetNodes(assetKeys: [{path: ["demo", "evidence", "quality"]}]) { staleStatus } }"""
+ALL_STALE = """query { assetNodes(group: {groupName: "demo", repositoryName: "__repository__",
+  repositoryLocationName: "tica"}) { assetKey { path } staleStatus } }"""
+# What the canvas draws for a node's checks: each check's latest execution and its severity.
+CHECKS = """query($path: [String!]!) { assetNodeOrError(assetKey: {path: $path}) { ... on AssetNode {
+  assetChecksOrError { ... on AssetChecks { checks { name executionForLatestMaterialization {
+    status evaluation { severity } } } } } } } }"""
+TICKS = """query { sensorOrError(sensorSelector: {repositoryName: "__repository__", repositoryLocationName: "tica",
+  sensorName: "tica_manifest_sensor"}) { ... on Sensor { sensorState { ticks(limit: 20) { status skipReason } } } } }"""
+
+
+def drawn_check(base: str, path: list[str], name: str) -> tuple[str, str | None]:
+    """(status, severity) of a node's check as the canvas draws it."""
+    node = graphql(base, CHECKS, {"path": path})["data"]["assetNodeOrError"]
+    (check,) = [c for c in node["assetChecksOrError"]["checks"] if c["name"] == name]
+    run = check["executionForLatestMaterialization"]
+    return run["status"], (run["evaluation"] or {}).get("severity")
+
+
+def stale_nodes(base: str) -> set[str]:
+    nodes = graphql(base, ALL_STALE)["data"]["assetNodes"]
+    return {n["assetKey"]["path"][-1] for n in nodes if n["staleStatus"] == "STALE"}
 
 
 def metadata_value(text: str, key: str) -> str:
@@ -50,6 +71,7 @@ def test_graph_unsynced_marker_and_report_cells_in_the_browser(project, tmp_path
         assert not any(nodes.values()), f"unsynced before any change: {nodes}"
 
         # A new scorer: the daemon's sensor tick observes it and records the invalidations.
+        original = project.manifest()["eval_contract"]["scorer"]
         project.edit("eval_contract", scorer="tica.scorer.boxed/2")
         wait_for(lambda: graphql(base, STALE)["data"]["assetNodes"][0]["staleStatus"] == "STALE",
                  120, "the manifest sensor's tick in the daemon")
@@ -75,4 +97,27 @@ def test_graph_unsynced_marker_and_report_cells_in_the_browser(project, tmp_path
             if item not in voided:
                 assert shown == "pass"
         assert metadata_value(text, "acceptance").startswith("not accepted")
+        # the report's first line answers; the canvas draws the report as not accepted (amber) and
+        # every evidence node's verdict as passed
+        assert metadata_value(text, "answer").startswith(f"{TRACK}: not accepted — {7 - len(voided)} of 7 pass; "
+                                                         f"{len(voided)} stale")
+        assert drawn_check(base, [TRACK, "report"], "accepted") == ("FAILED", "WARN")
+        for item in evidence:
+            assert drawn_check(base, [TRACK, "evidence", item], "verdict") == ("SUCCEEDED", "WARN"), item
+        # the sensor's tick says what it voided
+        ticks = graphql(base, TICKS)["data"]["sensorOrError"]["sensorState"]["ticks"]
+        reasons = [t["skipReason"] or "" for t in ticks]
+        assert any(r.startswith(f"{TRACK}: eval_contract changed, voiding ") for r in reasons), reasons
+        assert not any("empty result" in r for r in reasons), reasons
+
+        # Reverted: the next tick records the change back; graph and report agree again.
+        project.edit("eval_contract", scorer=original)
+        wait_for(lambda: not stale_nodes(base), 120, "the manifest sensor's tick after the revert")
+        assert materialize_track(defs, instance, TRACK, job="report").success
+        text = visible_text(chromium(report_url))
+        chromium(report_url, screenshot=ARTIFACTS / "report-after-revert.png")
+        assert metadata_value(text, "answer") == f"{TRACK}: accepted — 7 of 7 pass"
+        assert all(metadata_value(text, f"cell: {item}") == "pass" for item in evidence)
+        assert drawn_check(base, [TRACK, "report"], "accepted") == ("SUCCEEDED", "WARN")
+        chromium(graph_url, screenshot=ARTIFACTS / "asset-graph-after-revert.png", size="1600,1800")
     shutil.copy(tmp_path / "dagster-dev.log", ARTIFACTS / "dagster-dev.log")
