@@ -626,7 +626,7 @@ class _Holding:
         causes = self.voiding(r["candidate_id"], self.current, item)
         if causes is None:
             return f"judged for {r['candidate_id']}, whose components the ledger does not hold"
-        return "; ".join(f"{c.value}: changed in the manifest since judged, not yet recorded" for c in causes) or None
+        return "; ".join(f"{c.value} changed in the manifest since it was judged (not yet recorded by the sensor)" for c in causes) or None
 
     def cause(self, r: dict, item: EvidenceItem) -> str | None:
         key = (r["verdict_id"], item)
@@ -774,7 +774,7 @@ def unrecorded_change(ledger: Ledger, candidate_id: str, item: EvidenceItem, cur
         return f"judged for {candidate_id}, whose components the ledger does not hold"
     if not causes:
         return None
-    return "; ".join(f"{c.value}: changed in the manifest since judged, not yet recorded" for c in causes)
+    return "; ".join(f"{c.value} changed in the manifest since it was judged (not yet recorded by the sensor)" for c in causes)
 
 
 def scope_line(cells: Sequence[ReportCell]) -> str:

@@ -27,6 +27,7 @@ DEFAULT_ENV = {
     "TICA_REPLAY": "h200-mid4=tests/fixtures/h200,h200-mid4-tp2=tests/fixtures/h200/run5,h200-tput=tests/fixtures/h200/basis.tar.xz,h200-smollm2=tests/fixtures/h200/basis.tar.xz",
     "TICA_RECEIPTS_CACHE": "data/receipts",  # where archived receipts (basis.tar.xz) are unpacked
 }
+QUIET_CONSOLE = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
 DEMO_MODELS = {"tiny": "tiny-llama", "smollm2": "smollm2-135m-instruct"}
 
 
@@ -74,8 +75,10 @@ def materialize_tracks(defs, instance, tracks, wanted: set[str] | None) -> list[
             continue
         t0 = time.time()
         print(f"[demo] {track.name}: materializing every evidence item, its checks and the report", flush=True)
+        # Dagster's own step events (DEBUG) stay in the run's event log, shown in the UI; the
+        # console gets the legs' progress and what went wrong.
         result = defs.resolve_job_def(f"{safe_name(track.name)}_evidence").execute_in_process(
-            instance=instance, raise_on_error=False
+            instance=instance, raise_on_error=False, run_config=QUIET_CONSOLE
         )
         print(f"[demo] {track.name}: run {result.run_id} {'succeeded' if result.success else 'FAILED'} "
               f"in {time.time() - t0:.0f} s", flush=True)
@@ -84,15 +87,49 @@ def materialize_tracks(defs, instance, tracks, wanted: set[str] | None) -> list[
     return failed
 
 
-def print_report(settings, home: Path) -> None:
-    from tica.cli import format_table
+def track_reports(settings, tracks) -> list:
+    """Each track's acceptance report, as the report asset reads it: the candidate its manifest
+    names now and the questions it asks now."""
+    from tica.acceptance import report
+    from tica.cli import questions_in_force
+    from tica.errors import ManifestError
     from tica.ledger_pg import open_ledger
+    from tica_assets.candidates import load_track
 
-    columns, rows = open_ledger(str(settings.ledger_path)).query(
-        "SELECT track, item, verdict, stale, summary FROM track_verdicts ORDER BY track, item"
-    )
-    print("\n" + format_table(columns, [(*r[:4], (r[4] or "")[:110]) for r in rows]), flush=True)
-    print(f"\n[demo] ledger: {settings.ledger_path}   Dagster home: {home}", flush=True)
+    ledger = open_ledger(str(settings.ledger_path))
+    out = []
+    for track in tracks:
+        try:
+            loaded, current = load_track(track, settings)
+            conditions = loaded.manifest.description
+        except ManifestError:
+            current, conditions = None, ""
+        out.append(report(ledger, track.name, current, conditions,
+                          questions=questions_in_force(settings.questions_dir, track.name)))
+    return out
+
+
+def print_report(settings, home: Path, tracks) -> None:
+    """The answer per track (its first line, then one row per item), and the same as one page."""
+    from tica.cli import report_text
+    from tica.report_html import render
+
+    reports = track_reports(settings, tracks)
+    for rep in reports:
+        print("\n" + report_text(rep), flush=True)
+    page = Path(settings.data_dir) / "report.html"
+    page.write_text(render(reports, generated_by="scripts/demo.sh"), encoding="utf-8")
+    print(f"\n[demo] the answers: {', '.join(r.headline.split(' — ')[0] for r in reports)}", flush=True)
+    print(f"[demo] report page: {_shown(page)}   ledger: {_shown(settings.ledger_path)}   Dagster home: {_shown(home)}",
+          flush=True)
+
+
+def _shown(path) -> str:
+    """A path as the user gave it: relative to the project where it lies inside."""
+    try:
+        return str(Path(path).resolve().relative_to(PROJECT_ROOT))
+    except ValueError:
+        return str(path)
 
 
 def exit_code(failed: list[str]) -> int:
@@ -128,8 +165,9 @@ def main(argv: list[str] | None = None) -> int:
     instance = DagsterInstance.get()
     observe_manifests(defs, instance)
     wanted = None if args.tracks == "*" else set(args.tracks.split(","))
-    failed = materialize_tracks(defs, instance, discover_tracks(settings.candidates_dir), wanted)
-    print_report(settings, home)
+    tracks = discover_tracks(settings.candidates_dir)
+    failed = materialize_tracks(defs, instance, tracks, wanted)
+    print_report(settings, home, [t for t in tracks if wanted is None or t.name in wanted])
     return exit_code(failed)
 
 
