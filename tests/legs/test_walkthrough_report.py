@@ -82,6 +82,7 @@ def test_runs_you_already_have_are_judged_together_in_the_tracks_report(tiny_mod
                           cwd=W.REPO, env={**os.environ, **env}, capture_output=True, text=True, timeout=300)
     assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-5000:]
     assert f"{W.TRACK}: run" in demo.stdout and "succeeded" in demo.stdout
+    assert f"\n{W.TRACK}: not accepted — 0 of 7 pass; " in demo.stdout  # the answer, first line of its report
 
     # ---- the verdicts, where a user reads them
     rows = {r["item"]: r for r in _ledger_query(env, f"SELECT * FROM track_verdicts WHERE track='{W.TRACK}'")}
