@@ -10,7 +10,7 @@ from enum import Enum
 
 
 class EvidenceItem(str, Enum):
-    """One evidence item per asset; one artifact answers one question (DESIGN.md)."""
+    """One evidence item per asset; one artifact answers one question (docs/practice.md)."""
 
     FORWARD = "forward"
     BACKWARD = "backward"

@@ -213,7 +213,7 @@ class Deviation(_Strict):
 
 
 class Manifest(_Strict):
-    """A candidate: every component named in DESIGN.md, as resolved values."""
+    """A candidate: every component docs/practice.md names, as resolved values."""
 
     track: str = Field(..., pattern=r"^[a-z0-9][a-z0-9_-]*$", description="a candidate track (one model line)")
     description: str = ""

@@ -243,7 +243,7 @@ Criteria = Annotated[
 
 
 class Question(_Strict):
-    """Frozen criteria for one evidence item (DESIGN.md: 'question')."""
+    """Frozen criteria for one evidence item (docs/practice.md: 'Questions are frozen before the run')."""
 
     name: str = Field(..., min_length=1)
     item: EvidenceItem

@@ -160,8 +160,9 @@ def cell_metadata(judged: Judged, question, candidate_id: str, runner_kind: str,
 # the cell as not accepted (judged after the fact; legs that ran another workload than the
 # candidate's). The report requires them all the same (tica.checks.REQUIRED).
 VERDICT_CHECKS = (FROZEN, checks.WORKLOAD)
-# The cell's verdict on the canvas: passed only for a pass; a fail is an error (red), inconclusive
-# and not run warnings (amber). Not blocking: a verdict is the answer, it stops nothing.
+# The cell's verdict on the canvas: passed only for a pass. Any other verdict fails it as an
+# error, which is what Dagster's asset graph draws red (a failed WARN check leaves the node green).
+# Not blocking: a verdict is the answer, it stops nothing downstream.
 VERDICT = "verdict"
 
 
@@ -169,8 +170,7 @@ def verdict_result(key: AssetKey, judged: Judged) -> AssetCheckResult:
     cell = judged.cell
     why = sentence(next((r for r in cell.reasons if r.startswith(f"{cell.verdict.value}:")), cell.summary))
     return AssetCheckResult(asset_key=key, check_name=VERDICT, passed=cell.verdict is Verdict.PASS,
-                            severity=AssetCheckSeverity.ERROR if cell.verdict is Verdict.FAIL else AssetCheckSeverity.WARN,
-                            description=f"{cell.verdict.value}: {why}",
+                            severity=AssetCheckSeverity.ERROR, description=f"{cell.verdict.value}: {why}",
                             metadata={"verdict": cell.verdict.value, "verdict_id": judged.verdict_id})
 
 
@@ -244,7 +244,7 @@ def check_specs(track: Track, item: EvidenceItem) -> list[AssetCheckSpec]:
 
 
 CHECK_DESCRIPTIONS = {
-    VERDICT: "the verdict under the frozen question: passed only for pass (fail: error; inconclusive, not run: warning)",
+    VERDICT: "the verdict under the frozen question: passed only for pass; fail, inconclusive and not run draw the node red",
     checks.CANARIES: "every criterion of the frozen question returns fail on its planted error (those the question "
                      "switches off are listed one by one)",
     checks.RECEIPTS: "every judged receipt matches its seal and every hash the ledger recorded for it",

@@ -102,12 +102,11 @@ ACCEPTED_DESCRIPTION = "every evidence item of the track is accepted for the can
 
 
 def accepted_check(track: str, rep: Report) -> AssetCheckResult:
-    """The report's answer on the canvas: passed only when the candidate is accepted; a failed cell
-    makes it an error (red), anything else not yet accepted a warning (amber). Not blocking: the
-    answer is shown, it stops nothing."""
-    failed = any(c.state == "fail" for c in rep.cells)
+    """The report's answer on the canvas: passed only when the candidate is accepted, else an error,
+    which Dagster's asset graph draws red (a failed WARN check leaves the node green). Not
+    blocking: the answer is shown, it stops nothing."""
     return AssetCheckResult(asset_key=report_key(track), check_name=ACCEPTED, passed=rep.accepted,
-                            severity=AssetCheckSeverity.ERROR if failed else AssetCheckSeverity.WARN,
+                            severity=AssetCheckSeverity.ERROR,
                             description=rep.headline, metadata={"answer": MetadataValue.text(rep.headline)})
 
 
