@@ -53,8 +53,8 @@ def without_placeholders(value: Any, key: str | None = None) -> Any:
     if isinstance(value, dict):
         inner = {k: (key if key in WORD_VALUE_KEYS else k) for k in value}
         return {k: without_placeholders(v, inner[k]) for k, v in value.items() if not is_placeholder(v, inner[k])}
-    if isinstance(value, list):
-        return [None if is_placeholder(v, key) else without_placeholders(v, key) for v in value]
+    if isinstance(value, list):  # a placeholder item becomes None (below), keeping the others' places
+        return [without_placeholders(v, key) for v in value]
     return None if is_placeholder(value, key) else value
 
 

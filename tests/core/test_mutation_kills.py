@@ -349,3 +349,47 @@ def test_each_arm_is_verified_on_its_own(exit_legs):
     assert cell.verdict is Verdict.INCONCLUSIVE
     assert ("inconclusive: bi1: no exit receipt for roles ['client', 'api_server', 'engine_core']: they cannot be "
             "verified" in cell.reasons), cell.reasons
+
+
+# ---- one worker exit per GPU worker (tensor x pipeline parallel), from the leg's own config
+
+
+def _workers(leg: Path, n: int, tp: int, pp: int | None) -> None:
+    def f(m):
+        keep = [p for p in m["processes"] if p["role"] != "worker"]
+        worker = next(p for p in m["processes"] if p["role"] == "worker")
+        m["processes"] = keep + [{**worker, "pid": worker["pid"] + 100 * i} for i in range(n)]
+        m["resolved_config"].update(tensor_parallel_size=tp)
+        m["resolved_config"].pop("pipeline_parallel_size", None)
+        if pp is not None:
+            m["resolved_config"]["pipeline_parallel_size"] = pp
+    edit_meta(leg, f)
+
+
+@pytest.mark.parametrize("n,tp,pp,short", [(2, 2, None, False), (1, 2, None, True), (1, 1, 2, True), (2, 1, 2, False),
+                                           (3, 2, 2, True), (4, 2, 2, False), (1, 1, None, False)])
+def test_a_server_records_one_worker_exit_per_gpu_worker(exit_legs, n, tp, pp, short):
+    for leg in exit_legs:
+        _workers(leg, n, tp, pp)
+    cell = judge_criteria("exit", Q, exit_legs)
+    named = [r for r in cell.reasons if "worker exit(s) recorded" in r]
+    assert bool(named) == short and (cell.verdict is Verdict.PASS) == (not short), cell.reasons
+    if short:
+        assert f"{n} worker exit(s) recorded for a server of {tp * (pp or 1)} GPU workers" in named[0]
+
+
+def test_a_tensor_parallel_one_server_with_no_worker_process_is_not_short_of_workers(exit_legs):
+    for leg in exit_legs:
+        _roles(leg, "client", "api_server", "engine_core")
+    assert judge_criteria("exit", Q, exit_legs).verdict is Verdict.PASS
+
+
+# ---- "none" and white space: unknown except under the keys whose values are words or text
+
+
+def test_none_is_unknown_under_every_key_but_the_word_keys_however_deep():
+    assert without_placeholders("none", "torch") is None and without_placeholders("none") == "none"
+    assert without_placeholders({"versions": ["none", "2.1"]}) == {"versions": [None, "2.1"]}
+    assert without_placeholders({"until": {"a": "none", "b": [" "]}}) == {"until": {"a": "none", "b": [" "]}}
+    assert without_placeholders({"resps": [{"text": "None", "x": "none"}]}) == {"resps": [{"text": "None", "x": "none"}]}
+    assert without_placeholders({"rows": [{"torch": "none", "v": "1"}]}) == {"rows": [{"v": "1"}]}
