@@ -111,3 +111,14 @@ def graph_nodes(dom: str) -> dict[str, bool]:
         label = " ".join(re.sub(r"<[^>]+>", " ", fo).split())
         nodes[label] = "StaleDot" in fo or "Unsynced" in fo
     return nodes
+
+
+def node_colours(dom: str) -> dict[str, str]:
+    """Asset-graph node label -> the background the canvas draws it with (the zoomed-out node's
+    `--minimal-bg`, e.g. a red or a green colour variable); '' where the node sets none."""
+    out = {}
+    for fo in re.findall(r"<foreignObject\b.*?</foreignObject>", dom, flags=re.S):
+        label = " ".join(re.sub(r"<[^>]+>", " ", fo).split())
+        bg = re.search(r"--minimal-bg:\s*([^;\"]+)", fo)
+        out[label] = bg.group(1).strip() if bg else ""
+    return out

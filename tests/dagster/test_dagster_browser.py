@@ -10,7 +10,8 @@ import re
 import shutil
 
 import pytest
-from dagster_browser import CHROMIUM, chromium, dagster_dev, graph_nodes, graphql, visible_text, wait_for
+from dagster_browser import (CHROMIUM, chromium, dagster_dev, graph_nodes, graphql, node_colours, visible_text,
+                             wait_for)
 from dagster_project import TRACK, fresh_defs
 from dagster_helpers import kept_instance, materialize_track, tick
 
@@ -97,13 +98,17 @@ def test_graph_unsynced_marker_and_report_cells_in_the_browser(project, tmp_path
             if item not in voided:
                 assert shown == "pass"
         assert metadata_value(text, "acceptance").startswith("not accepted")
-        # the report's first line answers; the canvas draws the report as not accepted (amber) and
-        # every evidence node's verdict as passed
+        # the report's first line answers. The canvas draws a node red when one of its checks failed
+        # with severity ERROR (Dagster UI's AssetNodeStatusContent, CHECKS_FAILED): the report is
+        # red while not accepted, every passing evidence node green
         assert metadata_value(text, "answer").startswith(f"{TRACK}: not accepted — {7 - len(voided)} of 7 pass; "
                                                          f"{len(voided)} stale")
-        assert drawn_check(base, [TRACK, "report"], "accepted") == ("FAILED", "WARN")
+        assert drawn_check(base, [TRACK, "report"], "accepted") == ("FAILED", "ERROR")
+        colours = node_colours(chromium(graph_url, size="1600,1800"))
+        chromium(graph_url, screenshot=ARTIFACTS / "asset-graph-not-accepted.png", size="1600,1800")
+        assert "red" in colours["report"].lower() and "green" in colours["forward"].lower(), colours
         for item in evidence:
-            assert drawn_check(base, [TRACK, "evidence", item], "verdict") == ("SUCCEEDED", "WARN"), item
+            assert drawn_check(base, [TRACK, "evidence", item], "verdict") == ("SUCCEEDED", "ERROR"), item
         # the sensor's tick says what it voided
         ticks = graphql(base, TICKS)["data"]["sensorOrError"]["sensorState"]["ticks"]
         reasons = [t["skipReason"] or "" for t in ticks]
@@ -118,6 +123,8 @@ def test_graph_unsynced_marker_and_report_cells_in_the_browser(project, tmp_path
         chromium(report_url, screenshot=ARTIFACTS / "report-after-revert.png")
         assert metadata_value(text, "answer") == f"{TRACK}: accepted — 7 of 7 pass"
         assert all(metadata_value(text, f"cell: {item}") == "pass" for item in evidence)
-        assert drawn_check(base, [TRACK, "report"], "accepted") == ("SUCCEEDED", "WARN")
+        assert drawn_check(base, [TRACK, "report"], "accepted") == ("SUCCEEDED", "ERROR")
         chromium(graph_url, screenshot=ARTIFACTS / "asset-graph-after-revert.png", size="1600,1800")
+        colours = node_colours(chromium(graph_url, size="1600,1800"))
+        assert "green" in colours["report"].lower(), colours
     shutil.copy(tmp_path / "dagster-dev.log", ARTIFACTS / "dagster-dev.log")
