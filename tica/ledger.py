@@ -100,9 +100,10 @@ VIEWS = {
                bool_or(name = 'frozen_before_run' AND passed = 0) AS after_the_fact,
                string_agg(name, ', ' ORDER BY seq) AS checks
         FROM checks GROUP BY verdict_id""",
-    # The newest verdict per candidate and item, and whether a later invalidation on the same
-    # track voided that item (evidence is stale, never a silent pass). An invalidation that moves
-    # the track *to* this verdict's candidate does not void it: it was judged on those bytes.
+    # The newest verdict per candidate and item, and whether the changes recorded since on the same
+    # track leave that item void (evidence is stale, never a silent pass): the last invalidation of
+    # the item since the verdict decides. One that moves the track back *to* this verdict's
+    # candidate (a change reverted) does not void it: it was judged on those bytes.
     "current_verdicts": """
         WITH latest AS (
             SELECT v.*, t.track,
@@ -114,7 +115,10 @@ VIEWS = {
                    (SELECT string_agg(i.component || ': ' || i.cause, '; ' ORDER BY i.seq)
                       FROM invalidations i
                       WHERE i.track = l.track AND i.item = l.item AND i.seq > l.seq
-                        AND i.new_candidate_id IS DISTINCT FROM l.candidate_id) AS stale_cause,
+                        AND i.new_candidate_id IS DISTINCT FROM l.candidate_id
+                        AND i.new_candidate_id = (SELECT i2.new_candidate_id FROM invalidations i2
+                              WHERE i2.track = l.track AND i2.item = l.item AND i2.seq > l.seq
+                              ORDER BY i2.seq DESC LIMIT 1)) AS stale_cause,
                    s.failed_checks, coalesce(s.after_the_fact, false) AS after_the_fact, s.checks
             FROM latest l LEFT JOIN verdict_check_status s USING (verdict_id) WHERE rn = 1)
         SELECT *, stale_cause IS NOT NULL AS stale FROM judged""",
@@ -188,7 +192,10 @@ judged AS (
            (SELECT string_agg(i.component || ': ' || i.cause, '; ' ORDER BY i.seq)
               FROM invalidations i
               WHERE i.track = p.track AND i.item = p.item AND i.seq > p.seq
-                AND i.new_candidate_id IS DISTINCT FROM p.candidate_id) AS stale_cause,
+                AND i.new_candidate_id IS DISTINCT FROM p.candidate_id
+                AND i.new_candidate_id = (SELECT i2.new_candidate_id FROM invalidations i2
+                      WHERE i2.track = p.track AND i2.item = p.item AND i2.seq > p.seq
+                      ORDER BY i2.seq DESC LIMIT 1)) AS stale_cause,
            s.failed_checks, coalesce(s.after_the_fact, false) AS after_the_fact, s.checks
     FROM picked p LEFT JOIN status s USING (verdict_id))
 SELECT track, candidate_id, item, verdict, summary, question_hash, judge_version, verdict_seq, verdict_id,

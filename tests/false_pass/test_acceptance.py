@@ -297,6 +297,7 @@ def test_a_change_recorded_then_reverted_makes_the_evidence_hold_again(track, tm
     rep = report(ledger, TRACK, t.identity, questions=IN_FORCE)
     assert rep.accepted, rep.why_not
     assert ledger.rows("SELECT count(*) AS n FROM invalidations")[0]["n"] == 2 * rows  # the history stays
+    assert not any(r["stale"] for r in ledger.rows("SELECT stale FROM track_verdicts WHERE track = ?", [TRACK]))
     # negative control: the candidate with the other weights has no evidence of its own
     assert not any(c.accepted for c in report(ledger, TRACK, new, questions=IN_FORCE).cells)
 
