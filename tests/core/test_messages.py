@@ -27,9 +27,10 @@ from tica import canaries, checks
 from tica.canaries import default_questions, run_canaries
 from tica.evidence import EvidenceItem
 from tica.judges import judge, judge_criteria, load_candidate
+from tica.judges.planted import canary_table
 from tica.judges.recipe_identity import judge_recipe_identity
-from tica.messages import faults, sliced_text
-from tica.question import parse_question
+from tica.messages import clip, digest, faults, in_leg, relative, sliced_text, unparenthesized
+from tica.question import load_question, parse_question
 from tica.seal import seal_leg
 from tica.verdict import Verdict
 
@@ -90,6 +91,19 @@ def test_slicing_a_message_is_found_in_code():
     assert sliced_text('m = f"got {detail[:300]}"\n') == [1]
     assert sliced_text('m = text[:77] + "..."\n') == [1]
     assert sliced_text('m = f"{len(x)} legs: {\'. \'.join(names[:3])}"\nh = hexdigest()[:16]\n') == []
+
+
+def test_the_helpers_make_what_the_rules_accept():
+    assert relative(f"{ROOT}/tests/fixtures/h200/run4/update_bi1/leg.json records nothing") == \
+        "tests/fixtures/h200/run4/update_bi1/leg.json records nothing"
+    assert relative("/tmp/pytest-1/sets/forward/forward_bi1/leg.json: x") == "forward_bi1/leg.json: x"
+    assert relative("changed: -'dir=/ckpt/runs/a'") == "changed: -'dir=/ckpt/runs/a'"  # a quoted value, as recorded
+    assert in_leg("/tmp/x/forward_bi1/arrays/step_1.npz: added", "/tmp/x/forward_bi1") == \
+        "forward_bi1/arrays/step_1.npz: added"
+    assert digest("sha256:" + "ab" * 32) == "sha256:abababababab…"
+    cut = clip("the set is inconclusive: c=1: loss 0.04 (median per-round paired loss, under the budget 0.1)", 60)
+    assert len(cut) <= 61 and not faults(cut) and cut.endswith("…"), cut
+    assert not faults(unparenthesized("deadline (round 4 estimated at 85s (2 legs)); 2 leg(s) done"))
 
 
 PRODUCERS = sorted([*(ROOT / "tica" / "judges").glob("*.py"), ROOT / "tica" / "checks.py", ROOT / "tica" / "canaries.py"])
@@ -261,6 +275,12 @@ def committed(env):
 
     module.matrix_cells = cells
     module.verdict_lines()
+    # planted-fault legs beside their control (tica.judges.planted), on the H200's run3
+    run3 = ROOT / "tests" / "fixtures" / "h200" / "run3"
+    forward = load_question(ROOT / "demo" / "questions" / "h200-mid4" / "forward.yaml")
+    pairs = [(run3 / n, run3 / "forward_bi1") for n in
+             ("forward_bi1_planted_fault", "forward_bi1_fault_hf_final_norm", "forward_bi1_fault_cublas_linear")]
+    found += [(f"planted {s.leg}", "reason", s.reason) for s in canary_table(forward, pairs)]
     return found
 
 
@@ -288,4 +308,5 @@ def test_bound_verdicts_and_their_checks_are_readable(bound_messages):
 def test_committed_verdicts_are_readable(committed):
     assert sum(w.startswith("committed ") for w, _, _ in committed) > 20
     assert sum(w.startswith("matrix ") for w, _, _ in committed) > 100
+    assert sum(w.startswith("planted ") for w, _, _ in committed) == 3
     assert not _unreadable(committed), _unreadable(committed)

@@ -11,8 +11,8 @@ from tica.errors import ReceiptError
 from tica import digests
 from tica.evidence import EvidenceItem
 from tica.judges._common import Findings, cell, led, md_table, wrong_question
-from tica.messages import digest, in_leg
 from tica.judges.confounders import require_recorded
+from tica.messages import digest, in_leg
 from tica.question import ArtifactsCriteria, Question
 from tica.receipts import LEG_FILE, METRICS_FILE, load_jsonl, load_leg_meta
 from tica.seal import check_seal, seal_digest

@@ -243,5 +243,6 @@ def judge_backward(question: Question, leg_paths: Sequence[str | Path]) -> Verdi
         findings.not_run("no backward leg")
     elif not any(l.arm == "bi1" for l in ran):
         findings.not_run("no BI=1 backward leg ran: the true on-policy trainer's backward has no evidence")
-    summary = findings.deciding() if findings.verdict is Verdict.NOT_RUN else led(findings, f"{len(ran)} backward leg(s) judged")
+    summary = (findings.deciding() if findings.verdict is Verdict.NOT_RUN
+               else led(findings, f"{len(ran)} backward leg(s) judged"))
     return cell(item, question, findings, summary, numbers, tables, {str(l.path): l.digest for l in legs})

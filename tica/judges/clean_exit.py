@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from tica.evidence import EvidenceItem
-from tica.judges._common import Findings, cell, did_not_run, md_table, wrong_question
+from tica.judges._common import Findings, cell, md_table, shown, wrong_question
 from tica.judges.confounders import require_recorded
+from tica.messages import unparenthesized
 from tica.question import CleanExitCriteria, Question
 from tica.receipts import LegMeta, ProcessExit, load_leg
 from tica.verdict import VerdictCell
@@ -126,7 +127,7 @@ def judge_clean_exit(question: Question, leg_paths: Sequence[str | Path]) -> Ver
         name = f"{leg.meta.item} {leg.arm} {leg.path.name}"
         if leg.meta.not_run_reason:
             # "did not run" excuses having no exits; an exit it did record is judged like any other
-            findings.note(did_not_run(f"{name}: ", leg.meta.not_run_reason)
+            findings.note(f"{name}: did not run ({unparenthesized(shown(leg.meta.not_run_reason))})"
                           + ("" if leg.meta.processes else "; no exits to verify"))
             if not leg.meta.processes:
                 continue

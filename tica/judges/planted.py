@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict
 
 from tica.errors import ReceiptError
 from tica.judges.forward import judge_forward
+from tica.messages import without_prefix
 from tica.question import Question
 from tica.receipts import LEG_FILE, load_leg
 from tica.verdict import Verdict, VerdictCell
@@ -63,7 +64,8 @@ def canary_status(question: Question, leg: str | Path, control: str | Path) -> C
         status: Status = "unknown"
         reason = f"fault leg {cell.verdict.value}, control {base.verdict.value}: nothing to compare"
     elif new := sorted(_failures(cell, path) - _failures(base, ctrl)):
-        status, reason = "caught", f"{len(new)} failure(s) its control does not have, e.g. {new[0]}"
+        status, reason = "caught", (f"{len(new)} failure(s) its control does not have, e.g. "
+                                    + without_prefix(new[0]).replace("<leg>", path.name))
     else:
         status = "not_a_canary"
         reason = (f"{fault['target']} adds no failure to its control's on {where}: it cannot show the criterion "

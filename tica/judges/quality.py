@@ -129,7 +129,7 @@ def judge_quality(question: Question, leg_paths: Sequence[str | Path]) -> Verdic
         return cell(item, question, findings, "no quality leg ran for this candidate: nothing to pair")
     if any(not by_arm[arm] and arm in not_run_arms for arm in by_arm):
         missing = sorted(a for a in by_arm if not by_arm[a])
-        return cell(item, question, findings, f"no {', '.join(missing)} quality leg ran: nothing to pair",
+        return cell(item, question, findings, f"no {', '.join(missing)} leg ran: nothing to pair",
                     receipt_hashes=hashes)
     for arm, arm_legs in by_arm.items():
         if len(arm_legs) != 1:

@@ -49,10 +49,10 @@ from typing import Any
 import tica.stats.throughput as budget_test
 from tica import leg_times
 from tica.evidence import EvidenceItem
-from tica.messages import digest
 from tica.judges._common import Findings, cell, did_not_run, led, md_table, wrong_question
 from tica.judges.clean_exit import exit_problems
 from tica.judges.confounders import confounder_markdown, confounder_table, require_recorded, unquantified
+from tica.messages import digest
 from tica.question import WORKLOAD_FIELDS, Question, ThroughputCriteria, ThroughputFormula
 from tica.question import round_order as expected_order
 from tica.receipts import BENCH_FILE, LEG_FILE, BenchLeg, BenchResult, is_unknown, load_bench_leg, recorded_value, read_receipt
@@ -587,7 +587,7 @@ def judge_throughput(question: Question, leg_paths: Sequence[str | Path]) -> Ver
     arms_ran = {_leg_arm(p) for p in ran}
     if not ran or not {"bi1", "bi0"} <= arms_ran:
         missing = sorted({"bi1", "bi0"} - arms_ran)
-        summary = f"no {', '.join(missing)} throughput leg ran: nothing to pair"
+        summary = f"no {', '.join(missing)} leg ran: nothing to pair"
         findings.not_run(summary)  # also with no legs at all: nothing measured is never a pass
         return cell(item, question, findings, summary, receipt_hashes={str(p): "" for p in not_run})
     legs = [load_bench_leg(p) for p in ran]
