@@ -22,6 +22,7 @@ sys.path.insert(0, str(ROOT))
 
 from tica.judges import expand_receipts, judge, judge_criteria, load_candidate  # noqa: E402
 from tica.judges.matrix import matrix_cells  # noqa: E402
+from tica.messages import clip  # noqa: E402
 from tica.question import load_question  # noqa: E402
 from tica.receipt_archive import unpacked  # noqa: E402
 
@@ -33,7 +34,7 @@ ITEMS = ("forward", "backward", "update", "quality", "throughput", "clean_exit",
 
 def line(name: str, cell) -> str:
     summary = cell.summary.split(": ", 1)[-1].replace(f"{ROOT}/", "")
-    return f"{name}: {cell.verdict.value} | {summary[:160]}"
+    return f"{name}: {cell.verdict.value} | {clip(summary, 160)}"
 
 
 def synthetic() -> list[str]:

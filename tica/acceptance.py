@@ -201,11 +201,11 @@ def not_covering(cell: VerdictCell, uncovered: Sequence[str]) -> VerdictCell:
     inconclusive (a fail stays a fail), its reasons naming what was not covered."""
     verdict = Verdict.FAIL if cell.verdict is Verdict.FAIL else Verdict.INCONCLUSIVE
     why = tuple(f"inconclusive: not covered: {u}" for u in uncovered)
-    rest = cell.summary.split(": ", 1)[-1]
+    more = f" and {len(uncovered) - 1} more" if len(uncovered) > 1 else ""
     return cell.model_copy(update={
         "verdict": verdict, "reasons": (*why, *cell.reasons),
-        "summary": f"{verdict.value}: {len(uncovered)} covered item(s) not covered ({'; '.join(uncovered)}); "
-                   f"judged over the rest: {rest}"})
+        "summary": f"{verdict.value}: not covered: {sentence(uncovered[0])}{more}; judged over the rest, "
+                   f"{sentence(cell.summary, 200)}"})
 
 
 def recorded_for_another(ledger: Ledger, identity: CandidateIdentity, item: EvidenceItem,

@@ -28,6 +28,7 @@ from tica.candidate import CandidateIdentity
 from tica.evidence import Component, EvidenceItem, sensitive_components
 from tica.manifest import LoadedManifest, Manifest
 from tica.receipts import CONTRACT_FILE, LEG_FILE, read_receipt
+from tica.messages import clip
 from tica.source import WORKING_TREE, same_commit
 
 TRAINER_ITEMS = frozenset({"forward", "backward", "update"})
@@ -84,7 +85,7 @@ class BindingProblem:
 
 def _show(value: Any) -> str:
     text = json.dumps(value, sort_keys=True, default=str) if not isinstance(value, str) else value
-    return text if len(text) <= 80 else text[:77] + "..."
+    return clip(text, 80)
 
 
 # ------------------------------------------------------------------------ comparisons
