@@ -72,6 +72,28 @@ def _config(leg: Path) -> dict:
     return (meta.get("resolved_config") or {}) if isinstance(meta, dict) else {}
 
 
+def recorded_name(row: dict, cfg: dict) -> dict[str, object]:
+    """Each part of a cell's name as the leg recorded running it (None: not recorded)."""
+    scored = row.get("tica/scored", cfg.get("scored"))
+    if isinstance(scored, str) and "update" in cfg:  # scored after the update vLLM reloaded
+        scored = f"{scored}_post_update"
+    return {"candidate": cfg.get("candidate"), "shape": cfg.get("model_shape"),
+            "load": row.get("tica/load", cfg.get("load")), "scored": scored}
+
+
+def name_problems(m: re.Match, row: dict, cfg: dict) -> list[str]:
+    """Why a cell's folder name is not what its leg recorded running: every part of the name is
+    checked against the content (candidate, shape, load, scored), and a part the leg does not
+    record cannot be shown."""
+    out = []
+    for part, value in recorded_name(row, cfg).items():
+        if value is None:
+            out.append(f"is named for {part} {m[part]!r}, which the leg does not record")
+        elif value != m[part]:
+            out.append(f"is named for {part} {m[part]!r} but recorded running {part} {value!r}")
+    return out
+
+
 def _pad64(v: int) -> int:
     return -(-v // 64) * 64
 
@@ -137,11 +159,10 @@ def matrix_cells(question: Question, root: str | Path) -> list[MatrixCell]:
     for run, leg, m in legs:
         verdict, reasons = judged[leg]
         row, cfg = _safe(_row, leg, {}), configs[leg]
-        recorded_load = row.get("tica/load")
-        if recorded_load is not None and recorded_load != m["load"] and verdict is not Verdict.FAIL:
+        mislabelled = name_problems(m, row, cfg)
+        if mislabelled and verdict is not Verdict.FAIL:
             # the folder's name is a label; what the producer recorded running is the content
-            verdict, reasons = Verdict.INCONCLUSIVE, (f"inconclusive: {leg.name} is named for load {m['load']!r} but "
-                                                      f"recorded running load {recorded_load!r}", *reasons)
+            verdict, reasons = Verdict.INCONCLUSIVE, (*(f"inconclusive: {leg.name} {p}" for p in mislabelled), *reasons)
         control = None
         for run2, leg2, m2 in legs:
             if (run2 == run and m2["candidate"] == m["candidate"] and m2["load"] == m["load"]
