@@ -109,6 +109,11 @@ def test_dropped_leading_rounds_negative_control(receipts):
     assert cell.verdict is Verdict.PASS, cell.reasons
     assert cell.numbers["per_concurrency"][str(C)]["valid_rounds"] == [1, 2, 3]
     assert any(f"c={C}: rounds [4, 5] are valid beyond the 3 frozen" in r for r in cell.reasons)
+    # the per-round table says which valid rounds the statistic counts
+    rows = [line for line in cell.tables["per round"].splitlines() if line.startswith(f"| {C} |")]
+    counted = {int(row.split("|")[2]): row.split("|")[9].strip() for row in rows}
+    assert counted == {1: "yes", 2: "yes", 3: "yes", 4: "no: beyond the 3 frozen rounds",
+                       5: "no: beyond the 3 frozen rounds"}, rows
 
 
 def test_a_gap_in_the_middle_is_named_and_a_later_round_does_not_fill_it(receipts):

@@ -573,6 +573,15 @@ def bench_settings(findings: Findings, numbers: dict[str, Any], legs: Sequence[B
             findings.inconclusive(problem)
 
 
+def _counted(r: Any, per_c: dict[int, dict[str, Any]], repeats: int) -> str:
+    """Whether the statistic counts a round, and why not."""
+    if r.number in per_c.get(r.c, {}).get("valid_rounds", ()):
+        return "yes"
+    if not r.valid:
+        return "no: invalid"
+    return f"no: beyond the {repeats} frozen rounds" if r.number > repeats else "no"
+
+
 def judge_throughput(question: Question, leg_paths: Sequence[str | Path]) -> VerdictCell:
     item = EvidenceItem.THROUGHPUT
     findings = Findings()
@@ -624,10 +633,6 @@ def judge_throughput(question: Question, leg_paths: Sequence[str | Path]) -> Ver
         ["file", "arm", "c", "round", "slot", "completed", "errors", "input tokens", "output tokens", "warm-ups",
          "duration s", criteria.throughput_metric, "mean TTFT ms", "median TTFT ms", "p99 TTFT ms",
          "mean TPOT ms", "median TPOT ms", "p99 TPOT ms", "status"], leg_rows)
-    tables["per round"] = md_table(
-        ["c", "round", "frozen order", "slot 1/slot 2", "T_BI1", "T_BI0", "loss 1-T_BI1/T_BI0", "valid", "reasons"],
-        [[r.c, r.number, r.expected, r.observed, r.t_bi1, r.t_bi0, r.loss, r.valid, "; ".join(r.problems)]
-         for r in rounds])
     numbers["rounds"] = [{"c": r.c, "round": r.number, "expected_order": r.expected, "observed": r.observed,
                           "t_bi1": r.t_bi1, "t_bi0": r.t_bi0, "loss": r.loss, "valid": r.valid,
                           "reasons": r.problems} for r in rounds]
@@ -726,6 +731,13 @@ def judge_throughput(question: Question, leg_paths: Sequence[str | Path]) -> Ver
                 decisions[c] = budget_test.decide(entry["losses"], budget[c], basis)
                 entry["decision"] = decisions[c].numbers()
     numbers["per_concurrency"] = {str(c): e for c, e in per_c.items()}
+    # Which rounds the statistic counts, beside whether each is valid: a valid round beyond the
+    # frozen ones is shown, and says it is not counted.
+    tables["per round"] = md_table(
+        ["c", "round", "frozen order", "slot 1/slot 2", "T_BI1", "T_BI0", "loss 1-T_BI1/T_BI0", "valid", "counted",
+         "reasons"],
+        [[r.c, r.number, r.expected, r.observed, r.t_bi1, r.t_bi0, r.loss, r.valid, _counted(r, per_c, question.repeats),
+          "; ".join(r.problems)] for r in rounds])
     numbers["noise_floor"] = question.noise_floor
     stats = [e["statistic"] for e in per_c.values() if e["statistic"] is not None]
     # Shown because people ask for it; never judged, so it cannot hide one c over budget.
