@@ -18,6 +18,7 @@ directories and nothing else, so every runner is interchangeable:
 from __future__ import annotations
 
 import json
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,6 +94,25 @@ def plan_legs(item: EvidenceItem, question: Question) -> list[LegSpec]:
     return [LegSpec(item, arm, slot=slot) for slot, arm in enumerate(first, start=1)]
 
 
+def progress_line(k: int, n: int, spec: LegSpec, question: Question, elapsed_s: float) -> str:
+    """Where a long first run stands, in one line: "throughput leg 3 of 12: bi0, c=1,2, round 2,
+    1 min 05 s elapsed"."""
+    parts = [spec.arm]
+    if spec.concurrency is not None:
+        parts.append(f"c={spec.concurrency}")
+    elif isinstance(question.criteria, ThroughputCriteria):  # one leg runs every frozen concurrency
+        parts.append("c=" + ",".join(str(c) for c in question.criteria.concurrencies))
+    if spec.round is not None:
+        parts.append(f"round {spec.round}")
+    parts.append(f"{duration(elapsed_s)} elapsed")
+    return f"{spec.item.value} leg {k} of {n}: {', '.join(parts)}"
+
+
+def duration(seconds: float) -> str:
+    minutes, rest = divmod(round(seconds), 60)
+    return f"{minutes} min {rest:02d} s" if minutes else f"{rest} s"
+
+
 def sealed_leg_dirs(folder: Path) -> list[Path]:
     """Every sealed leg directory under folder (outermost only: a leg's own sub-receipts,
     such as an update's post-update forward, belong to it)."""
@@ -136,7 +156,9 @@ class CpuLegRunner(LegRunner):
 
         client = PipesSubprocessClient(cwd=str(PROJECT_ROOT))
         legs: list[Path] = []
-        for spec in plan_legs(request.item, request.question):
+        planned = plan_legs(request.item, request.question)
+        started = time.monotonic()
+        for k, spec in enumerate(planned, start=1):
             out = request.out_dir / spec.name
             out.parent.mkdir(parents=True, exist_ok=True)
             # The arm's switch is in the child's environment, so it holds before the child (or
@@ -144,7 +166,8 @@ class CpuLegRunner(LegRunner):
             command, env = leg_command(spec.item.value, spec.arm, out, **leg_params(spec, request))
             if self.producer_module:
                 command[command.index("-m") + 1] = self.producer_module
-            context.log.info(f"leg {request.item.value}/{spec.name}: {' '.join(command[1:7])} ...")
+            context.log.info(progress_line(k, len(planned), spec, request.question, time.monotonic() - started))
+            context.log.debug(f"leg {request.item.value}/{spec.name}: {' '.join(command[1:7])} ...")
             try:
                 client.run(context=context, command=command, env=env)
             except Exception as err:  # a failed leg that sealed its receipt is evidence, kept as is
@@ -155,6 +178,8 @@ class CpuLegRunner(LegRunner):
             if not sealed:
                 raise RuntimeError(f"leg {spec.name} left no sealed receipt in {out}")
             legs += sealed
+        if planned:
+            context.log.info(f"{request.item.value}: {len(planned)} leg(s) sealed in {duration(time.monotonic() - started)}")
         return legs
 
 

@@ -185,7 +185,7 @@ BENCH_FLAGS = (
     Flag("request_rate", ("--request-rate",), "float"), Flag("num_warmups", ("--num-warmups",), "int"),
     Flag("general_input_len", ("--input-len",), "int"), Flag("random_input_len", ("--random-input-len",), "int"),
     Flag("general_output_len", ("--output-len",), "int"), Flag("random_output_len", ("--random-output-len",), "int"),
-    Flag("random_range_ratio", ("--random-range-ratio",)), Flag("ignore_eos", ("--ignore-eos",), "switch"),
+    Flag("random_range_ratio", ("--random-range-ratio",), "float"), Flag("ignore_eos", ("--ignore-eos",), "switch"),
     Flag("seed", ("--seed",), "int"), Flag("temperature", ("--temperature",), "float"),
     Flag("profile", ("--profile",), "switch"), Flag("save_result", ("--save-result",), "switch"),
     Flag("append_result", ("--append-result",), "switch"), Flag("result_dir", ("--result-dir",)),
@@ -1738,9 +1738,12 @@ def run_leg(spec: LegRunSpec, *, echo=None, producer_version: str | None = None)
         server_config["versions_from"] = server_versions[1]
     kernels: dict[str, Any] = {}
     if log_text:
-        from tica.legs.engine import logged_engine_config
+        from tica.legs.engine import logged_engine_config, reported_engine_config, served_engine_kernels
 
-        if logged := logged_engine_config(log_text):
+        if reported_engine_config(log_text)[0]:  # a server run as tica.legs.api_server: its engine's resolved config
+            served = {k: v for k, v in served_engine_kernels(log_text).items() if k != "server"}
+            kernels = {"rollout": {"server_log": SERVER_LOG, **served}}
+        elif logged := logged_engine_config(log_text):
             kernels = {"rollout": {"server_log": SERVER_LOG, **logged}}
 
     collection = Collection()

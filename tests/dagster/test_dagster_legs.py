@@ -11,6 +11,7 @@ from dagster_project import TRACK
 from dagster_helpers import build_defs, kept_instance, tick
 
 from resources import CpuLegRunner, plan_legs
+from resources.legs import progress_line
 from tica.evidence import EvidenceItem
 from tica.question import load_question
 from tica_assets.keys import evidence_key
@@ -37,6 +38,21 @@ def test_cpu_runner_runs_each_leg_through_pipes_with_its_arm_switch(project, tmp
         assert leg_json["flags"] == {"--model": str(project.checkpoint.resolve()), "--trainer": "vllm_kernels", "--steps": "5"}
         assert leg.is_relative_to(settings.legs_dir / TRACK)
     assert meta["leg_runner"].value == "CpuLegRunner"
+    said = [e.user_message for e in instance.all_logs(result.run_id)]
+    progress = [m for m in said if m.startswith("forward leg ")]
+    assert [m.split(", ")[0] for m in progress] == ["forward leg 1 of 2: bi1", "forward leg 2 of 2: bi0"], said
+    assert all(m.endswith(" elapsed") for m in progress) and any(m.startswith("forward: 2 leg(s) sealed in ") for m in said)
+
+
+def test_progress_names_the_leg_its_arm_concurrencies_round_and_elapsed_time(project):
+    question = load_question(project.settings.questions_dir / "throughput.yaml")
+    plan = plan_legs(EvidenceItem.THROUGHPUT, question)
+    cs = ",".join(str(c) for c in question.criteria.concurrencies)
+    assert progress_line(3, len(plan), plan[2], question, 65.4) == (
+        f"throughput leg 3 of {len(plan)}: bi0, c={cs}, round 2, 1 min 05 s elapsed")
+    forward = load_question(project.settings.questions_dir / "forward.yaml")
+    (first, *_) = plan_legs(EvidenceItem.FORWARD, forward)
+    assert progress_line(1, 2, first, forward, 0.2) == "forward leg 1 of 2: bi1, 0 s elapsed"
 
 
 def test_throughput_legs_follow_the_frozen_crossed_order(project):

@@ -16,7 +16,7 @@ class FakeJob:
     def __init__(self, success: bool) -> None:
         self.success = success
 
-    def execute_in_process(self, instance, raise_on_error):
+    def execute_in_process(self, instance, raise_on_error, run_config=None):
         assert raise_on_error is False  # every track runs; the failures are collected
         return SimpleNamespace(run_id="run-1", success=self.success)
 

@@ -6,6 +6,7 @@ the way it ran, read from the process and its parameters rather than from its ar
 from __future__ import annotations
 
 import json
+import sys
 from types import SimpleNamespace
 
 import torch
@@ -82,7 +83,10 @@ class _Tiny(Trainer):
         return self.model.named_parameters()
 
 
-def test_a_trainer_records_the_dtype_its_weights_hold_and_the_parallelism_of_its_process():
+def test_a_trainer_records_the_dtype_its_weights_hold_and_the_parallelism_of_its_process(monkeypatch):
+    import torch.distributed as dist
+
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)  # an earlier test may have set up groups
     got = trainer_resolved(_Tiny(torch.bfloat16))
     assert got["dtype"] == "torch.bfloat16"  # the matmul weights', not the fp32 norm's
     assert {got[f"{k}_parallel_size"] for k in ("tensor", "pipeline", "data", "expert", "context")} == {1}
@@ -98,6 +102,7 @@ def test_a_trainer_that_does_not_run_in_this_process_records_nothing(monkeypatch
 
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
     monkeypatch.setattr(dist, "get_world_size", lambda group=None: 4)
+    monkeypatch.delitem(sys.modules, "megatron.core.parallel_state", raising=False)  # groups without megatron
     got = trainer_parallelism()
     assert not any(k.endswith("_parallel_size") for k in got) and "unknown" in got["parallelism_read_from"]
 

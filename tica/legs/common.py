@@ -42,7 +42,7 @@ ARM_ENV: dict[str, dict[str, str]] = {
     "bi1": {"VLLM_BATCH_INVARIANT": "1"},
     "bi0": {"VLLM_BATCH_INVARIANT": "0"},
 }
-# Switches held equal across arms (confounders aligned, DESIGN.md): recorded in every leg.
+# Switches held equal across arms (confounders held equal, docs/practice.md): recorded in every leg.
 ALIGNED_ENV: dict[str, str] = {
     "VLLM_USE_FLASHINFER_SAMPLER": "0",
     "VLLM_NO_USAGE_STATS": "1",

@@ -10,7 +10,7 @@ string check, never the others) and verifies, before its first forward:
   (``check_routing``: the source of the dispatching methods still names the kernel; this is
   a text check over vLLM's installed files, so it also runs where vLLM cannot be imported).
 
-Measured basis: ``shared/device/lab/bi_test.py`` (vllm_kernel_forward + compute_token_logprobs)
+Measured basis: a lab run of vllm_kernel_forward + compute_token_logprobs against vLLM itself
 matched vLLM 0.26.0 bitwise on an H200 (0/1563 prefill, 0/64 decode tokens, mid model).
 """
 
