@@ -25,7 +25,7 @@ from pathlib import Path
 
 import yaml
 from dagster import AssetExecutionContext, ConfigurableResource, PipesSubprocessClient
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from tica.acceptance import LegBatch
 from tica.errors import ReceiptError
@@ -113,6 +113,10 @@ def duration(seconds: float) -> str:
     return f"{minutes} min {rest:02d} s" if minutes else f"{rest} s"
 
 
+def _tail(path: Path, lines: int = 20) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
 def sealed_leg_dirs(folder: Path) -> list[Path]:
     """Every sealed leg directory under folder (outermost only: a leg's own sub-receipts,
     such as an update's post-update forward, belong to it)."""
@@ -150,6 +154,17 @@ class CpuLegRunner(LegRunner):
     producer_module: str = Field(
         "", description="module run in place of tica.legs.<item> (a site's wrapper around the producers); empty = the producer"
     )
+    child_output: str = Field(
+        "log", description="'log': each leg's stdout and stderr (vLLM's and torch's own warnings, progress bars) go "
+                           "to <leg>.log beside the leg, and a failed leg's last lines to the run's log; 'console': forwarded"
+    )
+
+    @field_validator("child_output")
+    @classmethod
+    def _known_output(cls, value: str) -> str:
+        if value not in ("log", "console"):
+            raise ValueError(f"CpuLegRunner.child_output is {value!r}; it is 'log' or 'console'")
+        return value
 
     def run_legs(self, context: AssetExecutionContext, request: LegRequest) -> list[Path]:
         from tica.legs.runner import leg_command  # standard library only
@@ -168,9 +183,15 @@ class CpuLegRunner(LegRunner):
                 command[command.index("-m") + 1] = self.producer_module
             context.log.info(progress_line(k, len(planned), spec, request.question, time.monotonic() - started))
             context.log.debug(f"leg {request.item.value}/{spec.name}: {' '.join(command[1:7])} ...")
+            log = out.parent / f"{spec.name}.log"
+            if self.child_output == "log":  # Pipes messages travel through a file, not the child's stdio
+                command = ["/bin/sh", "-c", 'exec "$@" > "$TICA_LEG_OUTPUT" 2>&1', "leg", *command]
+                env = {**env, "TICA_LEG_OUTPUT": str(log)}
             try:
                 client.run(context=context, command=command, env=env)
             except Exception as err:  # a failed leg that sealed its receipt is evidence, kept as is
+                if log.is_file():
+                    context.log.error(f"leg {spec.name} failed; the last lines of {log.name}:\n{_tail(log)}")
                 if not sealed_leg_dirs(out):
                     raise
                 context.log.warning(f"leg {spec.name} exited with an error but left a sealed receipt: {err}")

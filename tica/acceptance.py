@@ -321,6 +321,10 @@ class EarlierVerdict:
 _CHANGE = re.compile(r"(?:^|; )(\w+): \1 \S+ -> \S+:")
 
 
+# A leg's label before the reason it did not run ("bi1 bi1-s1: did not run: BI=1 needs a GPU ...").
+_LEG_NOT_RUN = re.compile(r"^[\w.\- ]+: did not run: ")
+
+
 @dataclass(frozen=True)
 class ReportCell:
     item: EvidenceItem
@@ -401,7 +405,7 @@ class ReportCell:
         if self.question_hash is None:
             return "no verdict recorded"
         own = [r for r in self.reasons if r.lower().startswith(f"{self.verdict}:")]
-        return sentence((own or [without_prefix(self.summary)])[0])
+        return sentence(_LEG_NOT_RUN.sub("", sentence((own or [without_prefix(self.summary)])[0]), count=1))
 
     @property
     def next_step(self) -> str:

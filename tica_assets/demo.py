@@ -41,6 +41,21 @@ def demo_env() -> dict[str, str]:
     return env
 
 
+def warnings_to_file(path: Path) -> None:
+    """Python warnings of this process (Dagster's beta and preview notices, torch's) are not the
+    user's business: they go to a file, as each leg's own output goes to its `<leg>.log`."""
+    import warnings
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    stream = open(path, "a", encoding="utf-8")  # noqa: SIM115 - open for the life of the process
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        stream.write(warnings.formatwarning(message, category, filename, lineno, line))
+        stream.flush()
+
+    warnings.showwarning = show
+
+
 def prepare_models(data_dir: Path, models: list[str]) -> None:
     from tica.legs.runner import prepare_model
 
@@ -122,6 +137,8 @@ def print_report(settings, home: Path, tracks) -> None:
     print(f"\n[demo] the answers: {', '.join(r.headline.split(' — ')[0] for r in reports)}", flush=True)
     print(f"[demo] report page: {_shown(page)}   ledger: {_shown(settings.ledger_path)}   Dagster home: {_shown(home)}",
           flush=True)
+    print(f"[demo] warnings: {_shown(Path(settings.data_dir) / 'warnings.log')}   each leg's own output: "
+          f"<leg>.log beside it under {_shown(settings.legs_dir)}", flush=True)
 
 
 def _shown(path) -> str:
@@ -151,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     home = Path(env["DAGSTER_HOME"])
     home.mkdir(parents=True, exist_ok=True)
     shutil.copy(PROJECT_ROOT / "dagster.yaml", home / "dagster.yaml")
+    warnings_to_file(Path(env["TICA_DATA_DIR"]) / "warnings.log")
     prepare_models(Path(env["TICA_DATA_DIR"]), [m for m in args.models.split(",") if m])
 
     # Imported after the environment is set: the definitions read it once.

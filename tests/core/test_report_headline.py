@@ -49,3 +49,11 @@ def test_non_passes_are_grouped_worst_first_each_with_what_decides_it():
 def test_an_item_with_no_verdict_says_so_and_how_to_get_one():
     cell = _cell(E.ARTIFACTS, "not run", summary="no verdict recorded", question_hash=None)
     assert (cell.deciding, cell.next_step) == ("no verdict recorded", "materialize artifacts")
+
+
+def test_a_leg_that_did_not_run_is_decided_by_its_reason_not_its_label():
+    cell = _cell(E.FORWARD, "not run", reasons=("not run: bi1 bi1-s1: did not run: BI=1 needs a GPU because vLLM's "
+                                                 "batch-invariant mode is not supported on the CPU platform",))
+    assert cell.deciding == "BI=1 needs a GPU because vLLM's batch-invariant mode is not supported on the CPU platform"
+    # control: a reason that names no leg keeps its words
+    assert _cell(E.FORWARD, "not run", reasons=("not run: no legs named",)).deciding == "no legs named"

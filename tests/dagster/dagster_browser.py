@@ -53,17 +53,42 @@ def wait_for(predicate, timeout: float, what: str, interval: float = 2.0):
 
 
 ASSETS_LOADED = "{ assetNodes { assetKey { path } } }"
+ALL_STALE = """query($group: String!) { assetNodes(group: {groupName: $group, repositoryName: "__repository__",
+  repositoryLocationName: "tica"}) { assetKey { path } staleStatus } }"""
+# What the canvas draws for a node's checks: each check's latest execution and its severity.
+CHECKS = """query($path: [String!]!) { assetNodeOrError(assetKey: {path: $path}) { ... on AssetNode {
+  assetChecksOrError { ... on AssetChecks { checks { name executionForLatestMaterialization {
+    status evaluation { severity } } } } } } } }"""
+TICKS = """query { sensorOrError(sensorSelector: {repositoryName: "__repository__", repositoryLocationName: "tica",
+  sensorName: "tica_manifest_sensor"}) { ... on Sensor { sensorState { ticks(limit: 20) { status skipReason } } } } }"""
+
+
+def drawn_check(base: str, path: list[str], name: str) -> tuple[str, str | None]:
+    """(status, severity) of a node's check as the canvas draws it."""
+    node = graphql(base, CHECKS, {"path": path})["data"]["assetNodeOrError"]
+    (check,) = [c for c in node["assetChecksOrError"]["checks"] if c["name"] == name]
+    run = check["executionForLatestMaterialization"]
+    return run["status"], (run["evaluation"] or {}).get("severity")
+
+
+def stale_nodes(base: str, group: str = "demo") -> set[str]:
+    """The labels of the group's nodes that the UI calls stale."""
+    nodes = graphql(base, ALL_STALE, {"group": group})["data"]["assetNodes"]
+    return {n["assetKey"]["path"][-1] for n in nodes if n["staleStatus"] == "STALE"}
+
+
 
 
 @contextlib.contextmanager
-def dagster_dev(env: dict[str, str], log_path: Path, timeout: float = 240):
-    """`dagster dev -w workspace.yaml` in its own process group; yields the base URL. Stopped
+def dagster_dev(env: dict[str, str], log_path: Path, timeout: float = 240, root: Path = PROJECT_ROOT):
+    """`dagster dev -w workspace.yaml` of the project at `root` (this checkout, or a clone of it)
+    in its own process group; yields the base URL. Stopped
     with SIGTERM to dagster dev first, then to whatever it left in its group."""
     port = free_port()
     log = open(log_path, "wb")
     proc = subprocess.Popen(
         [str(DAGSTER), "dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(port)],
-        cwd=PROJECT_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )
     base = f"http://127.0.0.1:{port}"
     try:

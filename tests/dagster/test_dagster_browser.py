@@ -10,8 +10,8 @@ import re
 import shutil
 
 import pytest
-from dagster_browser import (CHROMIUM, chromium, dagster_dev, graph_nodes, graphql, node_colours, visible_text,
-                             wait_for)
+from dagster_browser import (CHROMIUM, TICKS, chromium, dagster_dev, drawn_check, graph_nodes, graphql, node_colours,
+                             stale_nodes, visible_text, wait_for)
 from dagster_project import TRACK, fresh_defs
 from dagster_helpers import kept_instance, materialize_track, tick
 
@@ -22,27 +22,6 @@ pytestmark = [pytest.mark.browser, pytest.mark.skipif(CHROMIUM is None, reason="
 ARTIFACTS = PROJECT_ROOT / ".tica" / "artifacts" / "browser"
 TIMESTAMP = re.compile(r"^[A-Z][a-z]{2} \d{1,2}, \d{1,2}:\d{2} [AP]M$")
 STALE = """query { assetNodes(assetKeys: [{path: ["demo", "evidence", "quality"]}]) { staleStatus } }"""
-ALL_STALE = """query { assetNodes(group: {groupName: "demo", repositoryName: "__repository__",
-  repositoryLocationName: "tica"}) { assetKey { path } staleStatus } }"""
-# What the canvas draws for a node's checks: each check's latest execution and its severity.
-CHECKS = """query($path: [String!]!) { assetNodeOrError(assetKey: {path: $path}) { ... on AssetNode {
-  assetChecksOrError { ... on AssetChecks { checks { name executionForLatestMaterialization {
-    status evaluation { severity } } } } } } } }"""
-TICKS = """query { sensorOrError(sensorSelector: {repositoryName: "__repository__", repositoryLocationName: "tica",
-  sensorName: "tica_manifest_sensor"}) { ... on Sensor { sensorState { ticks(limit: 20) { status skipReason } } } } }"""
-
-
-def drawn_check(base: str, path: list[str], name: str) -> tuple[str, str | None]:
-    """(status, severity) of a node's check as the canvas draws it."""
-    node = graphql(base, CHECKS, {"path": path})["data"]["assetNodeOrError"]
-    (check,) = [c for c in node["assetChecksOrError"]["checks"] if c["name"] == name]
-    run = check["executionForLatestMaterialization"]
-    return run["status"], (run["evaluation"] or {}).get("severity")
-
-
-def stale_nodes(base: str) -> set[str]:
-    nodes = graphql(base, ALL_STALE)["data"]["assetNodes"]
-    return {n["assetKey"]["path"][-1] for n in nodes if n["staleStatus"] == "STALE"}
 
 
 def metadata_value(text: str, key: str) -> str:
