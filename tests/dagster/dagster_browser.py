@@ -131,19 +131,23 @@ def visible_text(dom: str) -> str:
 
 def graph_nodes(dom: str) -> dict[str, bool]:
     """Asset-graph node label -> whether it carries the stale (unsynced) marker."""
-    nodes = {}
-    for fo in re.findall(r"<foreignObject\b.*?</foreignObject>", dom, flags=re.S):
-        label = " ".join(re.sub(r"<[^>]+>", " ", fo).split())
-        nodes[label] = "StaleDot" in fo or "Unsynced" in fo
-    return nodes
+    return {_label(fo): "StaleDot" in fo or "Unsynced" in fo
+            for fo in re.findall(r"<foreignObject\b.*?</foreignObject>", dom, flags=re.S)}
+
+
+def _label(node: str) -> str:
+    """A node's asset name: the zoomed-in node's name element, the zoomed-out node's whole text."""
+    named = re.search(r'AssetNode_assetName[^"]*".*?data-tooltip="([^"]+)"', node, flags=re.S)
+    return named.group(1) if named else " ".join(re.sub(r"<[^>]+>", " ", node).split())
 
 
 def node_colours(dom: str) -> dict[str, str]:
-    """Asset-graph node label -> the background the canvas draws it with (the zoomed-out node's
-    `--minimal-bg`, e.g. a red or a green colour variable); '' where the node sets none."""
+    """Asset-graph node label -> the colour the canvas draws its status with: the zoomed-out
+    node's `--minimal-bg`, or the zoomed-in node's status row, e.g. a red or a green colour
+    variable; '' where the node sets none."""
     out = {}
     for fo in re.findall(r"<foreignObject\b.*?</foreignObject>", dom, flags=re.S):
-        label = " ".join(re.sub(r"<[^>]+>", " ", fo).split())
-        bg = re.search(r"--minimal-bg:\s*([^;\"]+)", fo)
-        out[label] = bg.group(1).strip() if bg else ""
+        colour = (re.search(r"--minimal-bg:\s*([^;\"]+)", fo)
+                  or re.search(r"background-color:\s*(var\(--color-background-[\w-]+\))", fo))
+        out[_label(fo)] = colour.group(1).strip() if colour else ""
     return out
