@@ -389,13 +389,14 @@ def died_named(log_text: str) -> list[tuple[str, int | None, str]]:
 
 
 def engine_records(log_text: str, *, engine_pids: list[int], worker_pids: list[int], names: dict[int, str],
-                   alive: dict[int, bool], running_evidence: str = "still running after the server stopped"
-                   ) -> tuple[list[dict], list[dict]]:
+                   alive: dict[int, bool], running_evidence: str = "still running after the server stopped",
+                   identities: common.ProcessIdentities | None = None) -> tuple[list[dict], list[dict]]:
     """(process records, engine processes seen whose exit TICA could not observe) from a vLLM
     server's log: `TICA_PROC_EXIT` lines (a server run as `python -m tica.legs.api_server`),
     vLLM's "force killing remaining process NAME pid N" (and its count-only form), "died
     unexpectedly"; an engine process still alive after the server stopped is `running`. An
-    engine process seen, gone, and reported nowhere is not recorded: its exit is unknown."""
+    engine process seen, gone, and reported nowhere is not recorded: its exit is unknown. Each
+    record carries the identity `identities` read from its process while it lived, where one was."""
     exits = common.reported_exits(log_text)
     forced = {int(m.group(2)): (m.group(1), m.group(0).strip()) for m in PER_PID_FORCE_KILL.finditer(log_text)}
     died = common.first_match(common.ENGINE_DIED_RE.pattern, log_text)
@@ -405,6 +406,7 @@ def engine_records(log_text: str, *, engine_pids: list[int], worker_pids: list[i
     pids = list(dict.fromkeys([*engine_pids, *worker_pids, *exits, *forced]))
     for pid in pids:
         seen = exits.get(pid)
+        ident = identities.of(pid) if identities is not None else None
         name = (seen.name if seen else None) or (forced[pid][0] if pid in forced else None) or names.get(pid)
         if seen is not None:
             role = seen.role if seen.role in ("engine_core", "worker") else "engine_core"
@@ -414,19 +416,20 @@ def engine_records(log_text: str, *, engine_pids: list[int], worker_pids: list[i
                       if p == pid or (p is None and n in {seen.name if seen else None, names.get(pid)})), None)
         if pid in forced:
             recs.append(common.process_record(role, pid, seen.exit_code if seen else None, evidence=forced[pid][1],
-                                              force_killed=True, name=name))
+                                              force_killed=True, name=name, identity=ident))
         elif death is not None and (seen is None or seen.exit_code in (0, None)):
             # vLLM says it died: a reported 0 (or nothing) is not its clean exit; how it ended is unknown
             said = f"; its parent reported exitcode={seen.exit_code} (TICA_PROC_EXIT)" if seen else ""
-            recs.append(common.process_record(role, pid, None, name=name, evidence=f"{death}{said}"))
+            recs.append(common.process_record(role, pid, None, name=name, evidence=f"{death}{said}", identity=ident))
         elif seen is not None:
-            recs.append(common.process_record(role, pid, seen.exit_code, name=name,
+            recs.append(common.process_record(role, pid, seen.exit_code, name=name, identity=ident,
                                               evidence=f"exit code its parent saw after vLLM's shutdown "
                                                        f"(TICA_PROC_EXIT exitcode={seen.exit_code})"))
         elif alive.get(pid):
-            recs.append(common.process_record(role, pid, None, alive=True, name=name, evidence=running_evidence))
+            recs.append(common.process_record(role, pid, None, alive=True, name=name, evidence=running_evidence,
+                                              identity=ident))
         elif died and role == "engine_core":
-            recs.append(common.process_record(role, pid, None, evidence=died, name=name))
+            recs.append(common.process_record(role, pid, None, evidence=died, name=name, identity=ident))
         else:
             unobserved.append({"role": role, "pid": pid, "name": name})
     if not forced and (count := re.search(r"[^\n]*force killing remaining processes count=\d+[^\n]*", log_text)):
@@ -809,6 +812,9 @@ class StartedServer:
         self.started_at = common.now()
         self.proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=self._log, stderr=subprocess.STDOUT,
                                      start_new_session=True, preexec_fn=common.stoppable())
+        # what each process is, by content, read from it at first sight (its exit record's identity)
+        self.identities = common.ProcessIdentities()
+        self.identities.see(self.proc.pid)
         self.ready_at: str | None = None
         self.stopped_at: str | None = None
         self.engine_pids: list[int] = []
@@ -836,6 +842,7 @@ class StartedServer:
                         self.ready_at = common.now()
                         self.name = common.process_name(self.proc.pid)
                         self.engine_pids, self.worker_pids, self.names = _engine_processes(self.proc.pid)
+                        self.identities.see(*self.engine_pids, *self.worker_pids)
                         self.environ_records, self.environ = observe_environ(self.proc.pid, "server", self.env_passed)
                         return None
             except OSError:
@@ -879,7 +886,7 @@ class StartedServer:
 
     def records(self) -> tuple[list[dict], list[dict]]:
         rec = common.process_record("api_server", self.proc.pid, self.proc.returncode, evidence=self.stop_evidence,
-                                    name=self.name)
+                                    name=self.name, identity=self.identities.of(self.proc.pid))
         if self.killed_by_tica:
             rec.update(end_state="killed", signal=signal.SIGKILL.value)
         elif self.signalled_by_tica is not None:
@@ -888,7 +895,7 @@ class StartedServer:
         text = self.log_path.read_text(errors="replace") if self.log_path.is_file() else ""
         alive = {p: common.pid_alive(p) for p in self.engine_pids + self.worker_pids}
         engines, unobserved = engine_records(text, engine_pids=self.engine_pids, worker_pids=self.worker_pids,
-                                             names=self.names, alive=alive)
+                                             names=self.names, alive=alive, identities=self.identities)
         return [rec, *engines], unobserved
 
     def reap_leftovers(self) -> list[str]:
@@ -922,6 +929,8 @@ class RunningServer:
         self.log = log
         self.log_offset = log.stat().st_size if log is not None and log.is_file() else 0
         self.engine_pids, self.worker_pids, self.names = _engine_processes(pid)
+        self.identities = common.ProcessIdentities()  # read now, while they run
+        self.identities.see(pid, *self.engine_pids, *self.worker_pids)
         try:
             self.cwd = Path(os.readlink(f"/proc/{pid}/cwd"))
         except OSError:
@@ -947,13 +956,15 @@ class RunningServer:
             state = {}
             ev = ("ended during the leg; exit status read from its unreaped zombie" if code is not None else
                   "ended during the leg; not tica leg run's child, so its exit code cannot be observed")
-        rec = common.process_record("api_server", self.pid, code, evidence=ev, name=self.name, **state)
+        rec = common.process_record("api_server", self.pid, code, evidence=ev, name=self.name,
+                                    identity=self.identities.of(self.pid), **state)
         if self.argv:
             rec["command"] = self.argv
         alive = {p: common.pid_alive(p) for p in self.engine_pids + self.worker_pids}
         engines, unobserved = engine_records(self.log_text(), engine_pids=self.engine_pids, worker_pids=self.worker_pids,
                                              names=self.names, alive=alive,
-                                             running_evidence="still running when the command ended")
+                                             running_evidence="still running when the command ended",
+                                             identities=self.identities)
         return [rec, *engines], unobserved
 
     def config(self) -> dict[str, Any]:
@@ -1226,6 +1237,8 @@ class CommandRun:
     why_sent: list[str] = field(default_factory=list)
     # what /proc/<pid>/environ of the command (and its children) said while it ran
     environ: list[dict[str, Any]] = field(default_factory=list)
+    # what the command's process is, read from it right after it started (common.process_identity)
+    identity: dict[str, Any] = field(default_factory=dict)
 
     @property
     def stopped_by_tica(self) -> bool:
@@ -1235,7 +1248,7 @@ class CommandRun:
         """The command's process record. A command tica leg run signalled did not end by itself,
         whatever exit code it chose on the way out (a SIGTERM handler that exits 0): it is
         `signalled` (`killed` after SIGKILL), naming the signal TICA sent."""
-        rec = common.process_record(role, self.pid, self.exit_code, evidence=self.evidence)
+        rec = common.process_record(role, self.pid, self.exit_code, evidence=self.evidence, identity=self.identity)
         if self.sent:
             sig = signal.SIGKILL if signal.SIGKILL in self.sent else self.sent[-1]
             rec.update(end_state="killed" if sig == signal.SIGKILL else "signalled", signal=sig.value)
@@ -1319,6 +1332,7 @@ def run_command(argv: list[str], *, env: dict[str, str], cwd: Path, log_path: Pa
     except OSError as err:
         return CommandRun(None, None, None, None, f"could not start: {err}")
     started_at, t0 = common.now(), time.monotonic()
+    identity = common.process_identity(proc.pid)
     watch = EnvironWatch(proc.pid, "command", env)
     tee = _Tee(proc.stdout, log_path, echo)
     how: list[str] = []
@@ -1347,7 +1361,8 @@ def run_command(argv: list[str], *, env: dict[str, str], cwd: Path, log_path: Pa
     said = "; ".join(how)
     return CommandRun(proc.pid, proc.returncode, started_at, ended_at,
                       f"exited {proc.returncode} after {time.monotonic() - t0:.1f} s (tica leg run's child: wait())"
-                      + (f"; {said}" if said else ""), sent=sent, why_sent=how, environ=watch.seen())
+                      + (f"; {said}" if said else ""), sent=sent, why_sent=how, environ=watch.seen(),
+                      identity=identity)
 
 
 def _signal_group(proc: subprocess.Popen, sig: signal.Signals) -> None:

@@ -39,6 +39,12 @@ _EXIT = {
     "evidence": "rule: tica/judges/clean_exit.py: vLLM's force-kill line is not clean",
     "name": "informational: the OS's process name, shown beside the role",
     "command": "informational: the command line, shown; the role decides what is required",
+    "identity": "rule: tica/judges/clean_exit.py: a process counts once by content, whatever its role and pid",
+}
+_PROCESS_IDENTITY = {
+    "create_time": "rule: tica/judges/clean_exit.py: exits of one create time, name and command line are one process",
+    "name": "rule: tica/judges/clean_exit.py: exits of one create time, name and command line are one process",
+    "cmdline": "rule: tica/judges/clean_exit.py: exits of one create time, name and command line are one process",
 }
 _STEP = {
     "step": "rule: tica/judges/forward.py: every step present, none numbered 0",
@@ -168,7 +174,7 @@ _RECIPE = {
 }
 
 FIELD_RULES: dict[str, dict[str, str]] = {
-    "LegMeta": _LEG, "ProcessExit": _EXIT, "ForwardStep": _FORWARD, "BackwardStep": _BACKWARD,
+    "LegMeta": _LEG, "ProcessExit": _EXIT, "ProcessIdentity": _PROCESS_IDENTITY, "ForwardStep": _FORWARD, "BackwardStep": _BACKWARD,
     "UpdateStep": _UPDATE, "BenchResult": _BENCH, "ProblemResult": _PROBLEM, "Sampling": _SAMPLING,
     "RecordedEvalContract": _CONTRACT, "GradcheckOp": _GRADCHECK_OP, "GradcheckRun": _GRADCHECK_RUN,
     "GradcheckFile": _GRADCHECK, **_RECIPE,

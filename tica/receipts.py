@@ -46,6 +46,18 @@ class _Receipt(BaseModel):
 # ---------------------------------------------------------------- leg.json
 
 
+class ProcessIdentity(_Receipt):
+    """What a process is, by content: read by the producer from the process itself (psutil) while it
+    lived, never from the producer's own arguments. A field that could not be read is absent (unknown).
+    Two exit entries of one identity are one process, whatever their roles and pids."""
+
+    create_time: float | None = Field(None, gt=0, allow_inf_nan=False,
+                                      description="psutil.Process(pid).create_time(): seconds since the epoch")
+    name: str | None = Field(None, min_length=1, description="psutil.Process(pid).name()")
+    cmdline: tuple[str | None, ...] | None = Field(None, strict=False, min_length=1,
+                                            description="psutil.Process(pid).cmdline()")
+
+
 class ProcessExit(_Receipt):
     # trainer_engine_core / trainer_worker: a vLLM engine the trainer itself runs (trainer=vllm_engine)
     role: Literal["client", "api_server", "engine_core", "worker", "trainer", "trainer_engine_core", "trainer_worker"]
@@ -56,6 +68,7 @@ class ProcessExit(_Receipt):
     evidence: str | None = None
     name: str | None = Field(None, description="process name as the OS reported it (e.g. EngineCore)")
     command: tuple[str, ...] | None = Field(None, strict=False)
+    identity: ProcessIdentity | None = None  # absent: the producer read none (receipts made before it did)
 
 
 # Domains of the settings every engine and trainer records alike: (type, low, high, low excluded).

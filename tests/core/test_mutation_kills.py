@@ -321,7 +321,8 @@ def test_a_served_leg_needs_its_own_exits_whatever_its_arm_recorded(exit_legs):
     that role; a leg that served nothing (a trainer's) is held to its arm, not to the server's roles."""
     bi0, bi1 = exit_legs
     trainer = _copy_leg(bi0, "a_trainer_bi0", item="forward",
-                        processes=[{"role": "trainer", "pid": 7, "exit_code": 0, "end_state": "exited"}])
+                        processes=[{"role": "trainer", "pid": 7, "exit_code": 0, "end_state": "exited",
+                                    "identity": {"create_time": 1795940000.0, "name": "python3"}}])
     assert judge_criteria("exit", Q, [trainer, bi0, bi1]).verdict is Verdict.PASS
     no_api = _copy_leg(bi0, "exit_bi0_b")
     _roles(no_api, "client", "engine_core", "worker")
@@ -358,7 +359,10 @@ def _workers(leg: Path, n: int, tp: int, pp: int | None) -> None:
     def f(m):
         keep = [p for p in m["processes"] if p["role"] != "worker"]
         worker = next(p for p in m["processes"] if p["role"] == "worker")
-        m["processes"] = keep + [{**worker, "pid": worker["pid"] + 100 * i} for i in range(n)]
+        # each worker its own process: its own pid and create time (a copy under a new pid is one worker)
+        m["processes"] = keep + [{**worker, "pid": worker["pid"] + 100 * i,
+                                  "identity": {**worker["identity"], "create_time": worker["identity"]["create_time"] + i}}
+                                 for i in range(n)]
         m["resolved_config"].update(tensor_parallel_size=tp)
         m["resolved_config"].pop("pipeline_parallel_size", None)
         if pp is not None:

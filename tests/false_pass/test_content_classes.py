@@ -10,6 +10,8 @@ import shutil
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, note, settings
+from hypothesis import strategies as st
 
 from tica.canaries import edit_json, edit_jsonl, edit_meta, tput_leg
 from tica.judges import judge, judge_criteria
@@ -198,8 +200,110 @@ def test_a_second_leg_with_every_exit_of_its_own_keeps_the_pass(bound, candidate
     legs = bound(E.CLEAN_EXIT)
     twin = legs[0].parent / (legs[0].name + "-second")
     shutil.copytree(legs[0], twin)
-    edit_meta(twin, lambda m: [p.update(pid=p["pid"] + 500) for p in m["processes"]])
+    edit_meta(twin, lambda m: [p.update(pid=p["pid"] + 500, identity=_anew(p["identity"], 3600.0))
+                               for p in m["processes"]])
     assert judge(E.CLEAN_EXIT, questions[E.CLEAN_EXIT], [*legs, twin], candidate).verdict is Verdict.PASS
+
+
+# ------------------------------------------------------------------ 1. identity by content: process exits
+# A role is covered by an exit of its own process, known by content (its create time, name and
+# command line as the producer read them from it), never by a copy of another exit under its name.
+
+_ROLES = ("client", "api_server", "engine_core", "worker")
+_EXAMPLES = settings(max_examples=30, deadline=None, derandomize=True,
+                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+
+
+def _anew(identity: dict, seconds: float) -> dict:
+    """Another process's identity: created `seconds` later (a copy keeps the create time)."""
+    return {**identity, "create_time": round(identity["create_time"] + seconds, 2)}
+
+
+def _exits(leg) -> list[dict]:
+    return json.loads((leg / "leg.json").read_text())["processes"]
+
+
+@_EXAMPLES
+@given(data=st.data())
+def test_any_exit_copied_under_a_missing_role_never_passes(bound, candidate, questions, data):
+    """Generated: one leg loses every exit of one role; any exit of any leg (its own, the other
+    arm's) is copied under that role with any pid, name, command and evidence, its identity kept
+    whole or with fields dropped (a dropped create time makes it unknown). Never a pass."""
+    legs = bound(E.CLEAN_EXIT)  # a fresh set for each example (checked to pass first)
+    target = data.draw(st.sampled_from(legs), label="leg")
+    role = data.draw(st.sampled_from(_ROLES), label="missing role")
+    edit_meta(target, lambda m: m.update(processes=[p for p in m["processes"] if p["role"] != role]))
+    source_leg = data.draw(st.sampled_from(legs), label="copied from leg")
+    source = dict(data.draw(st.sampled_from(_exits(source_leg)), label="copied exit"))
+    source["role"] = role
+    source["pid"] = data.draw(st.one_of(st.integers(1, 2**22), st.just(source["pid"]), st.none()), label="pid")
+    for key, values in (("name", st.sampled_from([None, "VLLM::EngineCore", "VLLM::Worker_TP0", "vllm", role])),
+                        ("command", st.sampled_from([None, ["vllm", "serve", "/ckpt/qwen3-8b"], ["python", "-m", role]])),
+                        ("evidence", st.sampled_from([None, "exited 0 after SIGTERM", f"{role} ended on its own"]))):
+        if data.draw(st.booleans(), label=f"relabel {key}"):
+            value = data.draw(values, label=key)
+            source.pop(key, None) if value is None else source.update({key: value})
+    kept = data.draw(st.sets(st.sampled_from(["create_time", "name", "cmdline"])), label="identity fields dropped")
+    identity = {k: v for k, v in source["identity"].items() if k not in kept}
+    source.pop("identity") if not identity else source.update(identity=identity)
+    edit_meta(target, lambda m: m["processes"].append(source))
+    note(f"{target.name}: {role} <- {source}")
+    cell = judge(E.CLEAN_EXIT, questions[E.CLEAN_EXIT], legs, candidate)
+    assert_no_pass(cell, role)
+
+
+@_EXAMPLES
+@given(data=st.data())
+def test_an_exit_of_its_own_process_under_any_pid_keeps_the_pass(bound, candidate, questions, data):
+    """Negative control: the role's exit replaced by one of another process (its own create time),
+    under any pid and label, still passes."""
+    legs = bound(E.CLEAN_EXIT)  # a fresh set for each example (checked to pass first)
+    target = data.draw(st.sampled_from(legs), label="leg")
+    role = data.draw(st.sampled_from(_ROLES), label="role")
+    later = data.draw(st.floats(3600.0, 86400.0), label="created later by")
+    pid = data.draw(st.integers(1, 2**22), label="pid")
+    name = data.draw(st.sampled_from([None, "VLLM::EngineCore", "python3"]), label="name")
+
+    def replace(m):
+        for p in m["processes"]:
+            if p["role"] == role:
+                p.update(pid=pid, identity=_anew(p["identity"], later) | ({"name": name} if name else {}))
+    edit_meta(target, replace)
+    cell = judge(E.CLEAN_EXIT, questions[E.CLEAN_EXIT], legs, candidate)
+    assert cell.verdict is Verdict.PASS, cell.reasons
+
+
+def test_an_exit_without_its_process_identity_is_no_pass_for_its_role(bound, candidate, questions):
+    legs = bound(E.CLEAN_EXIT)
+    edit_meta(legs[0], lambda m: [p.pop("identity") for p in m["processes"] if p["role"] == "engine_core"])
+    assert_no_pass(judge(E.CLEAN_EXIT, questions[E.CLEAN_EXIT], legs, candidate), "['engine_core']",
+                   "record no process identity")
+
+
+def test_one_worker_copied_under_another_pid_is_not_a_second_worker(bound, candidate, questions):
+    """A server of 2 GPU workers: worker 0's exit copied under a new pid is one worker."""
+    legs = bound(E.CLEAN_EXIT)
+
+    def tp2(m, own: bool):
+        m["resolved_config"].update(tensor_parallel_size=2)
+        w = next(p for p in m["processes"] if p["role"] == "worker")
+        m["processes"].append({**w, "pid": w["pid"] + 1, **({"identity": _anew(w["identity"], 0.5)} if own else {})})
+    for leg in legs:
+        edit_meta(leg, lambda m: tp2(m, own=False))
+    # the criteria alone: the candidate pins TP 1
+    assert_no_pass(judge_criteria(E.CLEAN_EXIT, questions[E.CLEAN_EXIT], legs), "record one process by content")
+
+
+def test_two_workers_of_their_own_processes_pass(bound, candidate, questions):
+    legs = bound(E.CLEAN_EXIT)
+    for leg in legs:
+        def tp2(m):
+            m["resolved_config"].update(tensor_parallel_size=2)
+            w = next(p for p in m["processes"] if p["role"] == "worker")
+            m["processes"].append({**w, "pid": w["pid"] + 1, "identity": _anew(w["identity"], 0.5)})
+        edit_meta(leg, tp2)
+    cell = judge_criteria(E.CLEAN_EXIT, questions[E.CLEAN_EXIT], legs)
+    assert cell.verdict is Verdict.PASS, cell.reasons
 
 
 # ------------------------------------------------------------------ 7. domains

@@ -56,6 +56,10 @@ def test_with_a_positive_shutdown_timeout_every_process_exits_on_its_own_and_the
     meta = _show(leg)
     assert {p["role"] for p in meta["processes"]} == ROLES
     assert all(p["end_state"] == "exited" and p["exit_code"] == 0 for p in meta["processes"])
+    # each exit names its own process by content, read from it while it ran: no two alike
+    idents = [p["identity"] for p in meta["processes"]]
+    assert all(i.get("create_time") and (i.get("name") or i.get("cmdline")) for i in idents), idents
+    assert len({(i["create_time"], i.get("name"), tuple(i.get("cmdline") or ())) for i in idents}) == len(idents)
     assert "producer_cleanup" not in meta["resolved_config"]  # nothing was left for the producer to kill
     cell = judge_criteria("clean_exit", QUESTION, [leg])
     assert cell.verdict is Verdict.PASS, cell.reasons

@@ -26,6 +26,7 @@ def _records(log: str, tmp_path: Path) -> dict[str, dict]:
     server.stop_evidence = "exited after SIGTERM (grace 90 s)"
     server.engine_pids, server.worker_pids = [ENGINE], [WORKER]
     server.names = {ENGINE: "VLLM::EngineCore", WORKER: "VLLM::Worker"}
+    server.identities = common.ProcessIdentities()  # none seen alive: no identity recorded
     return {r["role"]: r for r in server.records()}
 
 
@@ -131,3 +132,49 @@ def test_the_engine_config_and_shutdown_are_read_only_from_vllms_own_log_lines()
     assert engine.logged_engine_config(echoed) == {}  # negative control: the echo alone says nothing
     h200 = (Path(__file__).resolve().parents[1] / "fixtures/h200/run4/quality_bi1/producer.log").read_text(errors="replace")
     assert engine.logged_engine_config(h200)["tensor_parallel_size"] == 1
+
+
+# ------------------------------------------------------------------ each exit's process identity
+
+
+def test_a_process_identity_is_read_from_the_living_process_and_never_guessed():
+    """create time, name and command line as psutil reads them from the process itself; once it
+    is gone nothing is read, and a record without one carries no identity (unknown)."""
+    import subprocess
+    import sys
+
+    import psutil
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(5)"])
+    try:
+        ident = common.process_identity(proc.pid)
+        assert ident["create_time"] == psutil.Process(proc.pid).create_time()
+        assert ident["cmdline"][1:] == ["-c", "import time; time.sleep(5)"]
+        assert ident["name"] == psutil.Process(proc.pid).name()
+        rec = common.process_record("client", proc.pid, 0, evidence="x", identity=ident)
+        assert ProcessExit.model_validate(rec).identity.create_time == ident["create_time"]
+    finally:
+        proc.kill()
+        proc.wait()
+    assert common.process_identity(proc.pid) == {}
+    assert common.process_identity(None) == {}
+    assert "identity" not in common.process_record("client", proc.pid, 0, evidence="x")
+    seen = common.ProcessIdentities()
+    seen.see(proc.pid, None)
+    assert seen.of(proc.pid) is None
+
+
+def test_a_server_records_the_identity_read_while_its_processes_ran(tmp_path):
+    """Server.records(): each exit carries what was read from its pid while it lived, as it was."""
+    server = throughput.Server.__new__(throughput.Server)
+    server.log_path = tmp_path / "server.log"
+    server.log_path.write_text(f"TICA_PROC_EXIT role=engine_core name=EngineCore_0 pid={ENGINE} exitcode=0\n")
+    server.proc = SimpleNamespace(pid=4_190_000, returncode=0)
+    server.stop_evidence = "exited after SIGTERM (grace 90 s)"
+    server.engine_pids, server.worker_pids, server.names = [ENGINE], [], {}
+    server.identities = common.ProcessIdentities()
+    server.identities._seen.update({4_190_000: {"create_time": 1.5e9, "name": "python3"},
+                                    ENGINE: {"create_time": 1.5e9 + 2, "name": "VLLM::EngineCore"}})
+    recs = {r["role"]: r for r in server.records()}
+    assert recs["api_server"]["identity"] == {"create_time": 1.5e9, "name": "python3"}
+    assert recs["engine_core"]["identity"] == {"create_time": 1.5e9 + 2, "name": "VLLM::EngineCore"}

@@ -232,13 +232,10 @@ def cases(mm_root, questions, candidate) -> CaseBook:
 _LOGGED_RELABEL = ("a logged-only forward step (no arrays) copied under another step number with another "
                    "checkpoint_version is new content by every field a logged row holds: its distinctness cannot "
                    "be shown without arrays")
-_EXIT_RELABEL = ("an exit receipt copied under the missing role with another pid: an exit entry records no "
-                 "content (name, command, start time) that tells one process from another")
+# Closed: an exit receipt copied under the missing role with another pid (each exit now records its
+# process's identity, and tica/judges/clean_exit.py counts a process once by it).
 OPEN: dict[str, str] = {
     "test_r1_duplicate_relabel_each[forward-logged_missing_last_step]": _LOGGED_RELABEL,
-    "test_r1_duplicate_relabel_each[clean_exit-engine_core_missing]": _EXIT_RELABEL,
-    "test_r1_duplicate_relabel_sampled[clean_exit-engine_core_missing]": _EXIT_RELABEL,
-    "test_r1_clean_exit_process_copied_under_missing_role_never_pass": _EXIT_RELABEL,
 }
 
 

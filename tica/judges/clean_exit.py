@@ -5,6 +5,12 @@ vLLM force-kills its EngineCore at once when its shutdown timeout (`--shutdown-t
 default 0) is 0 (`get_engine_process_shutdown_timeout` in vllm/v1/engine/utils.py, `shutdown` in
 vllm/v1/utils.py): a force kill under a recorded timeout of 0 says so in its reason. It is a
 failure all the same.
+
+A process is counted by its content identity (`ProcessExit.identity`: the create time, name and
+command line its producer read from the process while it lived), never by its role or pid: exits
+that record one identity are one process, so a role "covered" by a copy of another role's exit
+(another pid, any label) is not covered, and a role only exits of unknown identity cover cannot
+show that it ran as its own process. Neither passes.
 """
 
 from __future__ import annotations
@@ -17,9 +23,9 @@ from typing import Any
 from tica.evidence import EvidenceItem
 from tica.judges._common import Findings, cell, md_table, shown, wrong_question
 from tica.judges.confounders import require_recorded
-from tica.messages import unparenthesized
+from tica.messages import clip, unparenthesized
 from tica.question import CleanExitCriteria, Question
-from tica.receipts import LegMeta, ProcessExit, load_leg
+from tica.receipts import Leg, LegMeta, ProcessExit, load_leg
 from tica.verdict import VerdictCell
 
 SIDES = {"client": "client", "api_server": "server", "engine_core": "server", "worker": "server", "trainer": "trainer",
@@ -85,6 +91,91 @@ def exit_problems(meta: LegMeta, sides: Sequence[tuple[str, str]] = (("client", 
     return problems
 
 
+# psutil reads a process's create time in clock ticks (1/100 s on Linux): two create times closer
+# than one tick cannot be told apart.
+CREATE_TIME_TICK_S = 0.01
+Identity = tuple[float, "str | None", "tuple[str | None, ...] | None"]
+
+
+def identity_of(p: ProcessExit) -> Identity | None:
+    """The process's content identity: its create time with its name or command line, as its
+    producer read them from the process. None: unknown (not recorded, or a create time alone)."""
+    i = p.identity
+    if i is None or i.create_time is None or (i.name is None and i.cmdline is None):
+        return None
+    return (i.create_time, i.name, i.cmdline)
+
+
+def same_process(a: Identity, b: Identity) -> bool:
+    """Whether content tells two identities apart: not when their create times lie within one tick
+    and no field recorded on both sides differs (a field dropped from a copy makes no new process)."""
+    return abs(a[0] - b[0]) < CREATE_TIME_TICK_S and all(x is None or y is None or x == y
+                                                         for x, y in zip(a[1:], b[1:]))
+
+
+def shown_identity(p: ProcessExit) -> str:
+    ident = identity_of(p)
+    if ident is None:
+        return "unknown"
+    return ", ".join([f"created {ident[0]:.2f}", *([f"name {ident[1]}"] if ident[1] else []),
+                      *([f"command {clip(' '.join(a or '' for a in ident[2]), 60)}"] if ident[2] else [])])
+
+
+def _ran_as(entries: Sequence[tuple[Leg, ProcessExit]]) -> str:
+    return " and ".join(f"{leg.arm} {leg.path.name} {p.role} pid {p.pid}" for leg, p in entries)
+
+
+def one_process_many_records(legs: Sequence[Leg]) -> list[list[tuple[Leg, ProcessExit]]]:
+    """Exits of one identity recorded as more than one process: under two roles or pids, in two
+    arms, or in two legs other than a throughput round's (whose legs share one server). Each group
+    is one process, however it is labelled: it shows at most one of those roles ran."""
+    known = [(leg, p, ident) for leg in legs for p in leg.meta.processes if (ident := identity_of(p)) is not None]
+    groups: list[list[tuple[Leg, ProcessExit, Identity]]] = []
+    for entry in known:
+        joined = [g for g in groups if any(same_process(entry[2], other[2]) for other in g)]
+        for g in joined:
+            groups.remove(g)
+        groups.append([x for g in joined for x in g] + [entry])
+    out = []
+    for g in groups:
+        roles = {p.role for _, p, _ in g}
+        pids = {p.pid for _, p, _ in g}
+        arms = {leg.arm for leg, _, _ in g}
+        paths = {leg.path for leg, _, _ in g}
+        shared = all(leg.meta.item == "throughput" for leg, _, _ in g)
+        if len(roles) > 1 or len(pids) > 1 or len(arms) > 1 or (len(paths) > 1 and not shared):
+            out.append(list({(id(leg), id(p)): (leg, p) for leg, p, _ in g}.values()))
+    return out
+
+
+def unproven_roles(leg: Leg, copied: Sequence[Sequence[tuple[Leg, ProcessExit]]]) -> tuple[list[str], list[str]]:
+    """The roles a leg records that no exit of its own process shows: (roles only exits of unknown
+    identity cover, roles only exits that record another role's or pid's process cover)."""
+    in_copies = {id(p) for g in copied for _, p in g}
+    unknown, shared = [], []
+    for role in dict.fromkeys(p.role for p in leg.meta.processes):
+        entries = [p for p in leg.meta.processes if p.role == role]
+        if any(identity_of(p) is not None and id(p) not in in_copies for p in entries):
+            continue
+        (shared if any(identity_of(p) is not None for p in entries) else unknown).append(role)
+    return unknown, shared
+
+
+def distinct_workers(leg: Leg) -> int:
+    """How many worker processes the leg's worker exits show: exits of one identity count once."""
+    seen: list[Identity] = []
+    unknown = 0
+    for p in leg.meta.processes:
+        if p.role != "worker":
+            continue
+        ident = identity_of(p)
+        if ident is None:
+            unknown += 1
+        elif not any(same_process(ident, s) for s in seen):
+            seen.append(ident)
+    return len(seen) + unknown
+
+
 SERVED_ITEMS = ("clean_exit", "throughput")
 
 
@@ -120,6 +211,7 @@ def judge_clean_exit(question: Question, leg_paths: Sequence[str | Path]) -> Ver
     criteria: CleanExitCriteria = question.criteria  # type: ignore[assignment]
     legs = [load_leg(p) for p in leg_paths]
     rows: list[list[Any]] = []
+    identities: list[str] = []  # per row: the process's identity as shown (shown_identity)
     ran_rows = 0  # exits of legs that ran: a leg that did not run is no evidence of a clean exit
     sides: dict[str, Findings] = {"client": Findings(), "server": Findings(), "trainer": Findings()}
     seen_roles: dict[str, set[str]] = {}  # arm -> roles whose exits its legs recorded
@@ -146,9 +238,21 @@ def judge_clean_exit(question: Question, leg_paths: Sequence[str | Path]) -> Ver
                 sides[side].fail(f"{name}: {p.role} pid {p.pid} {problem}{shutdown_note(leg.meta, p)}")
             rows.append([name, side, p.role, p.pid, p.end_state, p.exit_code, p.signal, p.evidence,
                          "clean" if problem is None else "NOT clean"])
+            identities.append(shown_identity(p))
             ran_rows += not leg.meta.not_run_reason
     for side, f in sides.items():
         findings.extend(f, prefix=f"{side}: ")
+    ran = [leg for leg in legs if not leg.meta.not_run_reason and leg.meta.processes]
+    copied = one_process_many_records(ran)
+    for group in copied:  # one process, however many roles, pids or legs its copies name
+        findings.inconclusive(f"{_ran_as(group)} record one process by content, the same create time, name and "
+                              "command line: one process shows at most one of them")
+    for leg in ran:  # a role counts only by an exit of its own process, known by content
+        unknown, _ = unproven_roles(leg, copied)
+        if unknown:
+            findings.inconclusive(f"{leg.meta.item} {leg.arm} {leg.path.name}: the exits of roles {unknown} record no "
+                                  "process identity, a create time with a name or command line read from the "
+                                  "process, so they cannot show that each ran as its own process")
     ran_served = [leg for leg in legs if not leg.meta.not_run_reason and served(leg.meta)]
     for leg in ran_served:  # a per-leg rule: a served leg's exits are its own, never another leg's of its arm
         missing = [r for r in server_roles(criteria.required_roles, leg.meta, ran_served)
@@ -157,7 +261,7 @@ def judge_clean_exit(question: Question, leg_paths: Sequence[str | Path]) -> Ver
             findings.inconclusive(f"{leg.meta.item} {leg.arm} {leg.path.name}: no exit receipt for roles {missing} of "
                                   "the server it ran: they cannot be verified")
         workers = world_size(leg.meta)
-        recorded = sum(p.role == "worker" for p in leg.meta.processes)
+        recorded = distinct_workers(leg)
         if workers is not None and workers > 1 and recorded < workers:
             findings.inconclusive(f"{leg.meta.item} {leg.arm} {leg.path.name}: {recorded} worker exit(s) recorded for a "
                                   f"server of {workers} GPU workers: the others cannot be verified")
@@ -176,6 +280,7 @@ def judge_clean_exit(question: Question, leg_paths: Sequence[str | Path]) -> Ver
     }
     numbers["processes"] = [dict(zip(["leg", "side", "role", "pid", "end_state", "exit_code", "signal", "evidence",
                                       "status"], r)) for r in rows]
+    numbers["process_identities"] = identities  # per row of `processes`: what content names the process
     tables = {"per process": md_table(["leg", "side", "role", "pid", "end state", "exit code", "signal", "evidence",
                                        "status"], rows)}
     numbers["arms_verified"] = sorted(seen_roles)

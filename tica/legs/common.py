@@ -297,11 +297,66 @@ def end_state(exit_code: int | None, *, force_killed: bool = False, alive: bool 
     return "exited", None
 
 
-def process_record(role: str, pid: int | None, exit_code: int | None, *, evidence: str, force_killed: bool = False, alive: bool = False, name: str | None = None) -> dict:
+def process_identity(pid: int | None) -> dict:
+    """What the process `pid` is, by content, read from the process itself (psutil) while it lives:
+    {create_time, name, cmdline}, each only where it could be read (absent: unknown, never guessed).
+    Read it when the process is first seen alive: after it ended its pid may name another process.
+    An exit record carries it as `identity` (docs/receipts.md); the clean-exit judge counts exits of
+    one identity as one process, whatever their roles and pids."""
+    if pid is None:
+        return {}
+    try:
+        import psutil
+
+        proc = psutil.Process(pid)
+    except Exception:  # no psutil, or no such process: nothing read
+        return {}
+    out: dict = {}
+    for key, read in (("create_time", proc.create_time), ("name", proc.name), ("cmdline", proc.cmdline)):
+        try:
+            value = read()
+        except Exception:  # a zombie's command line, a process gone meanwhile: that field unknown
+            continue
+        if key == "cmdline":
+            value = [str(a) for a in value] if value else None
+        elif key == "create_time":
+            value = float(value) if value and value > 0 else None
+        if value:
+            out[key] = value
+    try:  # the pid still names the process whose create time was read (not one that took its pid meanwhile)
+        again = psutil.Process(pid).create_time()
+    except Exception:
+        again = None
+    if again is not None and "create_time" in out and again != out["create_time"]:
+        return {}
+    return out
+
+
+class ProcessIdentities:
+    """The identities of the processes a producer saw alive, each read once, at first sight."""
+
+    def __init__(self) -> None:
+        self._seen: dict[int, dict] = {}
+
+    def see(self, *pids: int | None) -> None:
+        for pid in pids:
+            if pid is not None and pid not in self._seen and (ident := process_identity(pid)):
+                self._seen[pid] = ident
+
+    def of(self, pid: int | None) -> dict | None:
+        return self._seen.get(pid) if pid is not None else None
+
+
+def process_record(role: str, pid: int | None, exit_code: int | None, *, evidence: str, force_killed: bool = False,
+                   alive: bool = False, name: str | None = None, identity: dict | None = None) -> dict:
+    """One exit record; `identity`: what `process_identity` read from the process while it lived
+    (absent when nothing was read)."""
     state, sig = end_state(exit_code, force_killed=force_killed, alive=alive)
     rec = {"role": role, "pid": pid, "exit_code": exit_code, "end_state": state, "signal": sig, "evidence": evidence}
     if name:
         rec["name"] = name
+    if identity:
+        rec["identity"] = dict(identity)
     return rec
 
 

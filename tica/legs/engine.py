@@ -11,13 +11,13 @@ import os
 import re
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from tica.legs.common import (_LOG_PREFIX, FORCE_KILL_RE, SHUTDOWN_TIMEOUT_S, Leg, children_of, pid_alive,
-                              process_name, process_record, reported_exits)
+                              process_identity, process_name, process_record, reported_exits)
 
 DEFAULT_ENGINE_ARGS = dict(
     dtype="bfloat16",
@@ -340,6 +340,8 @@ class EngineStop:
     procs: list
     workers: dict[int, str]
     error: str | None = None
+    # pid -> what the process is, by content, read from it before the shutdown (common.process_identity)
+    identities: dict[int, dict] = field(default_factory=dict)
 
 
 def stop_engine(llm, *, timeout: float | None = None) -> EngineStop:
@@ -347,6 +349,7 @@ def stop_engine(llm, *, timeout: float | None = None) -> EngineStop:
     procs = engine_processes(llm)
     # this engine's workers: the EngineCore's children now (the log may also name another engine's)
     workers = {w: process_name(w) or "worker" for p in procs for w in children_of(p.pid)}
+    identities = {pid: ident for pid in [*(p.pid for p in procs), *workers] if (ident := process_identity(pid))}
     error = None
     try:
         llm.llm_engine.engine_core.shutdown(timeout=timeout)
@@ -355,7 +358,7 @@ def stop_engine(llm, *, timeout: float | None = None) -> EngineStop:
     for p in procs:
         p.join(timeout=10)
     wait_gone(list(workers), 5.0)
-    return EngineStop(procs, workers, error)
+    return EngineStop(procs, workers, error, identities)
 
 
 def exit_records(stop: EngineStop, text: str) -> list[dict]:
@@ -369,7 +372,7 @@ def exit_records(stop: EngineStop, text: str) -> list[dict]:
     for p in stop.procs:
         ev = force_lines.get(p.pid) or f"multiprocessing exitcode={p.exitcode} after vLLM shutdown"
         recs.append(process_record("engine_core", p.pid, p.exitcode, evidence=ev.strip(), force_killed=p.pid in killed,
-                                   name=p.name))
+                                   name=p.name, identity=stop.identities.get(p.pid)))
     for pid, role_name in sorted(stop.workers.items()):
         alive = pid_alive(pid)
         seen = reported.get(pid)
@@ -380,7 +383,8 @@ def exit_records(stop: EngineStop, text: str) -> list[dict]:
         else:
             ev = "still running after shutdown" if alive else "worker gone after shutdown; not our child, exit code not reported"
         recs.append(process_record("worker", pid, seen.exit_code if seen else None, evidence=ev.strip(),
-                                   force_killed=pid in killed, alive=alive, name=seen.name if seen else role_name))
+                                   force_killed=pid in killed, alive=alive, name=seen.name if seen else role_name,
+                                   identity=stop.identities.get(pid)))
     return recs
 
 

@@ -61,6 +61,9 @@ class Server:
         self._log = open(log_path, "ab")
         self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
                                      env=env, preexec_fn=common.stoppable())
+        # what each process is, by content, read from it at first sight (its exit record's identity)
+        self.identities = common.ProcessIdentities()
+        self.identities.see(self.proc.pid)
         self.engine_pids: list[int] = []
         self.worker_pids: list[int] = []
         self.names: dict[int, str] = {}  # pid -> the OS's name for it while it ran
@@ -95,6 +98,7 @@ class Server:
         self.worker_pids = [w for e in self.engine_pids for w in common.children_of(e)
                             if "Worker" in (common.process_name(w) or "") or "VLLM" in (common.process_name(w) or "")]
         self.names = {p: n for p in self.engine_pids + self.worker_pids if (n := common.process_name(p))}
+        self.identities.see(*self.engine_pids, *self.worker_pids)
 
     def stop(self, grace: float | None = None) -> None:
         """SIGTERM, then wait: vLLM's own shutdown (up to --shutdown-timeout for the EngineCore)
@@ -122,7 +126,8 @@ class Server:
         recs = []
         code = self.proc.returncode
         killed_by_us = "SIGKILL" in self.stop_evidence
-        server_rec = common.process_record("api_server", self.proc.pid, code, evidence=self.stop_evidence, name="api_server")
+        server_rec = common.process_record("api_server", self.proc.pid, code, evidence=self.stop_evidence, name="api_server",
+                                               identity=self.identities.of(self.proc.pid))
         if killed_by_us:
             server_rec["end_state"] = "killed"
         recs.append(server_rec)
@@ -144,7 +149,8 @@ class Server:
                 ev = died
             else:
                 ev = "gone after the server stopped; exit code not reported (server did not reach its shutdown path)"
-            recs.append(common.process_record("engine_core", pid, ec, evidence=ev, force_killed=pid in force, alive=alive, name=name))
+            recs.append(common.process_record("engine_core", pid, ec, evidence=ev, force_killed=pid in force, alive=alive, name=name,
+                                              identity=self.identities.of(pid)))
         workers = list(dict.fromkeys(self.worker_pids + [p for p, e in exits.items() if e.role == "worker"]))
         for pid in workers:
             seen = exits.get(pid)
@@ -159,7 +165,8 @@ class Server:
             else:
                 ev = "gone after its EngineCore stopped; grandchild of the server, exit code not reported"
             recs.append(common.process_record("worker", pid, ec, evidence=ev, force_killed=pid in force, alive=alive,
-                                              name=seen.name if seen else (self.names.get(pid) or "worker")))
+                                              name=seen.name if seen else (self.names.get(pid) or "worker"),
+                                              identity=self.identities.of(pid)))
         return recs
 
     def reap_leftovers(self) -> list[str]:
@@ -188,11 +195,12 @@ def run_client(leg_dir: Path, server: Server, model: str, *, concurrency: int, n
     with open(leg_dir / "client.log", "wb") as log:
         started_at, t0 = common.now(), time.monotonic()
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=common.stoppable())
+        identity = common.process_identity(proc.pid)  # read while it runs (or, ended, is not yet reaped)
         code = proc.wait()
         ended_at = common.now()
     rec = common.process_record("client", proc.pid, code,
                                 evidence=f"vllm bench serve exited {code} after {time.monotonic() - t0:.1f} s "
-                                         "(the producer's child: wait())")
+                                         "(the producer's child: wait())", identity=identity)
     rec["command"] = cmd
     return ClientRun(rec, started_at, ended_at)
 

@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from tica.legs.common import SHUTDOWN_TIMEOUT_S
+from tica.legs.common import SHUTDOWN_TIMEOUT_S, process_identity
 
 from .bi1 import cmd_bi1
 from .forward_leg import FAULTS, cmd_bi0, cmd_bi0_megatron
@@ -53,12 +53,13 @@ def cmd_all(a) -> int:
         lf = logs / f"{name}.log"
         with open(lf, "wb") as f:
             p = subprocess.Popen((module or me) + args, env=env, stdout=f, stderr=subprocess.STDOUT)
+            identity = process_identity(p.pid)  # read while it runs
             try:
                 rc = p.wait(timeout=max(10.0, timeout))
             except subprocess.TimeoutExpired:
                 p.kill()
                 rc = p.wait()
-        procs = legio.launcher_records(name, p.pid, rc, lf.read_text(errors="replace"), env)
+        procs = legio.launcher_records(name, p.pid, rc, lf.read_text(errors="replace"), env, identity)
         status["children"][name] = {"rc": rc, "seconds": round(time.time() - t, 1), "end": procs[0]}
         for n in new_legs:
             d = legs / n

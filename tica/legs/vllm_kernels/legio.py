@@ -73,17 +73,19 @@ def versions() -> dict[str, str]:
 NO_ENGINE_COMMANDS = ("make-model", "make_model", "bi0-megatron", "bi0_megatron")
 
 
-def launcher_records(name: str, pid: int, rc: int | None, text: str, env: dict[str, str]) -> list[dict]:
+def launcher_records(name: str, pid: int, rc: int | None, text: str, env: dict[str, str],
+                     identity: dict | None = None) -> list[dict]:
     """The process record a launcher adds to a producer command's legs: the one process it waited
     on, as the trainer. Where that command ran vLLM's engine core inside the same process
     (VLLM_ENABLE_V1_MULTIPROCESSING=0) that is said in the evidence, not recorded as an
     EngineCore of its own: it had no process, no exit of its own. An EngineCore that was a process
-    of its own is recorded, with its own pid, by the producer that shut it down."""
+    of its own is recorded, with its own pid, by the producer that shut it down. `identity`: what
+    `tica.legs.common.process_identity` read from the process while it ran (absent: none read)."""
     evidence = "exit code observed by the launcher (wait())"
     if not name.startswith(NO_ENGINE_COMMANDS) and env.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0":
         evidence += ("; vLLM's engine core ran inside this process (InprocClient, "
                      "VLLM_ENABLE_V1_MULTIPROCESSING=0): no EngineCore process of its own")
-    return [process_record("trainer", pid, rc, text, evidence)]
+    return [process_record("trainer", pid, rc, text, evidence, identity=identity)]
 
 
 _WRITTEN: list[Path] = []  # the leg dirs this process wrote (write_meta), in order
@@ -176,7 +178,8 @@ def write_step_arrays(forward_dir: Path, step: int, *, token_ids, seq_lens, trai
     return p
 
 
-def process_record(role: str, pid: int | None, exit_code: int | None, log_text: str = "", evidence: str = "") -> dict:
+def process_record(role: str, pid: int | None, exit_code: int | None, log_text: str = "", evidence: str = "",
+                   identity: dict | None = None) -> dict:
     """The end of one process from its exit code. A "force killing" line in its log is vLLM killing
     one of this process's children, not this process: it goes into the evidence (which the
     clean-exit judge reads: still not a clean exit), never into this process's own end state."""
@@ -190,8 +193,11 @@ def process_record(role: str, pid: int | None, exit_code: int | None, log_text: 
         state = "killed" if sig == 9 else "signalled"
     else:
         state, sig = "exited", None
-    return {"role": role, "pid": pid, "exit_code": exit_code, "end_state": state, "signal": sig,
-            "evidence": evidence or None}
+    rec = {"role": role, "pid": pid, "exit_code": exit_code, "end_state": state, "signal": sig,
+           "evidence": evidence or None}
+    if identity:  # read from the process while it lived (tica.legs.common.process_identity); else unknown
+        rec["identity"] = dict(identity)
+    return rec
 
 
 def finalize_leg(leg_dir: Path, processes: list[dict]) -> dict:

@@ -35,6 +35,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from tica.legs.common import process_identity
 from tica.models.hashing import weights_hash
 
 from .legio import log
@@ -496,13 +497,13 @@ def cmd_matrix(a) -> int:
                     "--work", str(work), "--summary", str(logs / f"{name}.summary.json"),
                     "--lock", str(work / "engine_start.lock")] + (["--dry-run"] if a.dry_run else [])
             p = subprocess.Popen(me + args, env=env, stdout=open(lf, "wb"), stderr=subprocess.STDOUT)
-            running.append((p, name, c, s, time.time(), env, lf))
+            running.append((p, name, c, s, time.time(), env, lf, process_identity(p.pid)))
             log(f"started {name} (pid {p.pid})")
         if not queue and not running:
             break
         time.sleep(1)
         for item in list(running):
-            p, name, c, s, t, env, lf = item
+            p, name, c, s, t, env, lf, identity = item
             rc = p.poll()
             if rc is None and time.time() > deadline:
                 p.kill()
@@ -510,7 +511,7 @@ def cmd_matrix(a) -> int:
             if rc is None:
                 continue
             running.remove(item)
-            procs = legio.launcher_records(name, p.pid, rc, lf.read_text(errors="replace"), env)
+            procs = legio.launcher_records(name, p.pid, rc, lf.read_text(errors="replace"), env, identity)
             mine = [d for d in legs.glob(f"mx-{c}-{s}-*") if (d / "leg.json").exists() and not (d / "seal.json").exists()]
             for d in mine:
                 legio.finalize_leg(d, procs)

@@ -31,7 +31,7 @@ import threading
 import time
 from pathlib import Path
 
-from tica.legs.common import pipes_context, stoppable
+from tica.legs.common import pipes_context, process_identity, stoppable
 
 PRODUCER = "tica.legs.vllm_kernels.producers"
 PROGRESS_PREFIX = "[tica"
@@ -147,6 +147,7 @@ def run(a: argparse.Namespace, producer_args: list[str]) -> int:
             stderr=subprocess.STDOUT, start_new_session=True,
             preexec_fn=stoppable(lambda: die_with_parent(signal.SIGKILL)))
         report["pid"] = proc.pid
+        identity = process_identity(proc.pid)  # read while it runs
         stopped: list[str] = []
 
         def on_signal(signum, _frame):
@@ -182,7 +183,7 @@ def run(a: argparse.Namespace, producer_args: list[str]) -> int:
         reader.join(timeout=10)
         report.update(rc=rc, seconds=round(time.time() - t0, 1), progress_lines=lines[0], stopped=stopped or None)
         text = log_path.read_text(errors="replace")
-        report["legs"], report["unsealed"] = seal_new_legs(a.name, legs, proc.pid, rc, text, env)
+        report["legs"], report["unsealed"] = seal_new_legs(a.name, legs, proc.pid, rc, text, env, identity)
         level = pipes.log.info if rc == 0 else pipes.log.error
         level(f"{LOG_PREFIX}[{a.name}]: producer exited {rc} after {report['seconds']} s; "
               f"{len(report['legs'])} sealed leg(s)" + (f"; {'; '.join(stopped)}" if stopped else "")
@@ -191,11 +192,11 @@ def run(a: argparse.Namespace, producer_args: list[str]) -> int:
 
 
 def seal_new_legs(name: str, legs: Path, pid: int, rc: int, text: str,
-                  env: dict[str, str]) -> tuple[list[str], list[str]]:
+                  env: dict[str, str], identity: dict | None = None) -> tuple[list[str], list[str]]:
     """The producer's legs, completed with its observed exit and sealed (as `producers all` does)."""
     from . import legio
 
-    procs = legio.launcher_records(name, pid, rc, text, env)
+    procs = legio.launcher_records(name, pid, rc, text, env, identity)
     unsealed_left = []
     for leg in unsealed_legs(legs):
         try:

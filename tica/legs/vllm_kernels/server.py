@@ -19,7 +19,7 @@ from pathlib import Path
 # the core fingerprint of a model folder, as the manifest's checkpoint.path hashes (no cache file)
 from tica.models.hashing import weights_hash
 
-from tica.legs.common import SHUTDOWN_TIMEOUT_S
+from tica.legs.common import SHUTDOWN_TIMEOUT_S, process_identity
 from tica.legs.engine import logged_engine_config
 
 from .legio import log
@@ -97,12 +97,13 @@ def cmd_throughput(a) -> int:
     run_plan = plan if ready else []
     spec.write_text(json.dumps({"plan": run_plan, "ports": ports, "model": str(model), "tokenizer": str(model),
                                 "in": in_len, "out": out_len, "deadline": deadline, "results": str(work / "bench")}))
-    client_rc, client_pid = None, None
+    client_rc, client_pid, client_identity = None, None, {}
     if run_plan:
         clog = open(work / "client.log", "wb")
         cp = subprocess.Popen([sys.executable, "-m", "tica.legs.vllm_kernels.producers", "bench-client", str(spec)],
                               env=client_env, stdout=clog, stderr=subprocess.STDOUT)
         client_pid = cp.pid
+        client_identity = process_identity(cp.pid)  # read while it runs
         try:
             client_rc = cp.wait(timeout=max(30, deadline - time.time() + 20))
         except subprocess.TimeoutExpired:
@@ -126,7 +127,8 @@ def cmd_throughput(a) -> int:
     clog_text = (work / "client.log").read_text(errors="replace") if (work / "client.log").exists() else ""
     client_rec = legio.process_record("client", client_pid, client_rc, clog_text,
                                       "one client process ran every leg's `vllm bench serve` in order "
-                                      "(vllm.benchmarks.serve.main, the code behind the CLI)")
+                                      "(vllm.benchmarks.serve.main, the code behind the CLI)",
+                                      identity=client_identity)
     results = work / "bench"
     w_hash = weights_hash(model)  # the folder both servers loaded
     for leg in plan:
