@@ -134,7 +134,7 @@ def _meta(item: str, arm: str, **over: Any) -> dict[str, Any]:
     }
     meta.update(over)
     for proc in meta["processes"]:  # what a producer reads from each process while it lives (synthetic here)
-        proc.setdefault("identity", _identity(proc["role"], proc["pid"], arm))
+        proc.setdefault("identity", synthetic_identity(proc["role"], proc["pid"], arm))
     return meta
 
 
@@ -142,7 +142,7 @@ _NAMES = {"engine_core": "VLLM::EngineCore", "worker": "VLLM::Worker_TP0", "trai
           "trainer_worker": "VLLM::Worker_TP0"}
 
 
-def _identity(role: str, pid: int, arm: str) -> dict[str, Any]:
+def synthetic_identity(role: str, pid: int, arm: str) -> dict[str, Any]:
     """A synthetic process identity: a create time apart for every pid and arm (an hour before the
     leg's start), the OS's name for the role's process."""
     return {"create_time": round(1795942800.0 + pid * 0.1 + (0.05 if arm == "bi0" else 0.0), 2),

@@ -32,6 +32,7 @@ def _recorded_env() -> dict[str, str]:
 def build(item: str, arm: str, round_: int | None, out: Path) -> list[Path]:
     from tests.bound_receipts import build_bound
     from tica.binding import Candidate
+    from tica.canaries import synthetic_identity
     from tica.candidate import identify
     from tica.evidence import EvidenceItem
     from tica.manifest import load_manifest
@@ -61,6 +62,10 @@ def build(item: str, arm: str, round_: int | None, out: Path) -> list[Path]:
             if relabel:
                 meta["arm"] = arm
                 meta["env"]["VLLM_BATCH_INVARIANT"] = "1" if arm == "bi1" else "0"
+                # a run of its own: its processes are not the copied leg's (the clean-exit judge
+                # counts a process recorded in two arms once)
+                for proc in meta["processes"]:
+                    proc["identity"] = synthetic_identity(proc["role"], proc["pid"], arm)
             (dest / "leg.json").write_text(json.dumps(meta, indent=1))
             seal_leg(dest)
             written.append(dest)
