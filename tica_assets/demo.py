@@ -62,7 +62,7 @@ def prepare_models(data_dir: Path, models: list[str]) -> None:
     for name in models:
         t0 = time.time()
         path = prepare_model(name, data_dir / "models")
-        print(f"[demo] model {name}: {path} ({time.time() - t0:.0f} s)", flush=True)
+        print(f"[demo] model {name}: {_shown(path)} ({time.time() - t0:.0f} s)", flush=True)
 
 
 def observe_manifests(defs, instance) -> None:
