@@ -8,10 +8,10 @@ export TICA_CACHE_DIR=${TICA_CACHE_DIR:-$PWD/.tica/cache}
 # files sharing the demo leg set or the Ray cluster, on one worker). Not the default: with both
 # cores busy, tests that time a signal or a deadline against a loaded machine failed there.
 # --fast: the everyday tier (pure core, judges, false-pass and fuzz slices; no vLLM, no browser,
-# no Dagster instance): about 10 minutes on two idle cores. The default runs everything.
+# no Dagster instance, no Postgres server). The default runs everything.
 if [ "${1:-}" = "--fast" ]; then
   shift
-  set -- -m "not slow and not browser and not long" tests/core tests/judges tests/false_pass tests/fuzz "$@"
+  set -- -m "not slow and not browser and not long and not postgres" tests/core tests/judges tests/false_pass tests/fuzz "$@"
 fi
 workers=${TICA_TEST_WORKERS:-0}
 if [ "$workers" != 0 ]; then

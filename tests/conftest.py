@@ -15,11 +15,18 @@ from tests.long import FULL, SKIP_REASON
 SHARED = {"demo_legs": "demo-legs", "ray_cluster": "ray"}  # session fixture -> the group of every file using it
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "postgres: starts a real Postgres server (set on every test using "
+                                       "the postgres_server fixture); `scripts/test.sh --fast` leaves these out")
+
+
 def pytest_collection_modifyitems(config, items):
     skip = None if FULL else pytest.mark.skip(reason=SKIP_REASON)
     for item in items:
         if skip is not None and "long" in item.keywords:
             item.add_marker(skip)
+        if "postgres_server" in item.fixturenames:
+            item.add_marker(pytest.mark.postgres)
     if not getattr(config.option, "numprocesses", None):
         return
     group_of: dict[str, str] = {}

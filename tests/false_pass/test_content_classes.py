@@ -306,6 +306,48 @@ def test_two_workers_of_their_own_processes_pass(bound, candidate, questions):
     assert cell.verdict is Verdict.PASS, cell.reasons
 
 
+_SERVER_ROLES = ("api_server", "engine_core", "worker")
+
+
+def _round_legs(legs, arm: str) -> dict[tuple[int, int], object]:
+    """(round, concurrency) -> the throughput leg of `arm`."""
+    out = {}
+    for leg in legs:
+        m = json.loads((leg / "leg.json").read_text())
+        if m["arm"] == arm:
+            out[(m["round"], m["concurrency"])] = leg
+    return out
+
+
+def _serve_from(src, dest) -> None:
+    """dest's server exits replaced by copies of src's (the client's stays dest's own)."""
+    theirs = [p for p in _exits(src) if p["role"] in _SERVER_ROLES]
+    edit_meta(dest, lambda m: m.update(processes=[p for p in m["processes"] if p["role"] not in _SERVER_ROLES] + theirs))
+
+
+def test_a_server_exit_copied_into_another_round_is_not_that_rounds_server(bound, questions):
+    """Each round starts its own server: round 1's server exits copied into a round 2 leg show
+    round 1's server only, and round 2's is unverified."""
+    legs = bound(E.THROUGHPUT)
+    assert judge_criteria(E.CLEAN_EXIT, questions[E.CLEAN_EXIT], legs).verdict is Verdict.PASS  # control
+    by = _round_legs(legs, "bi1")
+    c = min(c for _, c in by)
+    _serve_from(by[(1, c)], by[(2, c)])
+    assert_no_pass(judge_criteria(E.CLEAN_EXIT, questions[E.CLEAN_EXIT], legs), "record one process by content")
+
+
+def test_legs_of_one_round_share_its_server_exits(bound, questions):
+    """Negative control: one server serves every concurrency of a round and arm, so the legs of
+    one round recording the same server exits still pass."""
+    legs = bound(E.THROUGHPUT)
+    by = _round_legs(legs, "bi1")
+    cs = sorted({c for r, c in by if r == 1})
+    assert len(cs) > 1
+    _serve_from(by[(1, cs[0])], by[(1, cs[1])])
+    cell = judge_criteria(E.CLEAN_EXIT, questions[E.CLEAN_EXIT], legs)
+    assert cell.verdict is Verdict.PASS, cell.reasons
+
+
 # ------------------------------------------------------------------ 7. domains
 
 

@@ -127,7 +127,7 @@ def _ran_as(entries: Sequence[tuple[Leg, ProcessExit]]) -> str:
 
 def one_process_many_records(legs: Sequence[Leg]) -> list[list[tuple[Leg, ProcessExit]]]:
     """Exits of one identity recorded as more than one process: under two roles or pids, in two
-    arms, or in two legs other than a throughput round's (whose legs share one server). Each group
+    arms, or in two legs other than one throughput round's (whose legs share one server). Each group
     is one process, however it is labelled: it shows at most one of those roles ran."""
     known = [(leg, p, ident) for leg in legs for p in leg.meta.processes if (ident := identity_of(p)) is not None]
     groups: list[list[tuple[Leg, ProcessExit, Identity]]] = []
@@ -142,7 +142,8 @@ def one_process_many_records(legs: Sequence[Leg]) -> list[list[tuple[Leg, Proces
         pids = {p.pid for _, p, _ in g}
         arms = {leg.arm for leg, _, _ in g}
         paths = {leg.path for leg, _, _ in g}
-        shared = all(leg.meta.item == "throughput" for leg, _, _ in g)
+        # one server serves the concurrencies of one round and arm; another round starts its own
+        shared = all(leg.meta.item == "throughput" for leg, _, _ in g) and len({leg.meta.round for leg, _, _ in g}) == 1
         if len(roles) > 1 or len(pids) > 1 or len(arms) > 1 or (len(paths) > 1 and not shared):
             out.append(list({(id(leg), id(p)): (leg, p) for leg, p, _ in g}.values()))
     return out
