@@ -149,17 +149,11 @@ def one_process_many_records(legs: Sequence[Leg]) -> list[list[tuple[Leg, Proces
     return out
 
 
-def unproven_roles(leg: Leg, copied: Sequence[Sequence[tuple[Leg, ProcessExit]]]) -> tuple[list[str], list[str]]:
-    """The roles a leg records that no exit of its own process shows: (roles only exits of unknown
-    identity cover, roles only exits that record another role's or pid's process cover)."""
-    in_copies = {id(p) for g in copied for _, p in g}
-    unknown, shared = [], []
-    for role in dict.fromkeys(p.role for p in leg.meta.processes):
-        entries = [p for p in leg.meta.processes if p.role == role]
-        if any(identity_of(p) is not None and id(p) not in in_copies for p in entries):
-            continue
-        (shared if any(identity_of(p) is not None for p in entries) else unknown).append(role)
-    return unknown, shared
+def unknown_roles(leg: Leg) -> list[str]:
+    """The roles a leg records whose exits all lack a known identity: nothing shows that they ran
+    as processes of their own (copies of another role's exit are caught by one_process_many_records)."""
+    return [role for role in dict.fromkeys(p.role for p in leg.meta.processes)
+            if all(identity_of(p) is None for p in leg.meta.processes if p.role == role)]
 
 
 def distinct_workers(leg: Leg) -> int:
@@ -249,7 +243,7 @@ def judge_clean_exit(question: Question, leg_paths: Sequence[str | Path]) -> Ver
         findings.inconclusive(f"{_ran_as(group)} record one process by content, the same create time, name and "
                               "command line: one process shows at most one of them")
     for leg in ran:  # a role counts only by an exit of its own process, known by content
-        unknown, _ = unproven_roles(leg, copied)
+        unknown = unknown_roles(leg)
         if unknown:
             findings.inconclusive(f"{leg.meta.item} {leg.arm} {leg.path.name}: the exits of roles {unknown} record no "
                                   "process identity, a create time with a name or command line read from the "
