@@ -26,9 +26,10 @@ from typing import Any, Literal
 from tica import canonical
 from tica.candidate import CandidateIdentity
 from tica.evidence import Component, EvidenceItem, sensitive_components
-from tica.manifest import LoadedManifest, Manifest
+from tica.manifest import LoadedManifest, Manifest, Workload
 from tica.receipts import CONTRACT_FILE, LEG_FILE, read_receipt
 from tica.messages import clip
+from tica.question import ThroughputCriteria
 from tica.source import WORKING_TREE, same_commit
 
 TRAINER_ITEMS = frozenset({"forward", "backward", "update"})
@@ -115,6 +116,12 @@ def _unordered(pinned: Any, recorded: Any) -> bool:
     """A set the engine reads without order (stop sequences): the same members, in any order."""
     return (isinstance(recorded, list) and all(isinstance(x, str) for x in recorded)
             and canonical.unordered(pinned) == canonical.unordered(recorded) and len(set(recorded)) == len(recorded))
+
+
+def _int_set(pinned: Any, recorded: Any) -> bool:
+    """Sizes the engine reads as a set (CUDA graph capture sizes): the same integers, in any order."""
+    return (isinstance(recorded, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in recorded)
+            and canonical.unordered(pinned) == canonical.unordered(recorded))
 
 
 def _lower(a: Any, b: Any) -> bool:
@@ -238,6 +245,12 @@ def pins(candidate: Candidate) -> list[Pin]:
     if _graph_mode(g.cuda_graph_mode) != "NONE":  # with graphs on, which mode is part of the candidate
         out.append(Pin(C.GRAPH_CACHE, "graph_cache.cuda_graph_mode (mode)", g.cuda_graph_mode,
                        ("kernels.rollout.cudagraph_mode", "resolved_config.cudagraph_mode"), _graph_mode_same))
+    if _graph_mode(g.cuda_graph_mode) != "NONE" and g.cuda_graph_sizes:
+        out.append(Pin(C.GRAPH_CACHE, "graph_cache.cuda_graph_sizes", list(g.cuda_graph_sizes),
+                       PINNED_WHEN_SET["graph_cache.cuda_graph_sizes"][0], _int_set, items=ENGINE_ITEMS))
+    if m.backends.all_to_all is not None:
+        out.append(Pin(C.BACKENDS, "backends.all_to_all", m.backends.all_to_all,
+                       PINNED_WHEN_SET["backends.all_to_all"][0], _lower, items=ENGINE_ITEMS))
     if g.max_num_batched_tokens is not None:
         out.append(Pin(C.GRAPH_CACHE, "graph_cache.max_num_batched_tokens", g.max_num_batched_tokens,
                        ("kernels.rollout.max_num_batched_tokens", "resolved_config.max_num_batched_tokens"), _int))
@@ -268,6 +281,16 @@ def pins(candidate: Candidate) -> list[Pin]:
     return out
 
 
+# Pins made only when the manifest sets a value: field -> (the receipt keys that bind it, when).
+# An empty or null value pins nothing (the engine's default, whatever it resolves to).
+PINNED_WHEN_SET: dict[str, tuple[tuple[str, ...], str]] = {
+    "graph_cache.cuda_graph_sizes": (("kernels.rollout.cudagraph_capture_sizes", "resolved_config.cudagraph_capture_sizes"),
+                                     "when the manifest lists sizes and a CUDA graph mode other than none"),
+    "backends.all_to_all": (("kernels.rollout.all2all_backend", "resolved_config.all2all_backend"),
+                            "when the manifest names one"),
+}
+
+
 # Manifest fields that are not compared per leg by a Pin above, each with what holds it instead, or
 # why nothing can: tests/core/test_manifest_fields.py requires every manifest field to be a Pin's
 # field or listed here, and README's pin table is written from both (`pin_table`).
@@ -280,13 +303,13 @@ NOT_PINNED_PER_LEG: dict[str, str] = {
     "checkpoint.format": "informational: the files the loader reads are the weights fingerprint, whatever their format",
     "image.reference": "informational: a human tag; the digest identifies the image",
     "source.repository": "informational: the commit identifies the source",
-    "hardware.nodes": "UNBOUND: producers record one host (resolved_config.node), not a node count",
+    "hardware.nodes": "UNBOUND: offline engine legs record vLLM's nnodes (resolved_config.nnodes) from 2026-12-04; "
+                      "no sealed receipt does yet",
     "hardware.interconnect": "UNBOUND: no producer records the interconnect",
     "runner.rollout_engine": "the `package` pin of its `name==version`",
     "backends.dense_gemm": "UNBOUND: producers name the GEMM by other names (a linear method), nothing to compare",
-    "backends.moe": "UNBOUND: no producer records the MoE backend yet",
-    "backends.all_to_all": "UNBOUND: no producer records the all-to-all backend yet",
-    "graph_cache.cuda_graph_sizes": "UNBOUND: no producer records the capture sizes yet",
+    "backends.moe": "UNBOUND: vLLM picks the MoE kernel per layer at load; its config holds the request "
+                    "(kernel_config.moe_backend, often auto), not the choice",
     "recipe.bi1": "the recipe-identity receipt (tica judge recipe), not a leg",
     "recipe.bi0": "the recipe-identity receipt (tica judge recipe), not a leg",
     "workload.concurrencies": "every throughput leg runs at one of them (concurrency in leg.json)",
@@ -324,6 +347,11 @@ def pin_table(candidate: Candidate) -> str:
         items = ", ".join(sorted(pin.items)) if pin.items else "every item reading the component"
         arms = " (BI=1 legs)" if pin.arms == frozenset({"bi1"}) else ""
         rows.append(f"| `{pin.field}` | {keys}{arms} | {items} |")
+    made = {pin.field for pin in pins(candidate)}
+    for field, (receipt_keys, when) in PINNED_WHEN_SET.items():
+        if field not in made:
+            keys = " or ".join(f"`{k}`" for k in receipt_keys)
+            rows.append(f"| `{field}` | {keys}, {when} | {', '.join(sorted(ENGINE_ITEMS))} |")
     for field, why in NOT_PINNED_PER_LEG.items():
         rows.append(f"| `{field}` | {why} | |")
     return "\n".join(rows)
@@ -435,6 +463,22 @@ def _workload_problems(meta: dict[str, Any], manifest: Manifest, leg_dir: Path) 
         return [BindingProblem(leg_dir.name, f"{file} (resolved_config.num_prompts)", Component.WORKLOAD,
                                f"workload.num_prompts (c={conc})", want, recorded, "differs")]
     return []
+
+
+def workload_disagreements(w: Workload, c: ThroughputCriteria) -> list[str]:
+    """Where the candidate's workload and the throughput question ask for different runs: a leg is
+    bound by the first and judged by the second, so no leg is evidence under both."""
+    out = [f"{name} is {_show(mine)} in the manifest, {_show(theirs)} in the question"
+           for name, mine, theirs in (("input_len", w.input_len, c.input_len), ("output_len", w.output_len, c.output_len),
+                                      ("ignore_eos", w.ignore_eos, c.ignore_eos), ("warmups", w.warmups, c.warmups))
+           if mine != theirs]
+    if missing := sorted(set(c.concurrencies) - set(w.concurrencies)):
+        out.append(f"the question judges concurrencies {missing} that the manifest's workload does not run")
+    for conc in sorted(set(c.concurrencies) & set(w.concurrencies)):
+        theirs = (c.num_prompts or {}).get(conc)
+        if theirs is not None and theirs != w.prompts_at(conc):
+            out.append(f"num_prompts at c={conc} is {w.prompts_at(conc)} in the manifest, {theirs} in the question")
+    return out
 
 
 def _agrees(pin: Pin, recorded: Any) -> bool:

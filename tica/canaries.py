@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict
 
 from tica.evidence import EvidenceItem
 from tica.messages import without_prefix
-from tica.metrics import forward_metrics
+from tica.metrics import forward_metrics, step_content_digest
 from tica.question import (
     CleanExitCriteria,
     ForwardCriteria,
@@ -995,9 +995,26 @@ def drop_step(leg: Path, step: int | None) -> None:
     edit_jsonl(leg / "metrics.jsonl", lambda rs: [r for r in rs if r["step"] != gone], leg)
 
 
+def drop_arrays_keep_digests(forward_dir: Path, reseal: Path) -> None:
+    """A forward receipt logged only, as TICA's producers log it: each step's content digest
+    (tica/content_sha256) recorded from its arrays, the arrays left out."""
+    arrays = forward_dir / "arrays"
+
+    def f(rows: list[dict[str, Any]]) -> None:
+        for r in rows:
+            path = arrays / f"step_{r['step']:04d}.npz"
+            if path.is_file():
+                with np.load(path) as z:
+                    r["tica/content_sha256"] = step_content_digest(z["token_ids"], z["seq_lens"],
+                                                                   z["trainer_logprobs"], z["rollout_logprobs"])
+    edit_jsonl(forward_dir / "metrics.jsonl", f, reseal)
+    shutil.rmtree(arrays, ignore_errors=True)
+    seal_leg(reseal)
+
+
 def logged_only(leg: Path, step: int, scale_mean: float | None = None, **kv: Any) -> None:
-    """A receipt as verl logs it (no arrays), with one step's logged values planted."""
-    shutil.rmtree(leg / "arrays", ignore_errors=True)
+    """A receipt logged only (no arrays, each step's content digest kept), with one step's logged values planted."""
+    drop_arrays_keep_digests(leg, leg)
 
     def f(rows: list[dict[str, Any]]) -> None:
         for r in rows:

@@ -13,7 +13,7 @@ import shlex
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from tica import canonical
 from tica.errors import ManifestError, pydantic_errors, read_yaml_mapping
@@ -126,7 +126,14 @@ class GraphCache(_Strict):
     max_num_batched_tokens: int | None = None
     async_scheduling: bool = False
 
-    _sizes = field_validator("cuda_graph_sizes")(classmethod(lambda cls, v: canonical.unordered(v)))
+    @field_validator("cuda_graph_sizes")
+    @classmethod
+    def _sizes(cls, v: tuple[int, ...], info: ValidationInfo) -> tuple[int, ...]:
+        mode = str(info.data.get("cuda_graph_mode", "")).strip().lower()
+        if v and (mode.startswith("none") or not mode):
+            raise ValueError(f"capture sizes pinned while cuda_graph_mode is {mode or 'unset'}: an engine without "
+                             "CUDA graphs captures none (vLLM resolves the sizes to [])")
+        return canonical.unordered(v)
 
 
 class Recipe(_Strict):

@@ -11,6 +11,7 @@ never a full-size temporary, whatever the number of tokens.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -142,6 +143,20 @@ def _identical_and_exp_safe(a: np.ndarray, b: np.ndarray, chunk: int) -> tuple[i
             lo, hi = a[s].min(), a[s].max()  # NaN propagates into both and fails the test
             safe = bool(lo > -np.inf and hi <= _EXP_SAFE_MAX)
     return count, count == 0 and safe
+
+
+def step_content_digest(token_ids: np.ndarray, seq_lens: np.ndarray, trainer_logprobs: np.ndarray,
+                        rollout_logprobs: np.ndarray) -> str:
+    """A forward step's content identity: its scored token history and both sides' logprobs, in
+    the receipt's dtypes (int32, float32). Labels (step number, checkpoint) are left out: a step
+    copied under another label is the same measurement."""
+    parts = (np.asarray(token_ids, np.int32), np.asarray(seq_lens, np.int32),
+             np.asarray(trainer_logprobs, np.float32), np.asarray(rollout_logprobs, np.float32))
+    h = hashlib.sha256()
+    for i, a in enumerate(parts):
+        h.update(b"|" if i else b"")
+        h.update(np.ascontiguousarray(a).tobytes())
+    return "sha256:" + h.hexdigest()
 
 
 def forward_metrics(trainer_logprobs: np.ndarray, rollout_logprobs: np.ndarray, *,

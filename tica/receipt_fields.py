@@ -63,6 +63,7 @@ _FORWARD = {
     "n_tokens": "rule: tica/judges/forward.py: a step of 0 tokens is no measurement",
     "n_bitwise_diff": "rule: tica/judges/forward.py: BI=1 logprobs bitwise equal",
     "logprob_abs_diff_max": "rule: tica/judges/forward.py: a BI=1 |diff| other than 0 fails",
+    "content_sha256": "rule: tica/judges/forward.py: a logged-only BI=1 step needs it; one content counts once",
 }
 _BACKWARD = {
     **_STEP,

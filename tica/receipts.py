@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import math
+import re
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from tica import strict_io, unknowns
+from tica import digests, strict_io, unknowns
 from tica.errors import ReceiptError, pydantic_errors
 from tica.metrics import K3_KL, PEARSON, PROBS_DIFF_MAX, PROBS_DIFF_MEAN, PROBS_DIFF_STD
 from tica.seal import SEAL_FILE, check_seal, seal_digest, sha256_file
@@ -193,6 +194,9 @@ class ForwardStep(_Receipt):
     n_tokens: int | None = Field(None, alias="tica/n_tokens", ge=0)
     n_bitwise_diff: int | None = Field(None, alias="tica/n_bitwise_diff", ge=0)
     logprob_abs_diff_max: float | None = Field(None, alias="tica/logprob_abs_diff_max")
+    # sha256 of the step's scored tokens and both sides' logprobs (tica.metrics.step_content_digest):
+    # what tells a logged-only step from a copy of another under a new label.
+    content_sha256: str | None = Field(None, alias="tica/content_sha256")
     # verl logs the actor's grad norm per step; the BI=0 smoke check reads it (None: not recorded).
     grad_norm: float | None = Field(None, alias="actor/grad_norm")
     within_group_rewards: list[list[float]] | None = None
@@ -203,6 +207,16 @@ class ForwardStep(_Receipt):
         if v < 1:
             raise ValueError(f"step {v}: verl's training steps start at 1; a step 0 row is padding, not a measurement")
         return v
+
+    @field_validator("content_sha256")
+    @classmethod
+    def _a_sha256(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        d = digests.canonical(v)
+        if not re.fullmatch(r"sha256:[0-9a-f]{64}", d):
+            raise ValueError(f"{v!r} is not a sha256 digest (sha256:<64 hex digits>)")
+        return d
 
     @model_validator(mode="after")
     def _in_domain(self) -> "ForwardStep":

@@ -29,6 +29,7 @@ from .conftest import (
     drop_key,
     leg_of,
     load,
+    question_with,
     set_key,
 )
 
@@ -396,6 +397,56 @@ def test_a_rollout_with_another_cuda_graph_mode_is_not_evidence(bound, make_cand
     assert_no_pass(cell, pattern=r"cuda_graph_mode|cudagraph_mode")
 
 
+_GRAPHS = {"cuda_graph_mode": "full_and_piecewise", "cuda_graph_sizes": [1, 2, 4, 8], "prefix_caching": False,
+           "chunked_prefill": False, "async_scheduling": False}
+
+
+@pytest.mark.parametrize("recorded", [[1, 2, 4], [1, 2, 4, 8, 16], None])
+def test_a_rollout_capturing_other_cuda_graph_sizes_is_not_evidence(bound, make_candidate, questions, recorded):
+    """Pinned capture sizes bind the engine's resolved sizes: others, or none recorded, are no pass."""
+    graphs = make_candidate("graphs", graph_cache=_GRAPHS)
+    legs = bound(E.FORWARD, cand=graphs)
+    every_leg(legs, lambda m: m["kernels"]["rollout"].update(cudagraph_capture_sizes=recorded))
+    assert_no_pass(judge(E.FORWARD, questions[E.FORWARD], legs, graphs), pattern=r"cuda_graph_sizes")
+
+
+def test_the_same_cuda_graph_sizes_in_another_order_bind(bound, make_candidate, questions):
+    """Negative control: the engine reads the sizes as a set."""
+    graphs = make_candidate("graphs", graph_cache=_GRAPHS)
+    legs = bound(E.FORWARD, cand=graphs)
+    every_leg(legs, lambda m: m["kernels"]["rollout"].update(cudagraph_capture_sizes=[8, 4, 2, 1]))
+    assert judge(E.FORWARD, questions[E.FORWARD], legs, graphs).verdict is Verdict.PASS
+
+
+def test_a_rollout_with_another_all_to_all_backend_is_not_evidence(bound, make_candidate, questions):
+    a2a = make_candidate("a2a", backends={"attention": "FLASH_ATTN (FA3, num_splits=1)",
+                                          "dense_gemm": "batch_invariant matmul_persistent",
+                                          "all_to_all": "allgather_reducescatter"})
+    legs = bound(E.FORWARD, cand=a2a)
+    assert judge(E.FORWARD, questions[E.FORWARD], legs, a2a).verdict is Verdict.PASS  # control: as pinned
+    every_leg(legs, lambda m: m["kernels"]["rollout"].update(all2all_backend="deepep_low_latency"))
+    assert_no_pass(judge(E.FORWARD, questions[E.FORWARD], legs, a2a), pattern=r"all_to_all")
+
+
+@pytest.mark.parametrize("change,named", [
+    ({"input_len": 4096}, "input_len is 8192 in the manifest, 4096 in the question"),
+    ({"ignore_eos": False}, "ignore_eos"),
+    ({"warmups": 2}, "warmups"),
+    ({"num_prompts": {1: 2, 8: 32, 32: 128, 64: 256}}, "num_prompts at c=1 is 8 in the manifest, 2 in the question"),
+    ({"concurrencies": [1, 8, 32, 64, 128], "num_prompts": {1: 8, 8: 32, 32: 128, 64: 256, 128: 512}},
+     "concurrencies [128]"),
+])
+def test_a_throughput_question_the_manifests_workload_disagrees_with_names_it(bound, candidate, questions,
+                                                                              change, named):
+    """The legs are bound by the manifest's workload and judged by the question's: where the two
+    disagree no leg is evidence under both, and the cell says so first."""
+    legs = bound(E.THROUGHPUT)
+    assert judge(E.THROUGHPUT, questions[E.THROUGHPUT], legs, candidate).verdict is Verdict.PASS  # control
+    cell = judge(E.THROUGHPUT, question_with(questions[E.THROUGHPUT], change), legs, candidate)
+    assert_no_pass(cell, named)
+    assert "disagree" in cell.summary
+
+
 def test_a_leg_running_an_overlay_the_manifest_does_not_name_is_not_evidence(bound, candidate, questions):
     legs = bound(E.BACKWARD)
     every_leg(legs, lambda m: m["source"].update(overlay_digest="sha256:" + "ee" * 32))
@@ -537,14 +588,22 @@ def test_a_manifest_with_no_image_is_bound_by_its_packages_and_contradicted_by_a
 def test_a_pin_no_receipt_records_is_named_on_the_cell_never_taken_as_checked(bound, make_candidate, questions):
     from tests.manifests import H200_SHAPED
 
-    graph = {**H200_SHAPED["graph_cache"], "cuda_graph_sizes": [1, 2, 4, 8]}
     moe = make_candidate("moe", backends={"attention": "FLASH_ATTN (FA3, num_splits=1)", "dense_gemm": "cublas",
-                                          "moe": "triton fused_moe"}, graph_cache=graph)
+                                          "moe": "triton fused_moe"}, hardware={**H200_SHAPED["hardware"], "nodes": 2})
     cell = judge(E.FORWARD, questions[E.FORWARD], bound(E.FORWARD, cand=moe), moe)
     notes = cell.numbers["unbound_pins"]
     assert any(n.startswith("backends.moe = triton fused_moe is pinned but no receipt records it") for n in notes)
-    assert any(n.startswith("graph_cache.cuda_graph_sizes") for n in notes)
+    assert any(n.startswith("hardware.nodes = 2") for n in notes)
     assert any(r.startswith("note: backends.dense_gemm") for r in cell.reasons)
-    # control: the trainer's backward does not read the graph config, so its capture sizes are not named there
-    quiet = judge(E.BACKWARD, questions[E.BACKWARD], bound(E.BACKWARD, cand=moe), moe)
-    assert not any("cuda_graph_sizes" in n for n in quiet.numbers["unbound_pins"])
+    # control: a manifest that pins no MoE backend gets no note about one
+    plain = make_candidate("plain")
+    quiet = judge(E.FORWARD, questions[E.FORWARD], bound(E.FORWARD, cand=plain), plain)
+    assert not any("backends.moe" in n for n in quiet.numbers["unbound_pins"])
+
+
+def test_capture_sizes_pinned_without_cuda_graphs_are_refused_by_name(make_candidate):
+    """Eager mode captures no graphs: sizes pinned beside it describe no engine (vLLM resolves them to [])."""
+    from tests.manifests import H200_SHAPED
+
+    with pytest.raises(ManifestError, match=r"cuda_graph_sizes"):
+        make_candidate("eager", graph_cache={**H200_SHAPED["graph_cache"], "cuda_graph_sizes": [1, 2, 4, 8]})

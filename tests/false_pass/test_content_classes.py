@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
-from tica.canaries import edit_json, edit_jsonl, edit_meta, tput_leg
+from tica.canaries import drop_arrays_keep_digests, edit_json, edit_jsonl, edit_meta, tput_leg
 from tica.judges import judge, judge_criteria
 from tica.question import parse_question
 from tica.seal import seal_leg
@@ -21,6 +21,9 @@ from tica.unknowns import PLACEHOLDERS, is_placeholder, without_placeholders
 from tica.verdict import Verdict
 
 from .conftest import E, assert_no_pass, leg_of, question_with
+
+_EXAMPLES = settings(max_examples=30, deadline=None, derandomize=True,
+                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
 
 def _targets(q):
@@ -91,6 +94,63 @@ def test_a_forward_step_measured_anew_is_another_step(bound, candidate, question
     edit_jsonl(leg / "metrics.jsonl", lambda rows: rows + [{**rows[-1], **m, "step": 6}], leg)
     cell = judge(E.FORWARD, q, [leg], candidate)
     assert cell.verdict is Verdict.PASS, cell.reasons
+
+
+@_EXAMPLES
+@given(data=st.data())
+def test_a_logged_only_step_copied_under_any_label_is_one_measurement(bound, candidate, questions, data):
+    """Generated: the BI=1 receipt logged only (content digests kept, no arrays), one step short of
+    the question; any step copied under any new step number and checkpoint, with or without a
+    step basis, fills the gap: never a pass, whatever the copy's labels."""
+    q = question_with(questions[E.FORWARD], {"min_steps": 6})
+    legs = bound(E.FORWARD, questions[E.FORWARD])
+    leg = leg_of(legs, arm="bi1")
+    drop_arrays_keep_digests(leg, leg)
+    src = data.draw(st.integers(1, 5), label="copied step")
+    checkpoint = data.draw(st.one_of(st.just(None), st.text("0123456789abcdef", min_size=8, max_size=64)
+                                     .map(lambda h: "sha256:" + h)), label="checkpoint")
+    basis = data.draw(st.sampled_from([None, "rollout", "optimizer"]), label="basis")
+
+    def copy(rows):
+        row = {**next(r for r in rows if r["step"] == src), "step": 6}
+        for key, value in (("checkpoint_version", checkpoint), ("step_basis", basis)):
+            if value is not None:
+                row[key] = value
+        return rows + [row]
+    edit_jsonl(leg / "metrics.jsonl", copy, leg)
+    note(f"step {src} copied as step 6, checkpoint {checkpoint}, basis {basis}")
+    # a copy under the file's own basis is one measurement; under another, the file mixes bases
+    assert_no_pass(judge(E.FORWARD, q, [leg], candidate), pattern="hold one measurement|one file, one basis")
+
+
+def test_a_logged_only_step_of_its_own_content_is_another_step(bound, candidate, questions):
+    """Negative control: step 6 logged with the digest of other content passes."""
+    q = question_with(questions[E.FORWARD], {"min_steps": 6})
+    legs = bound(E.FORWARD, questions[E.FORWARD])
+    leg = leg_of(legs, arm="bi1")
+    drop_arrays_keep_digests(leg, leg)
+    edit_jsonl(leg / "metrics.jsonl", lambda rows: rows + [{**rows[-1], "step": 6,
+                                                            "tica/content_sha256": "sha256:" + "6" * 64}], leg)
+    cell = judge(E.FORWARD, q, [leg], candidate)
+    assert cell.verdict is Verdict.PASS, cell.reasons
+
+
+def test_a_logged_only_bi1_step_without_its_content_digest_is_no_pass(bound, candidate, questions):
+    """All-zero logged numbers are what every passing BI=1 step records: without arrays or a
+    digest nothing tells the step from a copy."""
+    legs = bound(E.FORWARD)
+    leg = leg_of(legs, arm="bi1")
+    shutil.rmtree(leg / "arrays")
+    seal_leg(leg)
+    assert_no_pass(judge(E.FORWARD, questions[E.FORWARD], legs, candidate), "content digest")
+
+
+def test_a_logged_digest_its_arrays_do_not_give_is_no_pass(bound, candidate, questions):
+    legs = bound(E.FORWARD)
+    leg = leg_of(legs, arm="bi1")
+    edit_jsonl(leg / "metrics.jsonl", lambda rows: [{**r, "tica/content_sha256": "sha256:" + "0" * 64} if r["step"] == 2
+                                                    else r for r in rows], leg)
+    assert_no_pass(judge(E.FORWARD, questions[E.FORWARD], legs, candidate), "is not its arrays'")
 
 
 def test_a_throughput_leg_relabelled_as_another_round_is_one_run(bound, candidate, questions):
@@ -210,8 +270,6 @@ def test_a_second_leg_with_every_exit_of_its_own_keeps_the_pass(bound, candidate
 # command line as the producer read them from it), never by a copy of another exit under its name.
 
 _ROLES = ("client", "api_server", "engine_core", "worker")
-_EXAMPLES = settings(max_examples=30, deadline=None, derandomize=True,
-                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
 
 def _anew(identity: dict, seconds: float) -> dict:

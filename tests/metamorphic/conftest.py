@@ -229,14 +229,11 @@ def cases(mm_root, questions, candidate) -> CaseBook:
 # Relations this suite found violated that are not closed yet: each kept red-in-waiting (strict
 # xfail) with what is open. When a rule closes one, its test passes, the strict xfail fails, and
 # the line here must go. The reasons are the ones the closing note lists.
-_LOGGED_RELABEL = ("a logged-only forward step (no arrays) copied under another step number with another "
-                   "checkpoint_version is new content by every field a logged row holds: its distinctness cannot "
-                   "be shown without arrays")
 # Closed: an exit receipt copied under the missing role with another pid (each exit now records its
-# process's identity, and tica/judges/clean_exit.py counts a process once by it).
-OPEN: dict[str, str] = {
-    "test_r1_duplicate_relabel_each[forward-logged_missing_last_step]": _LOGGED_RELABEL,
-}
+# process's identity, and tica/judges/clean_exit.py counts a process once by it); a logged-only
+# forward step copied under another step and checkpoint (a logged-only BI=1 step needs its content
+# digest, tica/content_sha256, and one digest counts once).
+OPEN: dict[str, str] = {}
 
 
 def pytest_collection_modifyitems(config, items):

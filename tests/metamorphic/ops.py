@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 
 from tests.bound_receipts import set_dotted  # noqa: F401 (re-exported for the catalogue)
-from tica.metrics import forward_metrics
+from tica import canaries as cn
+from tica.metrics import forward_metrics, step_content_digest
 from tica.seal import SEAL_FILE, seal_leg
 
 LEG = "leg.json"
@@ -242,12 +243,16 @@ def recompute_forward(fdir: Path, leg: Path, fn: Callable[[dict[str, np.ndarray]
         fn(data)
         save_npz(path, data)
         row.update(forward_metrics(data["trainer_logprobs"], data["rollout_logprobs"]))
+        if "tica/content_sha256" in row:
+            row["tica/content_sha256"] = step_content_digest(data["token_ids"], data["seq_lens"],
+                                                             data["trainer_logprobs"], data["rollout_logprobs"])
     write_rows(fdir / "metrics.jsonl", rows, leg)
 
 
 def logged_only(fdir: Path, leg: Path, step: int | None, **kv: Any) -> None:
-    """A forward receipt as verl logs it (no arrays), with logged values planted at one step (or every step)."""
-    shutil.rmtree(fdir / "arrays", ignore_errors=True)
+    """A forward receipt logged only (no arrays, content digests kept), with logged values planted at one step
+    (or every step)."""
+    cn.drop_arrays_keep_digests(fdir, leg)
     edit_rows(fdir / "metrics.jsonl", lambda rows: [r.update(kv) for r in rows if step is None or r["step"] == step], leg)
 
 

@@ -62,9 +62,9 @@ def _fwd_drop_last_step(q: Question, legs: list[Path]) -> None:
 
 
 def _fwd_logged_drop_last_step(q: Question, legs: list[Path]) -> None:
-    """The BI=1 receipt as verl logs it (no arrays), its last step missing."""
+    """The BI=1 receipt logged only (no arrays, each step's content digest kept), its last step missing."""
     leg = ops.leg_of(legs, arm="bi1")
-    shutil.rmtree(leg / "arrays")
+    cn.drop_arrays_keep_digests(leg, leg)
     ops.edit_rows(leg / "metrics.jsonl", lambda rows: rows[:-1], leg)
 
 

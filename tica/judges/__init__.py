@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from tica import digests, leg_times
-from tica.binding import BindingProblem, Candidate, bind_legs, unbound_pins
+from tica.binding import BindingProblem, Candidate, bind_legs, unbound_pins, workload_disagreements
 from tica.errors import InputError, ReceiptError, UsageParser
 from tica.evidence import EvidenceItem
 from tica.judges._common import JUDGE_VERSION, Findings, cell, criteria_alone, prefixed, shown, without_pass
@@ -27,8 +27,8 @@ from tica.judges.quality import judge_quality
 from tica.judges.recipe_identity import RecipeIdentityResult, judge_recipe_identity
 from tica.judges.throughput import judge_throughput
 from tica.judges.update import judge_update
-from tica.messages import clip
-from tica.question import Question, load_question
+from tica.messages import clip, without_prefix
+from tica.question import Question, ThroughputCriteria, load_question
 from tica.receipts import LEG_FILE, read_receipt
 from tica.seal import SEAL_FILE
 from tica.verdict import Verdict, VerdictCell
@@ -71,7 +71,18 @@ def judge(item: EvidenceItem | str, question: Question, leg_paths: Sequence[str 
         problems: list[BindingProblem | str] = ["bound to no candidate: name the candidate's manifest to judge for it"]
     else:
         problems = bind_legs(leg_paths, candidate)
+    disagree = ([f"the manifest's workload and the question disagree: {d}; no leg is evidence under both"
+                 for d in workload_disagreements(candidate.manifest.workload, question.criteria)]
+                if candidate is not None and isinstance(question.criteria, ThroughputCriteria) else [])
     cell = bound_cell(cell, candidate, problems)
+    if disagree:
+        # the question cannot be answered for this candidate as its manifest stands: that leads,
+        # whatever the legs say; a pass becomes inconclusive, a fail or a not-run stays
+        verdict = Verdict.INCONCLUSIVE if cell.verdict is Verdict.PASS else cell.verdict
+        cell = cell.model_copy(update={
+            "verdict": verdict, "reasons": (*(prefixed("inconclusive", d) for d in disagree), *cell.reasons),
+            "summary": prefixed(verdict.value, f"{disagree[0]}; {without_prefix(cell.summary)}"),
+            "numbers": {**cell.numbers, "workload_disagreements": disagree}})
     unchecked = unbound_pins(candidate, as_item(item)) if candidate is not None else []
     if not unchecked:
         return cell

@@ -25,7 +25,7 @@ from tica.judges._common import Findings, cell, did_not_run, led, md_table, wors
 from tica.judges.backward import zero_advantage
 from tica.judges.confounders import confounder_markdown, confounder_table, require_recorded, unquantified
 from tica.messages import digest
-from tica.metrics import forward_metrics, n_bitwise_diff
+from tica.metrics import forward_metrics, n_bitwise_diff, step_content_digest
 from tica.question import ForwardCriteria, Question
 from tica.receipts import (
     ARRAYS_DIR,
@@ -83,21 +83,24 @@ def _recompute(forward_dir: Path, step: ForwardStep, findings: Findings, label: 
         "n_bitwise_diff": m["tica/n_bitwise_diff"],
         "abs_max": m["tica/logprob_abs_diff_max"],
         "decode_diff": None,
-        # the step's content identity: the token history and both sides' logprobs (labels left out;
-        # two trainers scoring one history are two measurements)
-        "content": "sha256:" + hashlib.sha256(b"|".join(a.tobytes() for a in (
-            arrays.token_ids, arrays.seq_lens, arrays.trainer_logprobs, arrays.rollout_logprobs))).hexdigest(),
+        # the step's content identity (labels left out; two trainers scoring one history are two measurements)
+        "content": step_content_digest(arrays.token_ids, arrays.seq_lens, arrays.trainer_logprobs,
+                                       arrays.rollout_logprobs),
     }
     if arrays.decode_logprobs is not None and arrays.decode_mask is not None:
         out["decode_diff"] = n_bitwise_diff(arrays.rollout_logprobs, arrays.decode_logprobs, where=arrays.decode_mask)
     logged = {"max": step.probs_diff_max, "mean": step.probs_diff_mean, "std": step.probs_diff_std,
               "pearson": step.pearson, "k3": step.k3_kl, "n_tokens": step.n_tokens,
-              "n_bitwise_diff": step.n_bitwise_diff, "abs_max": step.logprob_abs_diff_max}
+              "n_bitwise_diff": step.n_bitwise_diff, "abs_max": step.logprob_abs_diff_max,
+              "content": step.content_sha256}
     for key, value in logged.items():
         if value is None:
             continue
         r = out[key]
-        if not _same(value, r):
+        if key == "content" and value != r:
+            findings.inconclusive(f"{label}step {step.step}: metrics.jsonl's content digest {digest(value)} is not its "
+                                  f"arrays' {digest(r)}; the receipt contradicts itself (judged on the arrays)")
+        elif not _same(value, r):
             findings.inconclusive(
                 f"{label}step {step.step}: metrics.jsonl says {key}={value!r}, its arrays give {r!r}; "
                 "the receipt contradicts itself (judged on the arrays)"
@@ -105,9 +108,17 @@ def _recompute(forward_dir: Path, step: ForwardStep, findings: Findings, label: 
     return out
 
 
+_LABELS = {"step", "step_basis", "checkpoint_version"}
+
+
 def _logged_content(step: ForwardStep) -> str:
-    """A logged-only step's content identity: everything it records but its step number."""
-    body = json.dumps(step.model_dump(mode="json", by_alias=True, exclude={"step"}), sort_keys=True)
+    """A logged-only step's content identity: its recorded digest of tokens and logprobs, else
+    everything it measured (its labels left out: a copy under a new step and checkpoint is one
+    measurement). Without a digest, BI=1 steps that pass measure all zeros and cannot be told
+    apart this way: `read_forward` does not count them."""
+    if step.content_sha256 is not None:
+        return step.content_sha256
+    body = json.dumps(step.model_dump(mode="json", by_alias=True, exclude=_LABELS), sort_keys=True)
     return "sha256:" + hashlib.sha256(body.encode()).hexdigest()
 
 
@@ -218,6 +229,9 @@ def read_forward(
         elif v["n_tokens"] == 0:
             step_f.inconclusive(f"{label}step {s.step}: 0 tokens compared: an empty step is not a measurement")
         elif arm == "bi1":
+            if src == "logged" and s.content_sha256 is None:
+                step_f.inconclusive(f"{label}step {s.step}: logged only, with neither arrays nor a content digest "
+                                    "(tica/content_sha256): it cannot be told from a copy of another step")
             if not (mx == 0 and mean == 0):
                 step_f.fail(f"{label}step {s.step}: BI=1 probs diff max={mx!r} mean={mean!r}, must both be 0")
             if v["n_bitwise_diff"]:

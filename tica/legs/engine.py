@@ -121,7 +121,19 @@ def resolved_engine_config(cfg) -> dict:
             "max_num_batched_tokens": s.max_num_batched_tokens,
             "enforce_eager": bool(m.enforce_eager),
             "cudagraph_mode": _mode_name(getattr(cfg.compilation_config, "cudagraph_mode", None)),
+            "cudagraph_capture_sizes": _sizes(getattr(cfg.compilation_config, "cudagraph_capture_sizes", None)),
+            "all2all_backend": _text_or_none(getattr(p, "all2all_backend", None)),
+            "nnodes": getattr(p, "nnodes", None),
             "shutdown_timeout": getattr(cfg, "shutdown_timeout", None)}
+
+
+def _sizes(sizes) -> list[int] | None:
+    """CUDA graph capture sizes as vLLM resolved them, sorted (the engine reads them as a set)."""
+    return None if sizes is None else sorted({int(x) for x in sizes})
+
+
+def _text_or_none(value) -> str | None:
+    return None if value is None else str(value)
 
 
 def engine_config(llm) -> dict:

@@ -64,7 +64,7 @@ def run_steps(llm, trainer, batches, out_dir: Path, *, checkpoint_version: str, 
     import numpy as np
 
     from tica.legs import engine
-    from tica.metrics import forward_metrics
+    from tica.metrics import forward_metrics, step_content_digest
 
     arrays = out_dir / "arrays"
     arrays.mkdir(parents=True, exist_ok=True)
@@ -90,11 +90,15 @@ def run_steps(llm, trainer, batches, out_dir: Path, *, checkpoint_version: str, 
         anchor_lp = rollout[idx][: len(anchor) - 1]
         if anchor_first is None:
             anchor_first = anchor_lp
+        # scored tokens only (each sequence's tokens 1..L-1, which the logprobs belong to): docs/receipts.md
+        tok = np.concatenate([np.asarray(x[1:], np.int32) for x in seqs])
+        lens = np.asarray([len(x) - 1 for x in seqs], np.int32)
         row = {
             "step": s,
             "step_basis": "rollout",
             "checkpoint_version": checkpoint_version,
             **m,
+            "tica/content_sha256": step_content_digest(tok, lens, t, r),
             "tica/batch_size": len(seqs),
             "tica/decode_vs_prefill_n_tokens": dp["tica/n_tokens"],
             "tica/decode_vs_prefill_n_bitwise_diff": dp["tica/n_bitwise_diff"],
@@ -104,9 +108,6 @@ def run_steps(llm, trainer, batches, out_dir: Path, *, checkpoint_version: str, 
             "tica/anchor_prompt_bitwise_equal_to_step1": bool(np.array_equal(anchor_lp.view(np.uint32), anchor_first.view(np.uint32))),
         }
         rows.append(row)
-        # scored tokens only (each sequence's tokens 1..L-1, which the logprobs belong to): docs/receipts.md
-        tok = np.concatenate([np.asarray(x[1:], np.int32) for x in seqs])
-        lens = np.asarray([len(x) - 1 for x in seqs], np.int32)
         np.savez(arrays / f"step_{s:04d}.npz", token_ids=tok, seq_lens=lens, trainer_logprobs=t.astype(np.float32),
                  rollout_logprobs=r.astype(np.float32), decode_logprobs=d.astype(np.float32), decode_mask=mask)
         log.info(f"forward step {s}: batch {len(seqs)}, {m['tica/n_tokens']} tokens, probs_diff max "

@@ -122,6 +122,10 @@ class VllmRollout:
             out["chunked_prefill"] = bool(getattr(vc.scheduler_config, "enable_chunked_prefill", None))
             out["async_scheduling"] = bool(getattr(vc.scheduler_config, "async_scheduling", None))
             out["cudagraph_mode"] = str(getattr(vc.compilation_config, "cudagraph_mode", None))
+            sizes = getattr(vc.compilation_config, "cudagraph_capture_sizes", None)
+            out["cudagraph_capture_sizes"] = None if sizes is None else sorted({int(x) for x in sizes})
+            a2a = getattr(vc.parallel_config, "all2all_backend", None)
+            out["all2all_backend"] = None if a2a is None else str(a2a)
             out["prefix_caching"] = bool(vc.cache_config.enable_prefix_caching)
         except Exception as err:  # noqa: BLE001
             out["error"] = repr(err)[:200]
