@@ -26,6 +26,8 @@ from contextlib import contextmanager
 
 import torch
 
+from .kernels import ROW_CALL_ELEMS, row_chunks
+
 _WRONG: set[str] = set()
 OPS = ("linear", "rms_norm", "fused_add_rms_norm", "rotary", "silu_and_mul", "attention", "logprob", "lm_head_logprob")
 
@@ -329,7 +331,15 @@ class LmHeadLogprobFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, kernels, h, w, targets, pad_to=1):
         ctx.save_for_backward(h, w, targets)
-        return kernels.token_logprobs(padded_logits(kernels, h, w, pad_to), targets)
+        wp = padded_weight(w, pad_to)
+        # in row ranges of at most ROW_CALL_ELEMS logits, as vLLM's steps are (the lm_head matmul
+        # and the logprob kernel are row-wise: a row's bits do not depend on its neighbours)
+        calls = row_chunks(h.shape[0], wp.shape[0], getattr(kernels, "row_limit", ROW_CALL_ELEMS) or ROW_CALL_ELEMS)
+        if hasattr(kernels, "largest_call"):
+            kernels.largest_call["lm_head_logprob"] = max(kernels.largest_call.get("lm_head_logprob", 0),
+                                                          max(c.stop - c.start for c in calls))
+        V = w.shape[0]
+        return torch.cat([kernels.token_logprobs(kernels.linear(h[c], wp, None)[:, :V], targets[c]) for c in calls])
 
     @staticmethod
     def backward(ctx, g):
@@ -365,10 +375,15 @@ def padded_logits(kernels, h, w, pad_to: int = 1) -> torch.Tensor:
     that shape, and LogitsProcessor slices the columns back, a view whose rows keep the padded
     stride. The stride matters: the logprob kernel's bits depend on it (matrix4's stride probe),
     so the view is passed on as it is, never copied to a dense [T, V] tensor."""
+    return kernels.linear(h, padded_weight(w, pad_to), None)[:, :w.shape[0]]
+
+
+def padded_weight(w: torch.Tensor, pad_to: int = 1) -> torch.Tensor:
+    """The lm_head weight with zero rows up to a multiple of ``pad_to``, as ParallelLMHead holds it."""
     V = w.shape[0]
     if pad_to > 1 and V % pad_to:
-        w = torch.cat([w, w.new_zeros(pad_to - V % pad_to, w.shape[1])])
-    return kernels.linear(h, w, None)[:, :V]
+        return torch.cat([w, w.new_zeros(pad_to - V % pad_to, w.shape[1])])
+    return w
 
 
 def lm_head_logprobs(kernels, h, w, targets, pad_to=1):

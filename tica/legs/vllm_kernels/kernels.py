@@ -33,6 +33,24 @@ def cos_sin_cache(max_position: int, head_dim: int, theta: float, device, dtype)
     return cache.to(dtype)
 
 
+# The most elements one call of a row-wise vLLM kernel is given. vLLM 0.26's `_C.silu_and_mul`
+# computes a row's offset in 32 bits: in one call of width 2I, every row r with r * 2I >= 2^32 is
+# wrong (measured on the H200: first bad row 155,345 at I = 13,824). vLLM never reaches it (a step
+# holds at most max_num_batched_tokens rows); a trainer packing a whole batch into one forward does.
+# The signed bound leaves room for a kernel that indexes with a signed int.
+ROW_CALL_ELEMS = 2**31 - 1
+
+
+def row_chunks(n_rows: int, width: int, limit: int | None = ROW_CALL_ELEMS) -> list[slice]:
+    """Rows [0, n_rows) in as few calls as keep rows x width <= limit, the calls of near-equal size
+    (never a small last call: some kernels pick their launch from the rows in the call).
+    None: one call, however large (the control that shows the limit)."""
+    per = n_rows if limit is None else max(1, limit // max(1, width))
+    calls = max(1, -(-n_rows // per))
+    bounds = [n_rows * i // calls for i in range(calls + 1)]
+    return [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
 class TorchReference:
     name = "torch_reference"
 
@@ -140,13 +158,17 @@ class VllmKernels:
         self.linear_impl, self.norm, self.attention_layout, self.block_size = linear, norm, attention_layout, block_size
         self.logits_layout = logits_layout
         self._dispatch = None
+        # row-wise kernels are called on at most this many elements (None: one call; a control)
+        self.row_limit: int | None = ROW_CALL_ELEMS
+        self.largest_call: dict[str, int] = {}  # kernel -> the most rows one call was given
         # bool [T] or None: rows recomputed as vLLM computes a pure-decode step's rows (one query over
         # its paged prefix, max_seqlen_q 1, which FA3 runs non-causal); a probe of stock vLLM
         self.decode_query_rows = None
 
     def describe(self) -> dict:
         return {"linear": self.linear_impl, "norm": self.norm, "attention_layout": self.attention_layout,
-                "block_size": self.block_size, "logits_layout": self.logits_layout}
+                "block_size": self.block_size, "logits_layout": self.logits_layout,
+                "row_call_elems": self.row_limit}
 
     def linear(self, x, w, b=None):
         if self.linear_impl == "dispatch":
@@ -157,28 +179,40 @@ class VllmKernels:
             return self._dispatch(None, x, w, b)
         return self._linear(x, w, b)
 
+    def _calls(self, name: str, n_rows: int, width: int) -> list[slice]:
+        calls = row_chunks(n_rows, width, self.row_limit)
+        self.largest_call[name] = max(self.largest_call.get(name, 0), max(c.stop - c.start for c in calls))
+        return calls
+
     def rms_norm(self, x, w, eps):
-        return self._rms(x, w, eps)
+        calls = self._calls("rms_norm", x.shape[0], x.shape[-1])
+        if len(calls) == 1:
+            return self._rms(x, w, eps)
+        return torch.cat([self._rms(x[c], w, eps) for c in calls])
 
     def fused_add_rms_norm(self, x, residual, w, eps):
         if self.norm == "overlay":
             new_res = x + residual  # bf16 + bf16: one rounding, as the overlay computes it
-            return self._rms(new_res, w, eps), new_res
+            return self.rms_norm(new_res, w, eps), new_res
         y = x.contiguous().clone()
         r = residual.contiguous().clone()
-        self._fused_add(y, r, w, eps)
+        for c in self._calls("fused_add_rms_norm", y.shape[0], y.shape[-1]):
+            yc, rc = y[c], r[c]  # views of contiguous row ranges: the kernel writes them in place
+            self._fused_add(yc, rc, w, eps)
         return y, r
 
     def rotary(self, pos, q, k, head_dim, cache):
         q2 = q.contiguous().clone()
         k2 = k.contiguous().clone()
-        self._rotary(pos, q2, k2, head_dim, cache, True)
+        for c in self._calls("rotary", q2.shape[0], max(q2.shape[-1], k2.shape[-1])):
+            self._rotary(pos[c], q2[c], k2[c], head_dim, cache, True)
         return q2, k2
 
     def silu_and_mul(self, x):
         x = x.contiguous()
         out = torch.empty(x.shape[0], x.shape[1] // 2, dtype=x.dtype, device=x.device)
-        self._silu_and_mul(out, x)
+        for c in self._calls("silu_and_mul", x.shape[0], x.shape[1]):
+            self._silu_and_mul(out[c], x[c])
         return out
 
     def attention(self, q, k, v, cu_seqlens, max_seqlen, scale):

@@ -59,7 +59,10 @@ VARIANTS = {  # name: (what it changes from the product trainer, kernel attribut
     "vllm_decode_rows": ("generated-token rows as a pure-decode step computes them: fused_add_rms_norm in calls of "
                          "<= 255 rows and attention as one query over its paged prefix (max_seqlen_q 1)",
                          {}, {"decode255": True, "decode_query": True}),
+    "unchunked": ("every row-wise kernel given all the packed rows in one call (no ROW_CALL_ELEMS bound): the "
+                  "control that shows the 32-bit row offset limit", {"row_limit": None}, {}),
 }
+PACKED_LOAD = "packed_limit"  # the only load where "unchunked" differs from the product trainer
 STOCK_ONLY = ("decode_rows_255", "vllm_decode_rows")  # probes of the step-dependent kernels the overlay removes
 # overlay (run 1) and overlay2 (run 2, commit 4a68fff: its attention part had no effect) are in the receipts
 CANDIDATE_PARTS = {"stock": None, "overlay": ("rmsnorm",), "overlay3": ("rmsnorm", "fa_pin_tile")}
@@ -83,6 +86,9 @@ LOADS = {
     "c320": Load(320, (8, 32), (4, 32)),
     # short prompts first, so the long one's second chunk shares a step with their decode rows
     "chunked": Load(3, (0, 0), (32, 64), fixed_prompts=(150, 120, 2300)),
+    # ~273k tokens in the trainer's one packed forward: past 2^32 / (2 x 8192) = 262,144 rows, where one
+    # _C.silu_and_mul call of llama3.2-1b's width goes wrong (the trainer calls it in bounded ranges)
+    PACKED_LOAD: Load(136, (1990, 2000), (8, 16)),
 }
 UPDATE_LOAD = "c64"
 FAULT_LOAD = "c64"
@@ -218,6 +224,10 @@ def run_load(legs: Path, cand: str, shape: str, load: str, ro: dict, model, kern
             continue  # the overlay removed the step-dependent kernels these probe
         if mattrs.get("decode_query") and getattr(kernels, "attention_layout", None) != "paged":
             continue  # the decode query runs on vLLM's kernels only
+        if name == "unchunked" and load != PACKED_LOAD:
+            continue  # below the bound, one call is what the product trainer makes anyway
+        if hasattr(kernels, "largest_call"):
+            kernels.largest_call = {}
         undo = with_variant(model, kernels, name)
         try:
             lp, dmask = trainer_rows(model, ro, dev, decode255=bool(mattrs.get("decode255")),
@@ -225,14 +235,18 @@ def run_load(legs: Path, cand: str, shape: str, load: str, ro: dict, model, kern
         finally:
             undo()
         variants[name] = {"changes": what, "decode_n_diff": nbits(lp[dmask], dec_roll),
-                          "prefill_n_diff": nbits(lp, pre_roll)}
+                          "prefill_n_diff": nbits(lp, pre_roll),
+                          "largest_call_rows": dict(getattr(kernels, "largest_call", {}))}
         if name == "product":
             product = (lp, dmask)
     lp, dmask = product
     vllm_self = nbits(dec_roll, pre_roll[dmask])
     shape_rec = {"tica/load": load, "tica/load_spec": LOADS[load].__dict__ | {"n_sequences": len(ro["fulls"])},
                  "tica/variants": variants, "tica/vllm_decode_vs_prefill_n_bitwise_diff": vllm_self,
-                 "tica/seq_len_max": max(len(f) for f in ro["fulls"]), "tica/n_generated": int(dmask.sum())}
+                 "tica/seq_len_max": max(len(f) for f in ro["fulls"]), "tica/n_generated": int(dmask.sum()),
+                 "tica/packed_rows": int(sum(len(f) for f in ro["fulls"])),
+                 "tica/row_call_elems": getattr(kernels, "row_limit", None),
+                 "tica/largest_kernel_call_rows": variants["product"]["largest_call_rows"]}
     kern = {"trainer": kernels_describe(kernels), "rollout": common["rollout_kernels"]}
     for kind, tr, roll, tok, lens in (
             ("decode", lp[dmask], dec_roll, [t for g in ro["gens"] for t in g], [len(g) for g in ro["gens"]]),
