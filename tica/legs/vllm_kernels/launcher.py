@@ -19,7 +19,7 @@ from tica.legs.common import SHUTDOWN_TIMEOUT_S, process_identity
 from .bi1 import cmd_bi1
 from .forward_leg import FAULTS, cmd_bi0, cmd_bi0_megatron
 from .legio import log
-from .matrix import CANDIDATES, LOADS, MATRIX_SHAPES, cmd_matrix, cmd_matrix_cell
+from .matrix import CANDIDATES, DEFAULT_LOADS, MATRIX_SHAPES, cmd_matrix, cmd_matrix_cell
 from .seeded_model import SHAPES, make_model
 from .server import CONCURRENCIES, STOP_MARGIN_S, cmd_bench_client, cmd_throughput
 
@@ -183,10 +183,11 @@ def main(argv=None) -> int:
     p.add_argument("--budget", type=float, default=560)
     p.add_argument("--parallel", type=int, default=3, help="cells at once on the one GPU")
     p.add_argument("--min-cell-s", type=float, default=90, help="start no cell later than this before the deadline")
-    p.add_argument("--loads", default=",".join(LOADS), help="comma-separated (default: all); the update needs c64")
+    p.add_argument("--loads", default=",".join(DEFAULT_LOADS),
+                   help="comma-separated (default: all but packed_limit, which is asked for by name); the update needs c64")
     p.add_argument("--dry-run", action="store_true")
     p = sub.add_parser("matrix-cell")
-    p.add_argument("--loads", default=",".join(LOADS))
+    p.add_argument("--loads", default=",".join(DEFAULT_LOADS))
     for x in ("--candidate", "--shape", "--model", "--legs", "--work", "--summary", "--lock"):
         p.add_argument(x, required=True)
     p.add_argument("--dry-run", action="store_true")
