@@ -277,3 +277,54 @@ def test_a_leg_not_named_as_a_matrix_cell_is_refused_by_name(matrix, tmp_path):
     leg.rename(leg.parent / "overlay3-llama-c64")
     with pytest.raises(ReceiptError, match="not a matrix cell"):
         matrix_cells(QUESTION, root)
+
+
+# ------------------------------------------------------------------ the packing limit (issue 31)
+PACKED = ROOT / "tests" / "fixtures" / "h200" / "matrix_packed.tar.xz"
+ROW_LIMIT = 2**32 // (2 * 8192)  # llama3.2-1b: the first row one _C.silu_and_mul call computes wrong
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory) -> Path:
+    return unpacked(PACKED, tmp_path_factory.mktemp("packed"))
+
+
+def _prefill_row(packed: Path, candidate: str) -> dict:
+    leg = packed / "matrix5" / f"mx-{candidate}-llama3.2-1b_l4-packed_limit-prefill"
+    return json.loads((leg / "metrics.jsonl").read_text().splitlines()[0])
+
+
+def test_the_packed_load_is_bitwise_past_the_kernels_row_limit(packed):
+    """overlay3 on 272,831 packed tokens, past row 262,144: every cell passes; stock's prefill too
+    (its decode fails as on every load, from the engine's steps)."""
+    cells = {(c.candidate, c.scored): c for c in matrix_cells(QUESTION, packed)}
+    assert all(check_seal(p.parent) == [] for p in packed.rglob("seal.json"))
+    assert {k: c.verdict for k, c in cells.items()} == {
+        ("overlay3", "decode"): Verdict.PASS, ("overlay3", "prefill"): Verdict.PASS,
+        ("stock", "prefill"): Verdict.PASS, ("stock", "decode"): Verdict.FAIL}
+    assert _prefill_row(packed, "overlay3")["tica/packed_rows"] > ROW_LIMIT
+
+
+@pytest.mark.parametrize("candidate", ["stock", "overlay3"])
+def test_no_kernel_call_of_the_product_trainer_crosses_the_bound(packed, candidate):
+    row = _prefill_row(packed, candidate)
+    largest, bound = row["tica/largest_kernel_call_rows"], row["tica/row_call_elems"]
+    assert bound == 2**31 - 1
+    assert largest["silu_and_mul"] * 2 * 8192 <= bound < row["tica/packed_rows"] * 2 * 8192
+    assert largest["lm_head_logprob"] * 128256 <= bound
+
+
+@pytest.mark.parametrize("candidate", ["stock", "overlay3"])
+def test_one_unbounded_call_is_wrong_on_exactly_the_rows_past_the_limit(packed, candidate):
+    """The control: the same trainer with one call per kernel differs on 10,681 prefill-scored
+    tokens, which is every scored row whose packed index is 262,144 or more, and no other."""
+    row = _prefill_row(packed, candidate)
+    unchunked = row["tica/variants"]["unchunked"]
+    assert unchunked["largest_call_rows"]["silu_and_mul"] == row["tica/packed_rows"]
+    leg = packed / "matrix5" / f"mx-{candidate}-llama3.2-1b_l4-packed_limit-prefill"
+    with np.load(leg / "arrays" / "step_0001.npz") as z:
+        scored = z["seq_lens"].astype(np.int64)
+    starts = np.concatenate([[0], np.cumsum(scored + 1)[:-1]])
+    past = sum(int(np.count_nonzero(np.arange(s, s + n) >= ROW_LIMIT)) for s, n in zip(starts, scored))
+    assert unchunked["prefill_n_diff"] == past == 10681
+    assert row["tica/variants"]["product"]["prefill_n_diff"] == 0
