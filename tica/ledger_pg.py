@@ -215,10 +215,19 @@ class PostgresLedger:
 
             wanted = decide(rows)
             prepared = [(table, Ledger._payload(table, row)) for table, row in wanted]
+            if wanted and (hidden := _write_hazards(con)):
+                raise LedgerIntegrityError(f"{self.path}: {hidden[0]}: a write could be dropped or changed unseen; "
+                                           "nothing was written")
             head = con.execute("SELECT seq, row_hash FROM ledger_chain ORDER BY seq DESC LIMIT 1").fetchone()
             chained = extend_chain((head[0], head[1]) if head else (0, GENESIS), prepared)
             for table, chain, payload in chained:
                 _insert(con, table, chain, payload)
+            if chained:  # the head this transaction wrote, read back before anything is acknowledged
+                last = chained[-1][1]
+                back = con.execute("SELECT seq, row_hash FROM ledger_chain ORDER BY seq DESC LIMIT 1").fetchone()
+                if back is None or (back[0], back[1]) != (last["seq"], last["row_hash"]):
+                    raise LedgerIntegrityError(f"{self.path}: wrote seq {last['seq']} but the store's head reads "
+                                               f"{'nothing' if back is None else f'seq {back[0]}'}; nothing was written")
         return wanted, [chain["seq"] for _, chain, _ in chained]
 
     def insert_chain(self, rows: Sequence[tuple[str, Mapping[str, Any], Mapping[str, Any]]]) -> None:
@@ -334,7 +343,33 @@ class PostgresLedger:
 
 
 def _insert(con, table: str, chain: Mapping[str, Any], payload: Mapping[str, Any]) -> None:
-    con.execute(insert_sql(table, payload, "%s"), [*(chain[c] for c in CHAIN_COLUMNS), *payload.values()])
+    cur = con.execute(insert_sql(table, payload, "%s"), [*(chain[c] for c in CHAIN_COLUMNS), *payload.values()])
+    if cur.rowcount != 1:  # a rule DO INSTEAD NOTHING, a BEFORE trigger returning NULL
+        raise LedgerIntegrityError(f"{table} seq {chain['seq']}: the store took the insert but stored {cur.rowcount} "
+                                   "rows; nothing was written")
+
+
+def _write_hazards(con) -> list[str]:
+    """What on the ledger's tables could drop, divert or hide a row: rules, triggers, row-level
+    security and its policies (read from pg_catalog, whatever the search path). The code creates
+    none of them."""
+    names = list(TABLES)
+    out = [f"rule {rule} on {table}" for table, rule in con.execute(
+        "SELECT c.relname, r.rulename FROM pg_catalog.pg_rewrite r JOIN pg_catalog.pg_class c ON c.oid = r.ev_class "
+        "JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = 'public' AND c.relname = ANY(%s) "
+        "AND r.rulename <> '_RETURN' ORDER BY 1, 2", [names]).fetchall()]
+    out += [f"trigger {trigger} on {table}" for table, trigger in con.execute(
+        "SELECT c.relname, t.tgname FROM pg_catalog.pg_trigger t JOIN pg_catalog.pg_class c ON c.oid = t.tgrelid "
+        "JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = 'public' AND c.relname = ANY(%s) "
+        "AND NOT t.tgisinternal ORDER BY 1, 2", [names]).fetchall()]
+    out += [f"row-level security on {table}" for (table,) in con.execute(
+        "SELECT c.relname FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = 'public' AND c.relname = ANY(%s) AND (c.relrowsecurity OR c.relforcerowsecurity) "
+        "ORDER BY 1", [names]).fetchall()]
+    out += [f"policy {policy} on {table}" for table, policy in con.execute(
+        "SELECT tablename, policyname FROM pg_catalog.pg_policies WHERE schemaname = 'public' "
+        "AND tablename = ANY(%s) ORDER BY 1, 2", [names]).fetchall()]
+    return out
 
 
 def _tables_as_created(con) -> bool:
@@ -363,7 +398,7 @@ def _view_problems(con) -> list[str]:
     read as pg_catalog's, whatever the search path puts before it."""
     found = dict(con.execute(
         "SELECT viewname, definition FROM pg_catalog.pg_views WHERE schemaname = 'public'").fetchall())
-    out = []
+    out = [f"{hazard} was created behind the ledger (it can drop, change or hide rows)" for hazard in _write_hazards(con)]
     for name, sql in PG_VIEWS.items():
         if name not in found:
             out.append(f"view {name} is missing")

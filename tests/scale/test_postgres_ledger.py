@@ -134,3 +134,53 @@ def test_duckdb_placeholders_become_psycopgs_outside_quotes_only():
     sql, params = portable("SELECT '?%' AS q FROM t WHERE a = ? AND b LIKE 'x%' AND c IN (?, ?)", [1, 2, 3])
     assert sql == "SELECT '?%%' AS q FROM t WHERE a = %s AND b LIKE 'x%%' AND c IN (%s, %s)" and params == [1, 2, 3]
     assert portable("SELECT '?' FROM t", None) == ("SELECT '?' FROM t", None)  # no parameters: untouched
+
+
+# ------------------------------------------------------------ the database as the adversary (issue 32)
+_HIDERS = {
+    "rule": "CREATE RULE drop_fail AS ON INSERT TO verdicts WHERE NEW.verdict = 'fail' DO INSTEAD NOTHING",
+    "trigger": ("CREATE FUNCTION public.tica_drop() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+                "IF NEW.verdict = 'fail' THEN RETURN NULL; END IF; RETURN NEW; END $$; "
+                "CREATE TRIGGER drop_fail BEFORE INSERT ON verdicts FOR EACH ROW EXECUTE FUNCTION public.tica_drop()"),
+    "row-level security": ("ALTER TABLE verdicts ENABLE ROW LEVEL SECURITY; "
+                           "CREATE POLICY no_fail ON verdicts FOR SELECT TO PUBLIC USING (verdict <> 'fail')"),
+}
+
+
+@pytest.mark.parametrize("kind", list(_HIDERS))
+def test_what_could_drop_or_hide_rows_is_named_by_verify_and_refuses_every_write(pg_dsn, kind):
+    """A rule, a trigger or a row-level-security policy needs only table ownership, which the
+    writer's login has: verify names it, and no append is acknowledged while it is there."""
+    ledger = PostgresLedger(pg_dsn)
+    _story(ledger)
+    before = ledger.verify()
+    with psycopg.connect(pg_dsn) as con:
+        con.execute(_HIDERS[kind])
+    report = ledger.verify()
+    assert not report.ok and any("created behind the ledger" in p and kind.split()[0] in p for p in report.problems)
+    with pytest.raises(Exception, match="nothing was written"):
+        ledger.append("verdicts", {"verdict_id": "v3", "candidate_id": "c1", "item": "update", "verdict": "fail",
+                                   "summary": "dropped?"})
+    assert ledger.verify().rows == before.rows  # nothing acknowledged, nothing stored
+
+
+def test_a_dropped_insert_is_never_acknowledged(pg_dsn, monkeypatch):
+    """The write's own proof, whatever the catalog check says: an insert the store did not keep
+    (rowcount 0) ends the append with nothing written."""
+    from tica import ledger_pg
+
+    ledger = PostgresLedger(pg_dsn)
+    _story(ledger)
+    with psycopg.connect(pg_dsn) as con:
+        con.execute(_HIDERS["rule"])
+    monkeypatch.setattr(ledger_pg, "_write_hazards", lambda con: [])  # as if the catalog check missed it
+    rows = ledger.verify().rows
+    with pytest.raises(Exception, match="stored 0 rows; nothing was written"):
+        ledger.append_many([("reruns", {"rerun_id": "r0", "reason": "kept?"}),
+                            ("verdicts", {"verdict_id": "v3", "candidate_id": "c1", "item": "update",
+                                          "verdict": "fail", "summary": "dropped?"})])
+    assert ledger.rows("SELECT count(*) AS n FROM reruns") == [{"n": 0}]  # the whole append rolled back
+    # control: a row the rule lets through is acknowledged, and the chain stays whole
+    ledger.append("reruns", {"rerun_id": "r1", "reason": "control"})
+    assert ledger.rows("SELECT rerun_id FROM reruns") == [{"rerun_id": "r1"}]
+    assert ledger.verify().rows == rows + 1
