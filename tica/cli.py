@@ -120,9 +120,16 @@ def cmd_ledger_query(args: argparse.Namespace) -> int:
     import duckdb
 
     ledger = _ledger(args).require_exists()
+    from tica.ledger_pg import PostgresLedger
+
+    refused: tuple[type[BaseException], ...] = (duckdb.Error,)
+    if isinstance(ledger, PostgresLedger):  # the server refused it (privilege, timeout, two statements)
+        import psycopg
+
+        refused += (psycopg.Error,)
     try:
         columns, rows = ledger.query(args.sql, sandboxed=True)
-    except duckdb.Error as err:
+    except refused as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         print(f"tica: query refused: {_printable(first)}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -32,6 +32,10 @@ from tica.ledger import (CHAIN_COLUMNS, GENESIS, INDEXES, TABLES, TRACK_VERDICTS
 
 SCHEMES = ("postgresql://", "postgres://")
 READER_ROLE = "tica_reader"
+# SQL a person types runs for at most this long (under the writers' 30 s lock timeout, so a reader
+# holding their lock cannot make a writer give up) and returns at most this many rows.
+QUERY_TIMEOUT_S = 10.0
+QUERY_MAX_ROWS = 100_000
 _LOCK_KEY = 7_315_063_431  # the advisory lock every writer takes before it reads the head
 
 # DuckDB's dialect where Postgres has none: any_value (Postgres 16+) and SELECT * EXCLUDE.
@@ -148,6 +152,9 @@ class PostgresLedger:
         """A read-only transaction; `sandboxed` runs it as the role tica_reader."""
         con = self._connect(**({"user": READER_ROLE} if sandboxed else {}))
         try:
+            if sandboxed:  # session-wide, before the transaction: a typed COMMIT cannot shed it
+                con.execute(f"SET statement_timeout = '{int(QUERY_TIMEOUT_S * 1000)}ms'")
+                con.commit()
             con.execute("SET TRANSACTION READ ONLY")
             yield con
         finally:
@@ -263,6 +270,13 @@ class PostgresLedger:
             cur = self._reading.execute(*portable(sql, params))
             return ([d.name for d in cur.description] if cur.description else []), cur.fetchall()
         with self.reader(sandboxed=sandboxed) as con:
+            if sandboxed and params is None:
+                # a prepared statement holds exactly one statement: "COMMIT; ..." is refused by the server
+                cur = con.execute(sql.replace("%", "%%"), prepare=True)
+                rows = cur.fetchmany(QUERY_MAX_ROWS + 1)
+                if len(rows) > QUERY_MAX_ROWS:
+                    raise TicaError(f"the query returns more than {QUERY_MAX_ROWS} rows: narrow it (WHERE, LIMIT)")
+                return ([d.name for d in cur.description] if cur.description else []), rows
             cur = con.execute(*portable(sql, params))
             columns = [d.name for d in cur.description] if cur.description else []
             return columns, cur.fetchall()

@@ -184,3 +184,31 @@ def test_a_dropped_insert_is_never_acknowledged(pg_dsn, monkeypatch):
     ledger.append("reruns", {"rerun_id": "r1", "reason": "control"})
     assert ledger.rows("SELECT rerun_id FROM reruns") == [{"rerun_id": "r1"}]
     assert ledger.verify().rows == rows + 1
+
+
+@pytest.mark.parametrize("sql,why", [
+    ("DELETE FROM verdicts", "read-only transaction"),
+    ("SELECT pg_read_file('/etc/hostname')", "permission denied"),
+    ("COMMIT; SELECT 1", "multiple commands"),
+    ("SELECT 1; SELECT 2", "multiple commands"),
+    ("SELECT pg_sleep(5)", "statement timeout"),
+    ("SELEC 1", "syntax error"),
+])
+def test_a_refused_typed_query_is_one_line_and_exit_4(pg_dsn, capsys, monkeypatch, sql, why):
+    """On Postgres as on DuckDB: never a traceback; one statement only; bounded in time."""
+    from tica import ledger_pg
+
+    monkeypatch.setattr(ledger_pg, "QUERY_TIMEOUT_S", 1.0)
+    _story(PostgresLedger(pg_dsn))
+    capsys.readouterr()
+    assert main(["--ledger", pg_dsn, "ledger", "query", sql]) == 4
+    err = capsys.readouterr().err
+    assert err.startswith("tica: query refused: ") and why in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_typed_query_with_a_percent_sign_runs(pg_dsn, capsys):
+    """Control: one statement, a literal % (the driver's placeholder sign) kept as text."""
+    _story(PostgresLedger(pg_dsn))
+    capsys.readouterr()
+    assert main(["--ledger", pg_dsn, "ledger", "query", "SELECT item FROM verdicts WHERE item LIKE 'f%'"]) == 0
+    assert "forward" in capsys.readouterr().out
