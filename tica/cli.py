@@ -139,13 +139,22 @@ def cmd_ledger_query(args: argparse.Namespace) -> int:
     return 0
 
 
+HEAD_MAX_BYTES = 64 * 1024  # a published head is one small JSON object
+
+
 def _read_head(path: str):
     from tica.ledger import Head
 
-    try:
-        text = Path(path).read_text()
-    except (OSError, UnicodeDecodeError) as err:
-        raise InputError(path, "<file>", f"cannot read: {getattr(err, 'strerror', None) or err}") from None
+    from tica import strict_io
+
+    try:  # a regular file only: a FIFO named as a head would hang the command
+        if Path(path).stat().st_size > HEAD_MAX_BYTES:
+            raise InputError(path, "<file>", f"larger than {HEAD_MAX_BYTES} bytes: not a published head")
+        text = strict_io.text_of(strict_io.regular_file_bytes(path))
+    except strict_io.StrictInputError as err:
+        raise InputError(path, "<file>", str(err)) from None
+    except OSError as err:
+        raise InputError(path, "<file>", f"cannot read: {err.strerror or err}") from None
     return Head.from_json(text, path)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import os
 from pathlib import Path
 
 from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
@@ -31,9 +32,19 @@ def key_id(public: Ed25519PublicKey) -> str:
     return "ed25519:" + hashlib.sha256(raw).hexdigest()[:16]
 
 
+KEY_MAX_BYTES = 64 * 1024  # a PEM key is a few hundred bytes
+
+
 def _read(path: str | Path) -> bytes:
+    """A key file: a regular file only (a FIFO would hang the command), and small."""
+    from tica import strict_io
+
     try:
-        return Path(path).read_bytes()
+        if os.stat(path).st_size > KEY_MAX_BYTES:
+            raise InputError(path, "<file>", f"larger than {KEY_MAX_BYTES} bytes: not a key")
+        return strict_io.regular_file_bytes(path)
+    except strict_io.StrictInputError as err:
+        raise InputError(path, "<file>", str(err)) from None
     except OSError as err:
         raise InputError(path, "<file>", f"cannot read: {err.strerror}") from None
 

@@ -301,10 +301,12 @@ class Head:
     def from_json(cls, text: str, source: str = "<head>") -> "Head":
         from tica.errors import InputError
 
-        try:
-            data = json.loads(text)
-        except ValueError as err:
-            raise InputError(source, "<json>", f"malformed JSON: {err}") from None
+        from tica import strict_io
+
+        try:  # duplicate keys refused (two `seq`s name no head), nesting bounded
+            data = strict_io.loads(text)
+        except strict_io.StrictInputError as err:
+            raise InputError(source, "<json>", str(err)) from None
         if not isinstance(data, dict):
             raise InputError(source, "<root>", "a head is {seq, row_hash, recorded_at}")
         unknown = sorted(set(data) - {"seq", "row_hash", "recorded_at", "signature", "signed_by"})

@@ -169,6 +169,54 @@ def test_a_published_head_that_is_not_a_head_is_bad_input(tmp_path, capsys):
     assert "head.json: seq" in capsys.readouterr().err
 
 
+def _good_head(tmp_path: Path, ledger: Ledger) -> dict:
+    out = tmp_path / "good.json"
+    assert main(["--ledger", str(ledger.path), "ledger", "head", "--out", str(out)]) == 0
+    return json.loads(out.read_text())
+
+
+@pytest.mark.parametrize("case", ["fifo", "duplicate_seq", "deep", "huge", "directory"])
+def test_a_head_file_that_cannot_be_one_head_is_refused_by_name_at_once(tmp_path, capsys, case):
+    """Issue 32: a FIFO hung verify, a deep JSON was a RecursionError, a second `seq` key was
+    taken. Each is one line naming the file, exit 4, without waiting on the file."""
+    import os
+
+    ledger = Ledger(tmp_path / "l.duckdb").init()
+    ledger.append_many([_rerun(0)])
+    good = _good_head(tmp_path, ledger)
+    bad = tmp_path / "head.json"
+    if case == "fifo":
+        os.mkfifo(bad)
+    elif case == "duplicate_seq":
+        body = json.dumps(good)
+        bad.write_text(body[:-1] + ', "seq": 0}')
+    elif case == "deep":
+        bad.write_text("[" * 10_000 + "]" * 10_000)  # under the size bound: the depth bound refuses it
+    elif case == "huge":
+        bad.write_text(json.dumps({**good, "signed_by": "x" * 100_000}))
+    else:
+        bad.mkdir()
+    for flag in ("--expect-head",):
+        assert main(["--ledger", str(ledger.path), "ledger", "verify", flag, str(bad)]) == 4
+        err = capsys.readouterr().err
+        assert "head.json" in err and len(err.strip().splitlines()) == 1, err
+    good_path = tmp_path / "ok.json"
+    good_path.write_text(json.dumps(good))  # control: the same head, well formed, verifies
+    assert main(["--ledger", str(ledger.path), "ledger", "verify", "--expect-head", str(good_path)]) == 0
+
+
+def test_a_fifo_as_a_key_file_is_refused_not_waited_on(tmp_path, capsys):
+    import os
+
+    ledger = Ledger(tmp_path / "l.duckdb").init()
+    ledger.append_many([_rerun(0)])
+    fifo = tmp_path / "key.pem"
+    os.mkfifo(fifo)
+    assert main(["--ledger", str(ledger.path), "ledger", "head", "--out", str(tmp_path / "h.json"),
+                 "--sign-key", str(fifo)]) == 4
+    assert "key.pem" in capsys.readouterr().err
+
+
 def test_a_session_appends_many_rows_on_one_connection_and_the_chain_verifies(tmp_path):
     ledger = Ledger(tmp_path / "l.duckdb").init()
     ledger.append(*_rerun(0))
