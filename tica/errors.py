@@ -120,6 +120,9 @@ def read_file_bytes(path: str | Path, exc_cls: type[InputError]) -> bytes:
         raise exc_cls(path, "<file>", str(err)) from None
 
 
+YAML_MAX_VALUES = 1_000_000  # a manifest or question holds hundreds
+
+
 def yaml_mapping_of(raw: bytes, path: str | Path, exc_cls: type[InputError]) -> dict:
     """The top-level mapping of YAML bytes read from `path` (named in every failure)."""
     import yaml
@@ -128,7 +131,7 @@ def yaml_mapping_of(raw: bytes, path: str | Path, exc_cls: type[InputError]) -> 
 
     try:
         data = yaml.load(strict_io.text_of(raw), Loader=_strict_yaml_loader())  # noqa: S506 - a SafeLoader
-        strict_io.depth(data)
+        strict_io.depth(data, max_values=YAML_MAX_VALUES)
     except strict_io.StrictInputError as err:
         raise exc_cls(path, "<file>", str(err)) from None
     except yaml.YAMLError as err:

@@ -51,15 +51,21 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def depth(value: Any, limit: int = MAX_DEPTH) -> int:
-    """Nesting depth of parsed JSON/YAML, stopping (and raising) past `limit`."""
+def depth(value: Any, limit: int = MAX_DEPTH, max_values: int | None = None) -> int:
+    """Nesting depth of parsed JSON/YAML, stopping (and raising) past `limit`, or past
+    `max_values` values counted as a reader walks them (YAML aliases repeat a node without
+    repeating its text: nine nested anchors of ten aliases each are a billion values)."""
     stack = [(value, 1)]
     deepest = 0
+    seen = 0
     while stack:
         node, d = stack.pop()
         deepest = max(deepest, d)
+        seen += 1
         if deepest > limit:
             raise StrictInputError(f"nested deeper than {limit} levels")
+        if max_values is not None and seen > max_values:
+            raise StrictInputError(f"holds more than {max_values} values once its aliases are expanded")
         if isinstance(node, dict):
             stack += [(v, d + 1) for v in node.values()]
         elif isinstance(node, list):

@@ -46,6 +46,13 @@ yaml_values = st.recursive(yaml_leaf, lambda kids: st.one_of(st.lists(kids, max_
                            max_leaves=10)
 
 
+def _alias_bomb(levels: int = 9, fan: int = 10) -> str:
+    text = "&a0 [" + ", ".join(['"lol"'] * fan) + "]"
+    for i in range(1, levels + 1):
+        text = f"[{text}, &a{i} [" + ", ".join([f"*a{i - 1}"] * fan) + "]]"
+    return text
+
+
 def _flow(v: Any) -> str:
     """A Python value as one line of YAML flow text."""
     return yaml.safe_dump(v, default_flow_style=True, width=10**9, allow_unicode=False).strip().removesuffix("...").strip()
@@ -248,6 +255,8 @@ NAMED_YAML = {
     "deep list 100000": lambda t: t.replace("track: fuzz", "track: " + _deep(100_000, "[", "]", "")),
     "deep map 1000": lambda t: t.replace("track: fuzz", "track: " + _deep(1000, "{a: ", "}")),
     "alias cycle": lambda t: t.replace("track: fuzz", "track: &x [*x]"),
+    # a billion values from 1 KB of text: nine anchors, each a list of ten aliases of the one before
+    "alias bomb": lambda t: t.replace("track: fuzz", "track: " + _alias_bomb()),
     "huge int nodes": lambda t: t.replace("nodes: 1", "nodes: 1" + "0" * 5000),
     "huge int tp": lambda t: t.replace("tp: 1", "tp: " + str(2**70)),
     "huge int input_len": lambda t: t.replace("input_len: 8192", "input_len: " + str(2**70)),
@@ -282,6 +291,17 @@ def test_named_manifest(name, tmp_path):
             load_manifest(path)
         except ManifestError:
             pass
+
+
+def test_an_alias_bomb_is_refused_by_what_it_expands_to(tmp_path):
+    """Issue 32: the bomb hung past 60 s. Refused when its expansion passes a million values;
+    the control, a manifest using one anchor as people do, still loads."""
+    text = yaml.safe_dump(H200_SHAPED, sort_keys=False, width=10**9)
+    with no_hang(what="alias bomb"), pytest.raises(ManifestError, match="aliases are expanded"):
+        load_manifest(write_manifest_text(tmp_path / "bomb", NAMED_YAML["alias bomb"](text).encode()))
+    anchored = text.replace("description: ", "description: &d ", 1).replace("reference: ", "reference: *d #", 1)
+    assert "*d" in anchored
+    assert load_manifest(write_manifest_text(tmp_path / "ok", anchored.encode())).manifest.image.reference == "test candidate"
 
 
 @pytest.mark.parametrize("name", ["huge int", "deep list 100000", "alias cycle", "duplicate item", "python tag"])
