@@ -199,8 +199,11 @@ def _history_rows(path: Path) -> list[tuple[int, dict[str, Any]]]:
         if not reader.fieldnames or "_step" not in reader.fieldnames:
             raise InputError(path, "_step", "no _step column: not a W&B history export")
         # pandas' to_csv writes its index as a first, unnamed column
-        return [(reader.line_num, {k: _cell(v) for k, v in row.items() if k and v not in ("", None)})
-                for row in reader]
+        try:
+            return [(reader.line_num, {k: _cell(v) for k, v in row.items() if k and v not in ("", None)})
+                    for row in reader]
+        except csv.Error as err:  # a field past the csv module's limit (128 KiB), a NUL byte
+            raise InputError(path, "<csv>", f"unreadable CSV: {err}", line=reader.line_num) from None
     if suffix == ".json":
         try:
             data = strict_io.loads(text)

@@ -197,3 +197,13 @@ def test_a_wandb_step_twice_is_refused(tmp_path):
     with pytest.raises(InputError) as err:
         ingest_verl_wandb(_export(tmp_path, rows, "csv"), tmp_path / "leg", "bi1")
     assert err.value.field == "line 5._step" and "first on line 4" in err.value.message
+
+
+def test_a_csv_cell_past_the_csv_readers_limit_is_refused_naming_its_line(tmp_path):
+    """Issue 32: a 128 KiB cell was a traceback (the csv module's field limit)."""
+    rows = _history(0.0)
+    rows[1]["note"] = "x" * 200_000
+    with pytest.raises(InputError) as err:
+        ingest_verl_wandb(_export(tmp_path, rows, "csv"), tmp_path / "leg", "bi1")
+    assert err.value.field == "<csv>" and "field larger than field limit" in err.value.message
+    assert not (tmp_path / "leg").exists()
