@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -12,7 +11,8 @@ from tica.errors import FrozenQuestionError
 from tica.ledger import Ledger, new_id
 from tica.manifest import LoadedManifest
 from tica.question import Question, load_question
-from tica.seal import SEAL_FILE, seal_digest
+from tica.messages import relative
+from tica.seal import seal_digest, verified_files
 from tica.verdict import VerdictCell
 
 
@@ -95,7 +95,9 @@ def record_leg(
     """Record a leg and one receipt row per sealed file."""
     leg_dir = Path(leg_dir)
     leg_id = new_id("leg")
-    seal = json.loads((leg_dir / SEAL_FILE).read_text()) if (leg_dir / SEAL_FILE).exists() else {"files": {}}
+    # only a seal that verifies whole names files: a made-up path (`../../etc/passwd`) or a file
+    # changed since sealing is recorded as the seal's problem, never as a receipt
+    files, seal_problems = verified_files(leg_dir)
     rows = [
         (
             "legs",
@@ -111,7 +113,8 @@ def record_leg(
                 "status": status,
                 "leg_dir": str(leg_dir),
                 "detail_json": {
-                    "seal": seal_digest(leg_dir) if seal["files"] else None,
+                    "seal": seal_digest(leg_dir) if files else None,
+                    "seal_problems": [relative(p) for p in seal_problems[:10]] or None,
                     "versions": meta.get("versions"),
                     "device": meta.get("device"),
                     "not_run_reason": meta.get("not_run_reason"),
@@ -124,8 +127,7 @@ def record_leg(
             "receipts",
             {"leg_id": leg_id, "path": rel, "sha256": digest, "size_bytes": (leg_dir / rel).stat().st_size},
         )
-        for rel, digest in sorted(seal["files"].items())
-        if (leg_dir / rel).exists()
+        for rel, digest in sorted(files.items())
     ]
     ledger.append_many(rows)
     return leg_id

@@ -83,6 +83,17 @@ def seal_digest(leg_dir: str | Path) -> str:
     return "sha256:" + hashlib.sha256(table.encode()).hexdigest()
 
 
+def verified_files(leg_dir: str | Path) -> tuple[dict[str, str], list[str]]:
+    """(the sealed files, by path inside the leg, with their sha256; the seal's problems): the
+    files only when the seal verifies whole, never a name a seal made up (`../x`) or a file changed
+    since. No seal: nothing sealed, no problem."""
+    leg_dir = Path(leg_dir)
+    if not (leg_dir / SEAL_FILE).exists():
+        return {}, []
+    problems = check_seal(leg_dir)
+    return ({} if problems else _read_seal(leg_dir / SEAL_FILE)["files"]), problems
+
+
 def check_seal(leg_dir: str | Path) -> list[str]:
     """Problems with a leg's seal, empty when every file matches and none was added or removed."""
     leg_dir = Path(leg_dir)

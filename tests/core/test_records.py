@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 
 from tests.core.conftest import write_manifest
 from tica.candidate import diff, identify
@@ -70,3 +71,45 @@ def test_a_verdict_judged_on_the_new_candidate_before_the_invalidation_is_not_st
     record_invalidations(ledger, old, new, diff(old, new))
     stale = {r["item"] for r in ledger.rows("SELECT item FROM track_verdicts WHERE stale")}
     assert "throughput" not in stale and {"clean_exit", "artifacts"} <= stale
+
+
+def _leg(tmp_path):
+    from tica.seal import seal_leg
+
+    leg = tmp_path / "leg"
+    leg.mkdir()
+    (leg / "leg.json").write_text('{"item": "forward", "arm": "bi1"}')
+    (leg / "metrics.jsonl").write_text('{"step": 1}\n')
+    seal_leg(leg)
+    return leg
+
+
+def _recorded(tmp_path, leg):
+    from tica.canaries import default_questions
+    from tica.records import record_leg
+
+    ledger = Ledger(tmp_path / "l.duckdb").init()
+    q = default_questions()[EvidenceItem.FORWARD]
+    leg_id = record_leg(ledger, "cand", q, leg, {"arm": "bi1"}, "ran")
+    receipts = ledger.rows("SELECT path FROM receipts WHERE leg_id = ? ORDER BY path", [leg_id])
+    detail = ledger.rows("SELECT detail_json FROM legs WHERE leg_id = ?", [leg_id])[0]["detail_json"]
+    return [r["path"] for r in receipts], json.loads(detail) if isinstance(detail, str) else detail
+
+
+def test_a_seal_naming_a_file_outside_its_leg_records_no_receipt_and_names_the_problem(tmp_path):
+    """Issue 32: record_leg wrote a receipt row for `../../etc/passwd` a seal named. Only a seal
+    that verifies whole names files; the control, the same leg sealed honestly, records both."""
+    leg = _leg(tmp_path)
+    assert _recorded(tmp_path / "a", leg)[0] == ["leg.json", "metrics.jsonl"]  # control
+    seal = json.loads((leg / "seal.json").read_text())
+    seal["files"]["../../etc/passwd"] = "0" * 64
+    (leg / "seal.json").write_text(json.dumps(seal))
+    paths, detail = _recorded(tmp_path / "b", leg)
+    assert paths == [] and "passwd" in json.dumps(detail["seal_problems"]) and detail["seal"] is None
+
+
+def test_an_unreadable_seal_is_recorded_as_its_problem_not_raised(tmp_path):
+    leg = _leg(tmp_path)
+    (leg / "seal.json").write_text('{"files": {"leg.json": "a", "leg.json": "b"}}')
+    paths, detail = _recorded(tmp_path / "c", leg)
+    assert paths == [] and "unreadable seal" in detail["seal_problems"][0]
