@@ -583,7 +583,8 @@ class BenchResult(BaseModel):
 
     num_prompts: int = Field(..., ge=0, strict=True)
     max_concurrency: int | None = Field(..., ge=1, strict=True)
-    duration: float = Field(..., gt=0, strict=True)
+    # seconds; no benchmark runs for a year (a 1e30 s duration overflowed the judge's time checks)
+    duration: float = Field(..., gt=0, le=365 * 24 * 3600, strict=True)
     completed: int = Field(..., ge=0, strict=True)
     failed: int = Field(0, ge=0, strict=True)
     total_input_tokens: int = Field(..., ge=0, strict=True)

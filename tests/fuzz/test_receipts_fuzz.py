@@ -167,6 +167,10 @@ NAMED_JSON = {
     "leg.json 10**5000 int": ("leg.json", lambda d: {**d, "round": Raw("1" + "0" * 5000)}),
     "leg.json 1e400": ("leg.json", lambda d: {**d, "round": Raw("1e400")}),
     "leg.json lone surrogate": ("leg.json", lambda d: {**d, "arm": Raw('"\\ud800"')}),
+    # the two tracebacks of issue 32's 4,000 fuzzed receipts
+    "leg.json not run without an arm": ("leg.json", lambda d: {**{k: v for k, v in d.items() if k != "arm"},
+                                                                "not_run_reason": "vLLM refused the model"}),
+    "bench.json duration 1e30": ("bench.json", lambda d: {**d, "duration": 1e30}),
 }
 
 

@@ -55,7 +55,8 @@ from tica.judges.confounders import confounder_markdown, confounder_table, requi
 from tica.messages import digest
 from tica.question import WORKLOAD_FIELDS, Question, ThroughputCriteria, ThroughputFormula
 from tica.question import round_order as expected_order
-from tica.receipts import BENCH_FILE, LEG_FILE, BenchLeg, BenchResult, is_unknown, load_bench_leg, recorded_value, read_receipt
+from tica.receipts import (BENCH_FILE, LEG_FILE, BenchLeg, BenchResult, is_unknown, load_bench_leg, load_leg_meta,
+                           read_receipt, recorded_value)
 from tica.seal import sha256_file
 from tica.verdict import Verdict, VerdictCell
 
@@ -348,7 +349,10 @@ def _not_run_meta(path: Path) -> dict | None:
         meta = read_receipt(path / LEG_FILE) if path.is_dir() else None
     except (OSError, ValueError):
         return None
-    return meta if isinstance(meta, dict) and meta.get("not_run_reason") else None
+    if not (isinstance(meta, dict) and meta.get("not_run_reason")):
+        return None
+    strict = load_leg_meta(path / LEG_FILE)  # through the one model: a leg without its arm is refused by name
+    return {"arm": strict.arm, "not_run_reason": strict.not_run_reason}
 
 
 def _leg_arm(path: Path) -> str | None:
