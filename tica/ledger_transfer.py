@@ -117,6 +117,14 @@ def read_export(path: str | Path) -> tuple[Head, list[tuple[str, dict[str, Any],
 def import_chain(ledger: Ledger, path: str | Path) -> Head:
     """Rebuild the exported chain in `ledger`, which must hold no rows; every hash preserved."""
     head, rows = read_export(path)
+    from tica.ledger_pg import PostgresLedger
+
+    if isinstance(ledger, PostgresLedger):  # checked before anything is created there
+        for line, (table, data, payload) in enumerate(rows, start=2):
+            for field, value in [*((f"payload.{k}", v) for k, v in payload.items()), *data.items()]:
+                if isinstance(value, str) and "\x00" in value:
+                    raise InputError(path, field, f"{table} seq {data['seq']} holds a NUL character, which Postgres "
+                                     "text cannot store: this chain cannot move there with its hashes", line)
     ledger.insert_chain([(table, data, payload) for table, data, payload in rows])
     report = ledger.verify()
     if not report.ok or (report.head_seq, report.head_hash) != (head.seq, head.row_hash):

@@ -212,3 +212,18 @@ def test_a_typed_query_with_a_percent_sign_runs(pg_dsn, capsys):
     capsys.readouterr()
     assert main(["--ledger", pg_dsn, "ledger", "query", "SELECT item FROM verdicts WHERE item LIKE 'f%'"]) == 0
     assert "forward" in capsys.readouterr().out
+
+
+def test_a_chain_holding_a_nul_is_refused_by_postgres_import_before_anything_is_created(pg_dsn, tmp_path, capsys):
+    """DuckDB stores a NUL in text, Postgres cannot: the import named nothing, raised a traceback
+    and left empty tables. Now one line naming the row, exit 4, and no ledger there."""
+    duck = Ledger(tmp_path / "a.duckdb")
+    _story(duck)
+    duck.append("reruns", {"rerun_id": "r\x00", "reason": "a NUL in an id"})
+    out = tmp_path / "a.jsonl"
+    assert main(["--ledger", str(duck.path), "ledger", "export", "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["--ledger", pg_dsn, "ledger", "import", str(out)]) == 4
+    err = capsys.readouterr().err
+    assert "payload.rerun_id" in err and "NUL" in err and len(err.strip().splitlines()) == 1, err
+    assert main(["--ledger", pg_dsn, "ledger", "verify"]) == 4  # no ledger was created there
