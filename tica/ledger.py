@@ -326,6 +326,12 @@ class Head:
                    signed_by=data.get("signed_by"))
 
 
+def dropped_tables(present: set[str]) -> tuple[str, ...]:
+    """A problem per ledger table the store no longer holds: its rows, and the chain through them, are gone."""
+    return tuple(f"table {t} is missing: dropped behind the ledger (its rows, and the chain through them, are gone)"
+                 for t in TABLES if t not in present)
+
+
 @dataclass(frozen=True)
 class VerifyReport:
     rows: int
@@ -991,6 +997,10 @@ class Ledger:
         (tica.ledger_batches; TICA_VERIFY_BATCHES=0 skips them); any row out of place there, and
         any other ledger, is verified row by row in Python, which names the problems."""
         with self.reader() as con:
+            present = {t for (t,) in con.execute(
+                "SELECT table_name FROM information_schema.tables WHERE table_type = 'BASE TABLE'").fetchall()}
+            if missing := dropped_tables(present):
+                return VerifyReport(rows=0, head_hash="", problems=missing)
             views = self._view_problems(con)
             if not views and in_db_enabled(in_db) and self._tables_as_created(con):
                 report = in_db_report(lambda sql: con.execute(sql).fetchall(), DuckDBSql(), expect)

@@ -27,7 +27,7 @@ from typing import Any
 from tica.errors import InputError, LedgerIntegrityError, TicaError
 from tica.ledger import (CHAIN_COLUMNS, GENESIS, INDEXES, TABLES, TRACK_VERDICTS_SQL, VERIFY_CHUNK_ROWS, VIEWS,
                          DuckDBSql, Head, Ledger, LedgerLockTimeout, LedgerMissing, VerifyReport, _table_stream,
-                         _verify_workers, extend_chain, in_db_enabled, in_db_report, insert_sql, merge_chain,
+                         _verify_workers, dropped_tables, extend_chain, in_db_enabled, in_db_report, insert_sql, merge_chain,
                          verify_entries)
 
 SCHEMES = ("postgresql://", "postgres://")
@@ -319,6 +319,10 @@ class PostgresLedger:
         with self._connect() as con:
             try:  # one snapshot for every table's cursor, whatever other writers append meanwhile
                 con.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                present = {t for (t,) in con.execute(
+                    "SELECT tablename FROM pg_catalog.pg_tables WHERE schemaname = 'public'").fetchall()}
+                if missing := dropped_tables(present):
+                    return VerifyReport(rows=0, head_hash="", problems=missing)
                 views = _view_problems(con)
                 if not views and in_db_enabled(in_db, IN_DB_DEFAULT) and _tables_as_created(con):
                     con.execute("SET LOCAL jit = off")  # compiling the bodies' expressions costs more than it saves

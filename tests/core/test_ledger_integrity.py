@@ -302,3 +302,16 @@ def test_a_key_that_is_not_ed25519_pem_is_bad_input(tmp_path, capsys):
     bad.write_text("not a key")
     assert main(["--ledger", str(ledger.path), "ledger", "head", "--sign-key", str(bad)]) == 4
     assert "key.pem" in capsys.readouterr().err
+
+
+def test_a_table_dropped_behind_the_ledger_is_named_by_verify_not_a_traceback(tmp_path, capsys):
+    """Issue 32: a dropped `reruns` table was a CatalogException traceback."""
+    ledger = Ledger(tmp_path / "l.duckdb").init()
+    ledger.append_many([_rerun(0)])
+    assert main(["--ledger", str(ledger.path), "ledger", "verify"]) == 0  # control
+    con = duckdb.connect(str(ledger.path))
+    con.execute("DROP TABLE reruns CASCADE")
+    con.close()
+    capsys.readouterr()
+    assert main(["--ledger", str(ledger.path), "ledger", "verify"]) == 1
+    assert "table reruns is missing" in capsys.readouterr().err

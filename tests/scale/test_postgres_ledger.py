@@ -227,3 +227,12 @@ def test_a_chain_holding_a_nul_is_refused_by_postgres_import_before_anything_is_
     err = capsys.readouterr().err
     assert "payload.rerun_id" in err and "NUL" in err and len(err.strip().splitlines()) == 1, err
     assert main(["--ledger", pg_dsn, "ledger", "verify"]) == 4  # no ledger was created there
+
+
+def test_a_table_dropped_behind_the_ledger_is_named_by_verify(pg_dsn):
+    ledger = PostgresLedger(pg_dsn)
+    _story(ledger)
+    with psycopg.connect(pg_dsn) as con:
+        con.execute("DROP TABLE reruns CASCADE")
+    report = ledger.verify()
+    assert not report.ok and report.problems[0].startswith("table reruns is missing")
