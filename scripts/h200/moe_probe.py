@@ -25,10 +25,20 @@ import time
 from pathlib import Path
 
 
-def build(model_dir: Path) -> dict:
+def build(model_dir: Path, dense: bool = False) -> dict:
     import torch
-    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+    from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
+    if dense:  # the control: the same attention and widths, one dense MLP per layer
+        cfg = Qwen3Config(vocab_size=32000, hidden_size=1024, intermediate_size=3072, num_hidden_layers=4,
+                          num_attention_heads=16, num_key_value_heads=4, head_dim=64, max_position_embeddings=4096,
+                          rope_theta=1e6, tie_word_embeddings=False)
+        torch.manual_seed(7)
+        with torch.device("cuda"):
+            model = Qwen3ForCausalLM(cfg).to(torch.bfloat16)
+        model.save_pretrained(model_dir, safe_serialization=True)
+        return {"architecture": "Qwen3ForCausalLM", "params": sum(p.numel() for p in model.parameters()),
+                "hidden_size": 1024, "num_hidden_layers": 4, "intermediate_size": 3072, "vocab_size": 32000}
     cfg = Qwen3MoeConfig(vocab_size=32000, hidden_size=1024, intermediate_size=3072, moe_intermediate_size=256,
                          num_hidden_layers=4, num_attention_heads=16, num_key_value_heads=4, head_dim=64,
                          num_experts=64, num_experts_per_tok=8, norm_topk_prob=True, decoder_sparse_step=1,
@@ -54,13 +64,15 @@ def main() -> int:
     p.add_argument("--arm", choices=["0", "1"], required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--model", default="/tmp/tica_moe/model")
+    p.add_argument("--dense", action="store_true", help="the control: a dense Qwen3 of the same widths")
     a = p.parse_args()
     os.environ["VLLM_BATCH_INVARIANT"] = a.arm
     out, model_dir = Path(a.out), Path(a.model)
+    name = f"{'dense' if a.dense else 'moe'}_probe_bi{a.arm}"
     out.mkdir(parents=True, exist_ok=True)
     rec: dict = {"arm": f"bi{a.arm}", "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     if not (model_dir / "config.json").exists():
-        rec["model"] = build(model_dir)
+        rec["model"] = build(model_dir, a.dense)
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -71,10 +83,13 @@ def main() -> int:
                   max_model_len=4096, seed=0)
     except Exception as err:  # noqa: BLE001 - vLLM's own reason is the result
         rec["engine_error"] = f"{type(err).__name__}: {err}"[:2000]
-        (out / f"moe_probe_bi{a.arm}.json").write_text(json.dumps(rec, indent=1))
+        (out / f"{name}.json").write_text(json.dumps(rec, indent=1))
         print(json.dumps(rec, indent=1))
         return 0
     rec["engine_start_s"] = round(time.time() - t, 1)
+    from tica.legs.vllm_kernels.overlay import active
+
+    rec["overlay_parts"] = active()  # read from vLLM's modules in this process, not from a flag
     r = random.Random(20261204)
     anchor = [r.randrange(3, 32000) for _ in range(500)]
     others = [[r.randrange(3, 32000) for _ in range(r.randrange(32, 1500))] for _ in range(31)]
@@ -102,7 +117,7 @@ def main() -> int:
                        "all2all_backend": str(getattr(vc.parallel_config, "all2all_backend", None))}
     except Exception as err:  # noqa: BLE001
         rec["vllm"] = {"config_error": repr(err)[:300]}
-    (out / f"moe_probe_bi{a.arm}.json").write_text(json.dumps(rec, indent=1))
+    (out / f"{name}.json").write_text(json.dumps(rec, indent=1))
     print(json.dumps(rec, indent=1))
     return 0
 
