@@ -212,7 +212,7 @@ def recount_quality(legs: Sequence[Path]) -> tuple[dict[str, int], list[str]]:
         arm = str(meta.get("arm"))
         seen: dict[str, bool] = {}
         try:
-            lines = strict_io.text_of(strict_io.regular_file_bytes(leg / RESULTS_FILE)).splitlines()
+            lines = strict_io.lines_of(strict_io.text_of(strict_io.regular_file_bytes(leg / RESULTS_FILE)))
         except (OSError, ValueError) as err:
             problems.append(f"{leg.name}: {RESULTS_FILE} unreadable: {relative(str(err))}")
             continue

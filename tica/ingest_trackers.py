@@ -116,7 +116,11 @@ def _key_files(root: Path) -> dict[str, Path]:
 def _metric_values(path: Path, key: str) -> list[tuple[int, int, float]]:
     """(line, step, value) of one metric file, as MLflow's FileStore writes it."""
     out = []
-    for n, line in enumerate(_text(path).splitlines(), 1):
+    try:
+        lines = strict_io.lines_of(_text(path))
+    except strict_io.StrictInputError as err:
+        raise InputError(path, "<file>", str(err)) from None
+    for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
         parts = line.strip().split(" ")
@@ -194,6 +198,10 @@ def _history_rows(path: Path) -> list[tuple[int, dict[str, Any]]]:
     """(line or row number, row) as the export holds them."""
     suffix = path.suffix.lower()
     text = _text(path)
+    try:
+        strict_io.lines_of(text)  # every format: a history of more rows than any run logs is refused at once
+    except strict_io.StrictInputError as err:
+        raise InputError(path, "<file>", str(err)) from None
     if suffix == ".csv":
         reader = csv.DictReader(io.StringIO(text))
         if not reader.fieldnames or "_step" not in reader.fieldnames:

@@ -350,7 +350,11 @@ def load_jsonl(path: str | Path) -> list[dict[str, Any]]:
     """The rows of a receipt's JSON Lines file, placeholders made absent (tica.unknowns)."""
     path = Path(path)
     rows = []
-    for n, line in enumerate(_read_text(path).splitlines(), 1):
+    try:
+        lines = strict_io.lines_of(_read_text(path))
+    except strict_io.StrictInputError as err:
+        raise ReceiptError(path, "<file>", str(err)) from None
+    for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:

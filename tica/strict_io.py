@@ -17,6 +17,9 @@ from typing import Any
 
 MAX_DEPTH = 64
 MAX_BYTES = 256 * 1024 * 1024
+# lines of one JSON Lines receipt or run file (steps, problems, metric rows): a million is far past
+# any run, and counting them costs a fraction of a second where parsing ten million took minutes
+MAX_LINES = 1_000_000
 
 
 class StrictInputError(ValueError):
@@ -40,6 +43,14 @@ def text_of(data: bytes) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:
         raise StrictInputError(f"not UTF-8 text (byte {err.start})") from None
+
+
+def lines_of(text: str, limit: int = MAX_LINES) -> list[str]:
+    """The lines of a JSON Lines text, refused before any is parsed when there are more than `limit`."""
+    n = text.count("\n")
+    if n > limit:
+        raise StrictInputError(f"{n} lines: more than the {limit} one file of rows may hold")
+    return text.splitlines()
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
