@@ -122,7 +122,9 @@ def cmd_ledger_query(args: argparse.Namespace) -> int:
     ledger = _ledger(args).require_exists()
     from tica.ledger_pg import PostgresLedger
 
-    refused: tuple[type[BaseException], ...] = (duckdb.Error,)
+    from tica.ledger import QueryRefused
+
+    refused: tuple[type[BaseException], ...] = (duckdb.Error, QueryRefused)
     if isinstance(ledger, PostgresLedger):  # the server refused it (privilege, timeout, two statements)
         import psycopg
 

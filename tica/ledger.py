@@ -263,6 +263,11 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:16]}"
 
 
+# SQL a person types (`tica ledger query`) runs on a copy, so it never holds writers out; it is
+# still interrupted after this long and returns at most this many rows.
+QUERY_TIMEOUT_S = 60.0
+QUERY_MAX_ROWS = 100_000
+
 _LOCK_ERROR = re.compile(r"could not set lock|conflicting lock|\block on file\b|being used by another", re.I)
 
 
@@ -273,6 +278,10 @@ def _is_lock_error(err: Exception) -> bool:
 
 class LedgerLockTimeout(TicaError):
     """Another writer held the ledger longer than the bounded wait."""
+
+
+class QueryRefused(TicaError):
+    """SQL a person typed that the ledger will not answer as asked (too many rows)."""
 
 
 class LedgerMissing(TicaError):
@@ -979,10 +988,49 @@ class Ledger:
         if self._reading is not None and not sandboxed:
             cur = self._reading.execute(sql, params or [])
             return ([d[0] for d in cur.description] if cur.description else []), cur.fetchall()
-        with self.reader(sandboxed=sandboxed) as con:
+        if sandboxed:
+            return self._typed_query(sql, params)
+        with self.reader() as con:
             cur = con.execute(sql, params or [])
             columns = [d[0] for d in cur.description] if cur.description else []
             return columns, cur.fetchall()
+
+    def _typed_query(self, sql: str, params: Sequence[Any] | None) -> tuple[list[str], list[tuple]]:
+        """SQL a person typed, on a copy of the ledger taken under the writers' lock: however long
+        it scans, no writer waits for it. Interrupted after QUERY_TIMEOUT_S, at most QUERY_MAX_ROWS
+        rows, every file access refused."""
+        if not self.path.exists():
+            self.init()
+        import shutil
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="tica-query-") as tmp:
+            copy = Path(tmp) / "ledger.duckdb"
+            with open(self._lock_path, "a+") as lock:  # no writer mid-transaction while the bytes are copied
+                self._take_lock(lock)
+                try:
+                    shutil.copyfile(self.path, copy)
+                    wal = self.path.with_name(self.path.name + ".wal")
+                    if wal.exists():
+                        shutil.copyfile(wal, copy.with_name(copy.name + ".wal"))
+                finally:
+                    lock.seek(0)
+                    lock.truncate()
+                    lock.flush()
+                    fcntl.flock(lock, fcntl.LOCK_UN)
+            con = duckdb.connect(str(copy), read_only=True, config={"enable_external_access": False})
+            timer = threading.Timer(QUERY_TIMEOUT_S, con.interrupt)
+            timer.start()
+            try:
+                cur = con.execute(sql, params or [])
+                rows = cur.fetchmany(QUERY_MAX_ROWS + 1)
+                columns = [d[0] for d in cur.description] if cur.description else []
+            finally:
+                timer.cancel()
+                con.close()
+        if len(rows) > QUERY_MAX_ROWS:
+            raise QueryRefused(f"the query returns more than {QUERY_MAX_ROWS} rows: narrow it (WHERE, LIMIT)")
+        return columns, rows
 
     def rows(self, sql: str, params: Sequence[Any] | None = None) -> list[dict[str, Any]]:
         columns, rows = self.query(sql, params)

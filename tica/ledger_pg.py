@@ -26,9 +26,9 @@ from typing import Any
 
 from tica.errors import InputError, LedgerIntegrityError, TicaError
 from tica.ledger import (CHAIN_COLUMNS, GENESIS, INDEXES, TABLES, TRACK_VERDICTS_SQL, VERIFY_CHUNK_ROWS, VIEWS,
-                         DuckDBSql, Head, Ledger, LedgerLockTimeout, LedgerMissing, VerifyReport, _table_stream,
-                         _verify_workers, dropped_tables, extend_chain, in_db_enabled, in_db_report, insert_sql, merge_chain,
-                         verify_entries)
+                         DuckDBSql, Head, Ledger, LedgerLockTimeout, LedgerMissing, QueryRefused, VerifyReport,
+                         _table_stream, _verify_workers, dropped_tables, extend_chain, in_db_enabled, in_db_report,
+                         insert_sql, merge_chain, verify_entries)
 
 SCHEMES = ("postgresql://", "postgres://")
 READER_ROLE = "tica_reader"
@@ -275,7 +275,7 @@ class PostgresLedger:
                 cur = con.execute(sql.replace("%", "%%"), prepare=True)
                 rows = cur.fetchmany(QUERY_MAX_ROWS + 1)
                 if len(rows) > QUERY_MAX_ROWS:
-                    raise TicaError(f"the query returns more than {QUERY_MAX_ROWS} rows: narrow it (WHERE, LIMIT)")
+                    raise QueryRefused(f"the query returns more than {QUERY_MAX_ROWS} rows: narrow it (WHERE, LIMIT)")
                 return ([d.name for d in cur.description] if cur.description else []), rows
             cur = con.execute(*portable(sql, params))
             columns = [d.name for d in cur.description] if cur.description else []

@@ -6,6 +6,7 @@ from __future__ import annotations
 import fcntl
 import json
 import multiprocessing as mp
+import time
 from pathlib import Path
 
 import duckdb
@@ -315,3 +316,48 @@ def test_a_table_dropped_behind_the_ledger_is_named_by_verify_not_a_traceback(tm
     capsys.readouterr()
     assert main(["--ledger", str(ledger.path), "ledger", "verify"]) == 1
     assert "table reruns is missing" in capsys.readouterr().err
+
+
+def _append_during(path: str, n: int, out) -> None:
+    ledger = Ledger(path, lock_timeout_s=5)
+    try:
+        for i in range(n):
+            ledger.append("reruns", {"rerun_id": f"during-{i}", "reason": "a verdict while someone reads"})
+        out.put("ok")
+    except Exception as err:  # noqa: BLE001 - reported to the test
+        out.put(f"{type(err).__name__}: {err}")
+
+
+def test_a_typed_query_never_holds_a_writer_out_and_is_interrupted(tmp_path, capsys, monkeypatch):
+    """Issue 32: a long typed scan held the DuckDB file and a verdict produced meanwhile was not
+    recorded. Typed SQL runs on a copy: every write lands, and the scan is interrupted at its bound."""
+    import threading
+
+    import tica.ledger as L
+
+    monkeypatch.setattr(L, "QUERY_TIMEOUT_S", 4.0)
+    ledger = Ledger(tmp_path / "l.duckdb").init()
+    ledger.append_many([_rerun(0)])
+    results: list[int] = []
+    reader = threading.Thread(target=lambda: results.append(main(
+        ["--ledger", str(ledger.path), "ledger", "query", "SELECT count(*) FROM range(100000000000) a"])))
+    reader.start()
+    time.sleep(1.0)  # the scan is running
+    out = mp.get_context("spawn").Queue()
+    writer = mp.get_context("spawn").Process(target=_append_during, args=(str(ledger.path), 5, out))
+    writer.start()
+    writer.join(60)
+    reader.join(60)
+    assert out.get(timeout=5) == "ok"
+    assert results == [4] and "query refused" in capsys.readouterr().err
+    assert Ledger(ledger.path).verify().rows == 6  # the one before and the five written during the scan
+
+
+def test_a_typed_query_returning_too_many_rows_is_refused(tmp_path, capsys, monkeypatch):
+    import tica.ledger as L
+
+    monkeypatch.setattr(L, "QUERY_MAX_ROWS", 10)
+    ledger = Ledger(tmp_path / "l.duckdb").init()
+    assert main(["--ledger", str(ledger.path), "ledger", "query", "SELECT * FROM range(11)"]) == 4
+    assert "more than 10 rows" in capsys.readouterr().err
+    assert main(["--ledger", str(ledger.path), "ledger", "query", "SELECT * FROM range(10)"]) == 0  # control
