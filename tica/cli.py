@@ -145,19 +145,11 @@ HEAD_MAX_BYTES = 64 * 1024  # a published head is one small JSON object
 
 
 def _read_head(path: str):
+    from tica.errors import input_text
     from tica.ledger import Head
 
-    from tica import strict_io
-
-    try:  # a regular file only: a FIFO named as a head would hang the command
-        if Path(path).stat().st_size > HEAD_MAX_BYTES:
-            raise InputError(path, "<file>", f"larger than {HEAD_MAX_BYTES} bytes: not a published head")
-        text = strict_io.text_of(strict_io.regular_file_bytes(path))
-    except strict_io.StrictInputError as err:
-        raise InputError(path, "<file>", str(err)) from None
-    except OSError as err:
-        raise InputError(path, "<file>", f"cannot read: {err.strerror or err}") from None
-    return Head.from_json(text, path)
+    # a regular file only (a FIFO named as a head would hang the command), and small
+    return Head.from_json(input_text(path, max_bytes=HEAD_MAX_BYTES), path)
 
 
 def cmd_ledger_verify(args: argparse.Namespace) -> int:

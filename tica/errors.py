@@ -4,6 +4,7 @@ the file holds that field when it can be told for sure."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -77,11 +78,14 @@ def _strict_yaml_loader():
     return StrictLoader
 
 
-def input_bytes(path: str | Path, exc_cls: type[InputError] = InputError) -> bytes:
-    """A regular file's bytes (tica.strict_io); failures name the file (exit 4)."""
+def input_bytes(path: str | Path, exc_cls: type[InputError] = InputError, max_bytes: int | None = None) -> bytes:
+    """A regular file's bytes (tica.strict_io), at most `max_bytes` where given; failures name the
+    file (exit 4)."""
     from tica import strict_io
 
     try:
+        if max_bytes is not None and os.stat(path).st_size > max_bytes:
+            raise exc_cls(path, "<file>", f"larger than {max_bytes} bytes")
         return strict_io.regular_file_bytes(path)
     except FileNotFoundError:
         raise exc_cls(path, "<file>", "no such file") from None
@@ -91,12 +95,12 @@ def input_bytes(path: str | Path, exc_cls: type[InputError] = InputError) -> byt
         raise exc_cls(path, "<file>", str(err)) from None
 
 
-def input_text(path: str | Path, exc_cls: type[InputError] = InputError) -> str:
+def input_text(path: str | Path, exc_cls: type[InputError] = InputError, max_bytes: int | None = None) -> str:
     """A regular file's UTF-8 text; failures name the file (exit 4)."""
     from tica import strict_io
 
     try:
-        return strict_io.text_of(input_bytes(path, exc_cls))
+        return strict_io.text_of(input_bytes(path, exc_cls, max_bytes))
     except strict_io.StrictInputError as err:
         raise exc_cls(path, "<file>", str(err)) from None
 

@@ -11,14 +11,13 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
-import os
 from pathlib import Path
 
 from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from tica.errors import InputError
+from tica.errors import InputError, input_bytes
 from tica.ledger import Head
 
 
@@ -37,16 +36,7 @@ KEY_MAX_BYTES = 64 * 1024  # a PEM key is a few hundred bytes
 
 def _read(path: str | Path) -> bytes:
     """A key file: a regular file only (a FIFO would hang the command), and small."""
-    from tica import strict_io
-
-    try:
-        if os.stat(path).st_size > KEY_MAX_BYTES:
-            raise InputError(path, "<file>", f"larger than {KEY_MAX_BYTES} bytes: not a key")
-        return strict_io.regular_file_bytes(path)
-    except strict_io.StrictInputError as err:
-        raise InputError(path, "<file>", str(err)) from None
-    except OSError as err:
-        raise InputError(path, "<file>", f"cannot read: {err.strerror}") from None
+    return input_bytes(path, max_bytes=KEY_MAX_BYTES)
 
 
 def load_private_key(path: str | Path) -> Ed25519PrivateKey:

@@ -810,14 +810,20 @@ class Ledger:
             yield self._session
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self._locked():
+            con = self._connect(read_only=False)
+            try:
+                yield con
+            finally:
+                con.close()
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        """The writers' lock, held for the block (waited for at most lock_timeout_s)."""
         with open(self._lock_path, "a+") as lock:
             self._take_lock(lock)
             try:
-                con = self._connect(read_only=False)
-                try:
-                    yield con
-                finally:
-                    con.close()
+                yield
             finally:
                 lock.seek(0)
                 lock.truncate()
@@ -1006,18 +1012,11 @@ class Ledger:
 
         with tempfile.TemporaryDirectory(prefix="tica-query-") as tmp:
             copy = Path(tmp) / "ledger.duckdb"
-            with open(self._lock_path, "a+") as lock:  # no writer mid-transaction while the bytes are copied
-                self._take_lock(lock)
-                try:
-                    shutil.copyfile(self.path, copy)
-                    wal = self.path.with_name(self.path.name + ".wal")
-                    if wal.exists():
-                        shutil.copyfile(wal, copy.with_name(copy.name + ".wal"))
-                finally:
-                    lock.seek(0)
-                    lock.truncate()
-                    lock.flush()
-                    fcntl.flock(lock, fcntl.LOCK_UN)
+            with self._locked():  # no writer mid-transaction while the bytes are copied
+                shutil.copyfile(self.path, copy)
+                wal = self.path.with_name(self.path.name + ".wal")
+                if wal.exists():
+                    shutil.copyfile(wal, copy.with_name(copy.name + ".wal"))
             con = duckdb.connect(str(copy), read_only=True, config={"enable_external_access": False})
             timer = threading.Timer(QUERY_TIMEOUT_S, con.interrupt)
             timer.start()

@@ -26,16 +26,15 @@ from typing import Any
 
 from tica.errors import InputError, LedgerIntegrityError, TicaError
 from tica.ledger import (CHAIN_COLUMNS, GENESIS, INDEXES, TABLES, TRACK_VERDICTS_SQL, VERIFY_CHUNK_ROWS, VIEWS,
-                         DuckDBSql, Head, Ledger, LedgerLockTimeout, LedgerMissing, QueryRefused, VerifyReport,
+                         QUERY_MAX_ROWS, DuckDBSql, Head, Ledger, LedgerLockTimeout, LedgerMissing, QueryRefused, VerifyReport,
                          _table_stream, _verify_workers, dropped_tables, extend_chain, in_db_enabled, in_db_report,
                          insert_sql, merge_chain, verify_entries)
 
 SCHEMES = ("postgresql://", "postgres://")
 READER_ROLE = "tica_reader"
 # SQL a person types runs for at most this long (under the writers' 30 s lock timeout, so a reader
-# holding their lock cannot make a writer give up) and returns at most this many rows.
+# holding their lock cannot make a writer give up); at most tica.ledger.QUERY_MAX_ROWS rows.
 QUERY_TIMEOUT_S = 10.0
-QUERY_MAX_ROWS = 100_000
 _LOCK_KEY = 7_315_063_431  # the advisory lock every writer takes before it reads the head
 
 # DuckDB's dialect where Postgres has none: any_value (Postgres 16+) and SELECT * EXCLUDE.
