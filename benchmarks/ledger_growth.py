@@ -27,12 +27,12 @@ append) would take about two hours for 100k verdicts on DuckDB. At each size it 
   through `ledger.rows`, which connects per call, and its logic; not the verify it starts with, timed
   as `verify`), which reads the track's verdict history to list earlier non-pass verdicts.
 - verify: `ledger.verify()`, what `tica ledger verify` runs (every row re-hashed, every view
-  compared; in batches of columns, tica.ledger_batches, in one process per CPU from 200,000 chain
+  compared; in batches of columns, tica.ledger.batches, in one process per CPU from 200,000 chain
   rows), median of --verify-repeats; its other paths apart: `in-db` the chain re-hashed by the
-  database itself (`verify(in_db=True)`: tica.ledger.in_db_report, the Python path's report),
+  database itself (`verify(in_db=True)`: tica.ledger.in_db.in_db_report, the Python path's report),
   `serial` the row-by-row Python path in one process (TICA_VERIFY_IN_DB=0, TICA_VERIFY_BATCHES=0,
   TICA_VERIFY_WORKERS=1), split into fetching the rows (`chain_entries`) and recomputing the chain
-  (`verify_entries`), `par` the row-by-row path in one process per CPU (`procs`, each re-hashing a seq range: tica.ledger_parallel; from
+  (`verify_entries`), `par` the row-by-row path in one process per CPU (`procs`, each re-hashing a seq range: tica.ledger.parallel; from
   200,000 chain rows, else `-`); the peer fetches the same rows from the plain tables into Python
   (`SELECT *` of each).
 
@@ -66,7 +66,7 @@ from tica.checks import CANARIES, FROZEN, RECEIPTS, CheckOutcome  # noqa: E402
 from tica.evidence import Component, EvidenceItem  # noqa: E402
 from tica.ledger import (CHAIN_COLUMNS, GENESIS, INDEXES, TABLES, TRACK_VERDICTS_SQL, VIEWS, Ledger,  # noqa: E402
                          extend_chain, verify_entries)
-from tica.ledger_parallel import workers_for  # noqa: E402
+from tica.ledger.parallel import workers_for  # noqa: E402
 from tica.records import record_verdict  # noqa: E402
 from tica.verdict import Verdict, VerdictCell  # noqa: E402
 
@@ -291,7 +291,7 @@ class PgStore(Store):
     def __init__(self, dsn_ledger: str, dsn_plain: str) -> None:
         import psycopg
 
-        from tica.ledger_pg import PG_VIEWS, PostgresLedger
+        from tica.ledger import PG_VIEWS, PostgresLedger
 
         self.psycopg, self.views = psycopg, PG_VIEWS
         self.dsn, self.plain_dsn = dsn_ledger, dsn_plain
@@ -349,7 +349,8 @@ class PgStore(Store):
             con.close()
 
     def verify_parts(self) -> tuple[float, float, float]:
-        from tica.ledger_pg import PostgresLedger, _view_problems
+        from tica.ledger import PostgresLedger
+        from tica.ledger.postgres_store import _view_problems
 
         with self.psycopg.connect(self.dsn) as con:
             t0 = time.perf_counter()

@@ -9,13 +9,10 @@ for a read.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from dagster import ConfigurableResource
 from pydantic import Field
 
-from tica.ledger import Ledger, LedgerMissing
-from tica.ledger_pg import PostgresLedger, is_postgres
+from tica.ledger import Ledger, PostgresLedger, open_ledger
 
 
 class LedgerResource(ConfigurableResource):
@@ -25,13 +22,5 @@ class LedgerResource(ConfigurableResource):
     lock_timeout_s: float = 120.0
 
     def ledger(self) -> "Ledger | PostgresLedger":
-        if is_postgres(self.path):
-            pg = PostgresLedger(self.path, lock_timeout_s=self.lock_timeout_s)
-            try:
-                return pg.require_exists()
-            except LedgerMissing:
-                return pg.init()
-        ledger = Ledger(Path(self.path), lock_timeout_s=self.lock_timeout_s)
-        if not ledger.path.exists():
-            ledger.init()
-        return ledger
+        """The ledger at `path`, created there when it is not there yet."""
+        return open_ledger(self.path, lock_timeout_s=self.lock_timeout_s, create=True)

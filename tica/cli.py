@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from tica.acceptance import Report
     from tica.candidate import CandidateIdentity
     from tica.evidence import EvidenceItem
-    from tica.ledger import Ledger
+    from tica.ledger import LedgerStore
 
 EXIT_OK = 0
 EXIT_NO = 1  # the answer was given, and it is no: not accepted, a chain that does not verify
@@ -38,12 +38,11 @@ def format_table(columns: Sequence[str], rows: Sequence[Sequence[object]]) -> st
     return "\n".join(out) + f"\n({len(cells)} row{'s' if len(cells) != 1 else ''})"
 
 
-def _ledger(args: argparse.Namespace) -> "Ledger":
+def _ledger(args: argparse.Namespace) -> "LedgerStore":
     """The ledger --ledger (or TICA_LEDGER) names: a DuckDB file, or a postgresql:// address."""
-    from tica.ledger import default_ledger_path
-    from tica.ledger_pg import open_ledger
+    from tica.ledger import default_ledger_path, open_ledger
 
-    return open_ledger(str(args.ledger or default_ledger_path()))  # type: ignore[return-value]
+    return open_ledger(str(args.ledger or default_ledger_path()))
 
 
 def _json_out(args: argparse.Namespace, data: object) -> bool:
@@ -120,9 +119,7 @@ def cmd_ledger_query(args: argparse.Namespace) -> int:
     import duckdb
 
     ledger = _ledger(args).require_exists()
-    from tica.ledger_pg import PostgresLedger
-
-    from tica.ledger import QueryRefused
+    from tica.ledger import PostgresLedger, QueryRefused
 
     refused: tuple[type[BaseException], ...] = (duckdb.Error, QueryRefused)
     if isinstance(ledger, PostgresLedger):  # the server refused it (privilege, timeout, two statements)
@@ -214,8 +211,8 @@ def cmd_ledger_head(args: argparse.Namespace) -> int:
 
 
 def cmd_ledger_export(args: argparse.Namespace) -> int:
-    """The verified chain as JSON Lines (tica.ledger_transfer); a chain that does not verify is refused."""
-    from tica.ledger_transfer import export_chain
+    """The verified chain as JSON Lines (tica.ledger.transfer); a chain that does not verify is refused."""
+    from tica.ledger import export_chain
 
     ledger = _ledger(args).require_exists()
     report = ledger.verify()
@@ -231,7 +228,7 @@ def cmd_ledger_export(args: argparse.Namespace) -> int:
 
 def cmd_ledger_import(args: argparse.Namespace) -> int:
     """Rebuild an exported chain in an empty ledger, every hash preserved."""
-    from tica.ledger_transfer import import_chain
+    from tica.ledger import import_chain
 
     head = import_chain(_ledger(args), args.file)
     if not _json_out(args, {"file": args.file, "rows": head.seq, "head": json.loads(head.to_json())}):
@@ -334,7 +331,7 @@ def _current_candidates(manifests: Sequence[Path], tracks: Sequence[str]) -> dic
     return out
 
 
-def _read_reports(ledger: "Ledger", tracks: Sequence[str], current: dict[str, tuple["CandidateIdentity", str]],
+def _read_reports(ledger: "LedgerStore", tracks: Sequence[str], current: dict[str, tuple["CandidateIdentity", str]],
                   questions_dir: Path) -> list["Report"]:
     """Each track's acceptance report, as the Dagster report asset builds it (no anchor head: the
     chain and views are verified as they stand). A ledger file DuckDB cannot read is bad input."""
@@ -353,14 +350,14 @@ def _read_reports(ledger: "Ledger", tracks: Sequence[str], current: dict[str, tu
     return reports
 
 
-def _unreadable(ledger: "Ledger", err: BaseException | None) -> InputError | None:
+def _unreadable(ledger: "LedgerStore", err: BaseException | None) -> InputError | None:
     """The ledger named as unreadable when `err` is DuckDB failing to read its file (not a lock)."""
     import duckdb
 
-    from tica.ledger import _is_lock_error
+    from tica.ledger.connect import is_lock_error
     from tica.messages import plain
 
-    if not isinstance(err, duckdb.Error) or _is_lock_error(err):
+    if not isinstance(err, duckdb.Error) or is_lock_error(err):
         return None
     first = (str(err).strip().splitlines() or [type(err).__name__])[0]
     return InputError(ledger.path, "<file>", f"not a readable ledger: {_printable(plain(first))}")

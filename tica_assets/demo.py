@@ -33,10 +33,12 @@ DEMO_MODELS = {"tiny": "tiny-llama", "smollm2": "smollm2-135m-instruct"}
 
 def demo_env() -> dict[str, str]:
     """The embedded default, unless the caller set a variable already."""
+    from tica.ledger import is_postgres
+
     env = {}
     for key, value in DEFAULT_ENV.items():
         v = os.environ.get(key, value)
-        as_is = key == "TICA_REPLAY" or os.path.isabs(v) or v.startswith(("postgresql://", "postgres://"))
+        as_is = key == "TICA_REPLAY" or os.path.isabs(v) or is_postgres(v)
         env[key] = v if as_is else str(PROJECT_ROOT / v)
     return env
 
@@ -108,7 +110,7 @@ def track_reports(settings, tracks) -> list:
     from tica.acceptance import report
     from tica.cli import questions_in_force
     from tica.errors import ManifestError
-    from tica.ledger_pg import open_ledger
+    from tica.ledger import open_ledger
     from tica_assets.candidates import load_track
 
     ledger = open_ledger(str(settings.ledger_path))

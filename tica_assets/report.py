@@ -133,7 +133,7 @@ def same_ledger(recorded: str, key: str) -> bool:
     configured: relative, through a symlink, or another spelling of it)."""
     if recorded == key:
         return True
-    from tica.ledger_pg import is_postgres
+    from tica.ledger import is_postgres
 
     if is_postgres(recorded) or is_postgres(key):
         return False

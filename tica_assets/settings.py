@@ -5,7 +5,7 @@ environment once, so no asset or sensor reads `os.environ` itself.
 | --- | --- | --- |
 | TICA_CANDIDATES_DIR | demo/candidates | folder of candidate manifests, one YAML file per track |
 | TICA_QUESTIONS_DIR | demo/questions | frozen questions: `<dir>/<track>/*.yaml` first, then `<dir>/*.yaml` |
-| TICA_LEDGER | data/ledger.duckdb | the ledger: a DuckDB file, or a `postgresql://` address (tica/ledger_pg.py) |
+| TICA_LEDGER | data/ledger.duckdb | the ledger: a DuckDB file, or a `postgresql://` address (tica/ledger/postgres_store.py) |
 | TICA_DATA_DIR | data | legs written by the CPU runner, plots, fingerprint cache |
 | TICA_REPLAY | (none) | `track=folder[,track=folder]`: tracks whose legs replay committed sealed receipts (a folder, or a .tar.xz/.tgz of one); `*=folder` for every track |
 | TICA_RECEIPTS_CACHE | ~/.cache/tica/receipts | where a replayed archive of receipts is unpacked, once per archive digest |
@@ -33,7 +33,7 @@ def _path(value: str | None, default: str) -> Path:
 
 def _ledger_target(value: str | None, default: str) -> Path | str:
     """A DuckDB file (a path, resolved as the others) or a postgresql:// address (kept as text)."""
-    from tica.ledger_pg import is_postgres
+    from tica.ledger import is_postgres
 
     return value if value and is_postgres(value) else _path(value, default)
 

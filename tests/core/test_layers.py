@@ -1,12 +1,17 @@
 """The layers hold (pyproject.toml's [tool.importlinter] contracts, checked by import-linter over
 every import statement, those inside functions included): the core imports no Dagster, resources
-sit under assets and sensors, judging runs nothing."""
+sit under assets and sensors, judging runs nothing, the ledger's modules import downwards only."""
 
 from __future__ import annotations
 
+import json
+import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 LINT = str(Path(sys.executable).parent / "lint-imports")
@@ -20,7 +25,7 @@ def _lint(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
 def test_the_projects_import_contracts_are_kept():
     out = _lint(ROOT)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
-    assert "3 kept, 0 broken" in out.stdout
+    assert "5 kept, 0 broken" in out.stdout
 
 
 def test_an_import_inside_a_function_breaks_a_contract(tmp_path):
@@ -38,3 +43,39 @@ def test_an_import_inside_a_function_breaks_a_contract(tmp_path):
     out = _lint(tmp_path, "--config", "contracts.toml")
     assert out.returncode == 1, out.stdout
     assert "core imports no layer BROKEN" in out.stdout and "core.rules -> layer.assets" in out.stdout
+
+
+def _ledger_contracts() -> str:
+    """The project's own ledger contracts, as a configuration over the `tica` package alone."""
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    lines = ["[tool.importlinter]", 'root_packages = ["tica"]']
+    for contract in contracts:
+        if contract["name"].startswith("the ledger's"):
+            lines += ["", "[[tool.importlinter.contracts]]", *(f"{k} = {json.dumps(v)}" for k, v in contract.items())]
+    return "\n".join(lines) + "\n"
+
+
+def _python_only(folder: str, names: list[str]) -> list[str]:
+    return [n for n in names if n == "__pycache__" or not (n.endswith(".py") or (Path(folder) / n).is_dir())]
+
+
+@pytest.mark.parametrize("importer,imported,broken,named", [
+    # the loop the flat modules made: reading batches on Postgres built a PostgresLedger for its connection
+    ("batches", "from tica.ledger.postgres_store import PostgresLedger", "the ledger's modules import downwards only",
+     "tica.ledger.batches -> tica.ledger.postgres_store (l."),
+    # a loop through the package's __init__, which imports every module
+    ("parallel", "from tica.ledger import Ledger", "the ledger's modules never import the package itself",
+     "tica.ledger.parallel -> tica.ledger (l."),
+])
+def test_a_ledger_module_importing_upwards_breaks_a_contract(tmp_path, importer, imported, broken, named):
+    """Negative controls, in a copy of `tica` under the project's ledger contracts: a module that
+    imports upwards from inside a function is caught and named; the unchanged copy keeps them."""
+    shutil.copytree(ROOT / "tica", tmp_path / "tica", ignore=_python_only)
+    (tmp_path / "contracts.toml").write_text(_ledger_contracts())
+    kept = _lint(tmp_path, "--config", "contracts.toml")
+    assert kept.returncode == 0 and "2 kept, 0 broken" in kept.stdout, kept.stdout[-3000:] + kept.stderr[-2000:]
+    module = tmp_path / "tica" / "ledger" / f"{importer}.py"
+    module.write_text(module.read_text() + f"\n\ndef _upwards():\n    {imported}\n")
+    out = _lint(tmp_path, "--config", "contracts.toml")
+    assert out.returncode == 1, out.stdout
+    assert f"{broken} BROKEN" in out.stdout and named in out.stdout, out.stdout[-3000:]

@@ -1,4 +1,4 @@
-"""Verify in batches of columns (tica.ledger_batches) and the row-by-row path stays the authority.
+"""Verify in batches of columns (tica.ledger.batches) and the row-by-row path stays the authority.
 The rules, each with the way it must fail:
 
 - a text column is written as it is only where json.dumps writes it so ('"' + the text + '"'),
@@ -26,11 +26,11 @@ from tests.core.test_ledger_fast_verify import _reference, _tamper
 from tests.core.test_ledger_in_db_verify import (_EDITS, _FORGED, _HEADS, _filled, _forge_last, _pg_filled,
                                                  _pg_reference, _pg_sql)
 from tests.postgres_server import pg_dsn, postgres_server  # noqa: F401  (fixtures)
-from tica.ledger import CHAIN_COLUMNS, GENESIS, TABLES, ChainSegment, Ledger, _now, _quote, check_segment, row_hash
-from tica.ledger_batches import (batch_hashes, batches_enabled, duckdb_batches, hasher, is_plain, join_or_none,
+from tica.ledger import CHAIN_COLUMNS, GENESIS, TABLES, ChainSegment, Ledger, PostgresLedger, check_segment, row_hash
+from tica.ledger.batches import (batch_hashes, batches_enabled, duckdb_batches, hasher, is_plain, join_or_none,
                                  postgres_batches, psycopg_batches, range_segment, text_class)
-from tica.ledger_parallel import even_cuts
-from tica.ledger_pg import PostgresLedger
+from tica.ledger.chain import _now, _quote
+from tica.ledger.parallel import even_cuts
 
 
 # ----------------------------------------------------------------------------------- plain text
@@ -311,7 +311,7 @@ def test_postgres_batches_through_adbc_hold_the_values_psycopg_reads(pg_dsn, mon
     assert through_adbc == through_psycopg and any("中" in str(v) for c in through_adbc.values() for v in c)
     monkeypatch.setitem(sys.modules, "adbc_driver_postgresql", None)  # not installed: psycopg's
     used = []
-    monkeypatch.setattr("tica.ledger_batches.psycopg_batches",
+    monkeypatch.setattr("tica.ledger.batches.psycopg_batches",
                         lambda *a, **k: used.append(a) or psycopg_batches(*a, **k))
     assert _pg_columns(ledger, postgres_batches) == through_psycopg and used
     assert _pg_segment(ledger) is not None
@@ -361,8 +361,8 @@ def test_postgres_every_range_reads_the_snapshot_verify_began_with(pg_dsn, monke
                                                                    workers):
     """Rows appended after verify exported its snapshot, before any range is read, are not seen by
     any range (the range in this process and the one in a process of its own)."""
-    import tica.ledger_batches
-    import tica.ledger_parallel
+    import tica.ledger.batches
+    import tica.ledger.parallel
 
     monkeypatch.setenv("TICA_VERIFY_WORKERS", workers)
     ledger = _pg_filled(pg_dsn)
@@ -375,12 +375,12 @@ def test_postgres_every_range_reads_the_snapshot_verify_began_with(pg_dsn, monke
         return wrapped
 
     if workers == "1":
-        monkeypatch.setattr(tica.ledger_batches, "postgres_batches", append_first(tica.ledger_batches.postgres_batches))
+        monkeypatch.setattr(tica.ledger.batches, "postgres_batches", append_first(tica.ledger.batches.postgres_batches))
     else:
-        monkeypatch.setattr(tica.ledger_parallel, "_run", append_first(tica.ledger_parallel._run))
+        monkeypatch.setattr(tica.ledger.parallel, "_run", append_first(tica.ledger.parallel._run))
     answered = []
-    join = tica.ledger_batches.join_or_none
-    monkeypatch.setattr(tica.ledger_batches, "join_or_none", lambda *a: answered.append(join(*a)) or answered[-1])
+    join = tica.ledger.batches.join_or_none
+    monkeypatch.setattr(tica.ledger.batches, "join_or_none", lambda *a: answered.append(join(*a)) or answered[-1])
     during = ledger.verify()
     assert during.ok and (during.rows, during.head) == (before.rows, before.head)
     assert answered and answered[-1] == during  # the batches answered, not the row-by-row path

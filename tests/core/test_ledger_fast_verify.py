@@ -1,4 +1,4 @@
-"""Verify hashes every row with a body function generated per table (tica.ledger.FAST_BODIES) and
+"""Verify hashes every row with a body function generated per table (tica.ledger.chain.FAST_BODIES) and
 reads the chain as a stream: the bodies must be byte-identical to `_body` (the hash's definition)
 for every column type and kind of value, and the streamed verify must name exactly what
 `verify_entries` over the whole chain names, tampered rows included."""
@@ -13,7 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tica.ledger import FAST_BODIES, TABLES, Head, Ledger, _body, _now, verify_entries
+from tica.ledger import FAST_BODIES, TABLES, Head, Ledger, verify_entries
+from tica.ledger.chain import _body, _now
 
 _json = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
                      lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),

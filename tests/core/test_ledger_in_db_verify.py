@@ -1,4 +1,4 @@
-"""Verify re-hashes the chain in the database first (tica.ledger.in_db_report; DuckDB's and Postgres's
+"""Verify re-hashes the chain in the database first (tica.ledger.in_db.in_db_report; DuckDB's and Postgres's
 SQL: DuckDBSql, PostgresSql) and Python stays the authority. The rules, each with the way it must fail:
 
 - the SQL body is `_body` byte for byte for printable-ASCII rows, and NULL for any other row (never a
@@ -21,9 +21,10 @@ from hypothesis import strategies as st
 
 from tests.core.test_ledger_fast_verify import _every_kind, _reference, _tamper
 from tests.postgres_server import pg_dsn, postgres_server  # noqa: F401  (fixtures)
-from tica.ledger import (GENESIS, TABLES, DuckDBSql, Head, Ledger, _body, _now, _quote, body_sql,
+from tica.ledger import (GENESIS, TABLES, DuckDBSql, Head, Ledger, PostgresLedger, PostgresSql, body_sql,
                          in_db_chain_sql, in_db_enabled, in_db_report, insert_sql, row_hash, verify_entries)
-from tica.ledger_pg import PostgresLedger, PostgresSql, _tables_as_created, _view_problems
+from tica.ledger.chain import _body, _now, _quote
+from tica.ledger.postgres_store import _tables_as_created, _view_problems
 
 # ----------------------------------------------------------------------------------- the SQL body
 _printable = st.text(alphabet=st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=40)

@@ -333,7 +333,7 @@ def test_a_typed_query_never_holds_a_writer_out_and_is_interrupted(tmp_path, cap
     recorded. Typed SQL runs on a copy: every write lands, and the scan is interrupted at its bound."""
     import threading
 
-    import tica.ledger as L
+    import tica.ledger.duckdb_store as L
 
     monkeypatch.setattr(L, "QUERY_TIMEOUT_S", 4.0)
     ledger = Ledger(tmp_path / "l.duckdb").init()
@@ -354,7 +354,7 @@ def test_a_typed_query_never_holds_a_writer_out_and_is_interrupted(tmp_path, cap
 
 
 def test_a_typed_query_returning_too_many_rows_is_refused(tmp_path, capsys, monkeypatch):
-    import tica.ledger as L
+    import tica.ledger.duckdb_store as L
 
     monkeypatch.setattr(L, "QUERY_MAX_ROWS", 10)
     ledger = Ledger(tmp_path / "l.duckdb").init()

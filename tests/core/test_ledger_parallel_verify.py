@@ -1,4 +1,4 @@
-"""Verify in parallel (tica.ledger_parallel): the chain cut into seq ranges, each re-hashed in a
+"""Verify in parallel (tica.ledger.parallel): the chain cut into seq ranges, each re-hashed in a
 process of its own, the pieces joined. The report must be the serial verify's, problem for problem,
 on intact and tampered ledgers, with and without a published head; and a range that cannot check
 its own first link must still have it checked."""
@@ -9,7 +9,7 @@ import pytest
 
 from tests.core.test_ledger_fast_verify import _every_kind, _reference, _tamper
 from tica.ledger import GENESIS, Head, Ledger, check_segment, join_segments
-from tica.ledger_parallel import cut_points, ranges_of, workers_for
+from tica.ledger.parallel import cut_points, ranges_of, workers_for
 
 
 @pytest.fixture

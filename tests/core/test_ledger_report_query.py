@@ -1,4 +1,4 @@
-"""The report reads a track's verdicts by a track-first query (tica.ledger.TRACK_VERDICTS_SQL, the
+"""The report reads a track's verdicts by a track-first query (tica.ledger.schema.TRACK_VERDICTS_SQL, the
 views untouched): it must return exactly what `SELECT * FROM track_verdicts WHERE track = ?`
 returns, on a ledger where every part of the view has something to say. The indexes it uses are
 created by the schema setup, and a ledger made before them still opens, verifies and gains them.

@@ -1,5 +1,5 @@
 """`tica ledger export` / `import` move a chain between ledgers with every hash preserved, and
-refuse anything that is not that chain whole (tica/ledger_transfer.py)."""
+refuse anything that is not that chain whole (tica/ledger/transfer.py)."""
 
 from __future__ import annotations
 

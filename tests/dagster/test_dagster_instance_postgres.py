@@ -35,7 +35,7 @@ from dagster_project import TRACK, fresh_defs
 
 from sensors.manifests import SENSOR_NAME
 from tica.evidence import Component, EvidenceItem
-from tica.ledger_pg import PostgresLedger
+from tica.ledger import PostgresLedger
 from tica_assets.keys import component_key, evidence_key, report_key
 from tica_assets.settings import PROJECT_ROOT
 

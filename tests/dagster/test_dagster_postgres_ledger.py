@@ -12,7 +12,7 @@ from dagster_helpers import kept_instance, materialize_track, tick
 from dagster_project import TRACK, fresh_defs
 
 from tica.evidence import EvidenceItem
-from tica.ledger_pg import PostgresLedger, redacted
+from tica.ledger import PostgresLedger, redacted
 from tica_assets.keys import report_key
 
 pytestmark = pytest.mark.scale

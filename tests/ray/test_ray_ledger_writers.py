@@ -11,7 +11,7 @@ import pytest
 from tests.long import size
 from tests.ray.conftest import PREFIX
 from tests.ray.writers import append_reruns
-from tica.ledger_pg import PostgresLedger
+from tica.ledger import PostgresLedger
 
 pytestmark = pytest.mark.scale
 

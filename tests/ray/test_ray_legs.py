@@ -14,7 +14,7 @@ import pytest
 from tests.dagster.dagster_helpers import kept_instance, materialize_track, tick
 from tests.ray.ray_project import TRACK, leg_json, ray_defs, ray_project, ray_runner
 from tica.evidence import EvidenceItem
-from tica.ledger_pg import PostgresLedger
+from tica.ledger import PostgresLedger
 
 pytestmark = pytest.mark.scale
 

@@ -8,7 +8,7 @@ import time
 def append_reruns(dsn: str, writer: int, appends: int) -> dict:
     import ray
 
-    from tica.ledger_pg import PostgresLedger
+    from tica.ledger import PostgresLedger
 
     ctx = ray.get_runtime_context()
     started = time.time()

@@ -1,4 +1,4 @@
-"""The ledger on a real Postgres server (tica/ledger_pg.py): the same chain, hashes and views as
+"""The ledger on a real Postgres server (tica/ledger/postgres_store.py): the same chain, hashes and views as
 the DuckDB ledger, chains moved between the two with every hash kept, and no pass for a ledger
 edited behind its back. One invariant per test, each with the way it must fail."""
 
@@ -13,8 +13,7 @@ pytestmark = pytest.mark.scale
 
 from tests.long import size
 from tica.cli import main
-from tica.ledger import Ledger
-from tica.ledger_pg import PostgresLedger
+from tica.ledger import Ledger, PostgresLedger
 
 VERDICT_VIEWS = ("track_verdicts", "current_verdicts", "stale_evidence", "after_the_fact_verdicts", "verdict_history")
 
@@ -129,7 +128,7 @@ def test_concurrent_writers_lose_nothing_and_the_chain_verifies(pg_dsn):
 
 
 def test_duckdb_placeholders_become_psycopgs_outside_quotes_only():
-    from tica.ledger_pg import portable
+    from tica.ledger.postgres_store import portable
 
     sql, params = portable("SELECT '?%' AS q FROM t WHERE a = ? AND b LIKE 'x%' AND c IN (?, ?)", [1, 2, 3])
     assert sql == "SELECT '?%%' AS q FROM t WHERE a = %s AND b LIKE 'x%%' AND c IN (%s, %s)" and params == [1, 2, 3]
@@ -167,13 +166,13 @@ def test_what_could_drop_or_hide_rows_is_named_by_verify_and_refuses_every_write
 def test_a_dropped_insert_is_never_acknowledged(pg_dsn, monkeypatch):
     """The write's own proof, whatever the catalog check says: an insert the store did not keep
     (rowcount 0) ends the append with nothing written."""
-    from tica import ledger_pg
+    from tica.ledger import postgres_store
 
     ledger = PostgresLedger(pg_dsn)
     _story(ledger)
     with psycopg.connect(pg_dsn) as con:
         con.execute(_HIDERS["rule"])
-    monkeypatch.setattr(ledger_pg, "_write_hazards", lambda con: [])  # as if the catalog check missed it
+    monkeypatch.setattr(postgres_store, "_write_hazards", lambda con: [])  # as if the catalog check missed it
     rows = ledger.verify().rows
     with pytest.raises(Exception, match="stored 0 rows; nothing was written"):
         ledger.append_many([("reruns", {"rerun_id": "r0", "reason": "kept?"}),
@@ -196,9 +195,9 @@ def test_a_dropped_insert_is_never_acknowledged(pg_dsn, monkeypatch):
 ])
 def test_a_refused_typed_query_is_one_line_and_exit_4(pg_dsn, capsys, monkeypatch, sql, why):
     """On Postgres as on DuckDB: never a traceback; one statement only; bounded in time."""
-    from tica import ledger_pg
+    from tica.ledger import postgres_store
 
-    monkeypatch.setattr(ledger_pg, "QUERY_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(postgres_store, "QUERY_TIMEOUT_S", 1.0)
     _story(PostgresLedger(pg_dsn))
     capsys.readouterr()
     assert main(["--ledger", pg_dsn, "ledger", "query", sql]) == 4

@@ -11,8 +11,8 @@ import pytest
 pytestmark = pytest.mark.scale
 
 from tests.core.test_ledger_report_query import TRACKS, VIEW_SQL, assert_same_as_the_view, build_story
-from tica.ledger import INDEXES, TRACK_VERDICTS_SQL, Head, Ledger, verify_entries
-from tica.ledger_pg import PostgresLedger, _view_problems
+from tica.ledger import INDEXES, TRACK_VERDICTS_SQL, Head, Ledger, PostgresLedger, verify_entries
+from tica.ledger.postgres_store import _view_problems
 
 
 def _indexes(dsn: str) -> set[str]:

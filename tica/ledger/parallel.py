@@ -3,7 +3,7 @@ by a process of its own, the pieces joined in chain order.
 
 Each row's hash depends only on its own content and its stored link (prev_hash), so a range can be
 re-hashed without the rows before it; what a range cannot check alone is its first row's link, its
-rows' chain positions and the published head, and `tica.ledger.join_segments` checks those from
+rows' chain positions and the published head, and `tica.ledger.chain.join_segments` checks those from
 what every range reports (the rows before a range are counted first). The report is the one the
 serial verify makes of the same chain, problem for problem (tests/core/test_ledger_parallel_verify.py).
 
@@ -19,17 +19,22 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import closing
+from pathlib import Path
 from typing import Any
 
 from tica.errors import TicaError
-from tica.ledger_batches import on_snapshot
-from tica.ledger_batches import range_sql as batch_range_sql
-from tica.ledger import (TABLES, ChainSegment, Head, VerifyReport, check_segment, join_segments,
-                         merge_chain)
+from tica.ledger import batches
+from tica.ledger.chain import ChainSegment, Head, VerifyReport, check_segment, join_segments, merge_chain
+from tica.ledger.connect import connect_duckdb
+from tica.ledger.rows import OutOfOrder
+from tica.ledger.schema import TABLES
 
 PARALLEL_MIN_ROWS = 200_000  # below this a process start costs more than it saves
 MAX_WORKERS = 16
 FETCH_ROWS = 20_000
+WORKER_MODULE = "tica.ledger.range_worker"  # what a range's process runs: `python -m WORKER_MODULE KIND JOB`
+READ_TIMEOUT_S = 30.0  # a range's wait for the DuckDB file, as a Ledger's reader waits by default
 
 
 def workers_for(rows: int) -> int:
@@ -49,6 +54,12 @@ def workers_for(rows: int) -> int:
                       os.cpu_count() or 1))
 
 
+def verify_workers(con: Any) -> int:
+    """workers_for the chain on `con` (a store's connection), as its highest seq counts its rows:
+    only a choice of speed hangs on it."""
+    return workers_for(con.execute(max_seq_sql()).fetchone()[0] or 0)
+
+
 def cut_points(seqs: Sequence[int], pieces: int) -> list[int]:
     """Seq values that cut the chain into `pieces` ranges of about equal rows: range k holds the rows
     with cuts[k-1] <= seq < cuts[k] (the first range from below any seq, the last to above any)."""
@@ -65,15 +76,13 @@ def ranges_of(cuts: Sequence[int]) -> list[tuple[int | None, int | None]]:
 
 
 def range_sql(table: str, lo: int | None, hi: int | None, ordered: bool, placeholder: str = "?") -> tuple[str, list]:
-    sql, params = batch_range_sql(table, lo, hi, placeholder)
+    sql, params = batches.range_sql(table, lo, hi, placeholder)
     return sql + (" ORDER BY seq" if ordered else ""), params
 
 
 def range_entries(execute: Callable[[Any, str, list], None], cursors: Sequence[Any], lo: int | None, hi: int | None,
                   ordered: bool) -> Iterator[tuple[int, str, str, str, str, tuple]]:
     """The chain rows with lo <= seq < hi, every table's merged by seq (as the serial stream is)."""
-    from tica.ledger import _OutOfOrder
-
     def stream(cur, table):
         sql, params = range_sql(table, lo, hi, ordered)
         execute(cur, sql, params)
@@ -85,7 +94,7 @@ def range_entries(execute: Callable[[Any, str, list], None], cursors: Sequence[A
             for r in rows:
                 if not ordered:
                     if last is not None and not last < r[0]:
-                        raise _OutOfOrder(table)
+                        raise OutOfOrder(table)
                     last = r[0]
                 yield (r[0], table, r[1], r[2], r[3], tuple(r[4:]))
 
@@ -93,10 +102,13 @@ def range_entries(execute: Callable[[Any, str, list], None], cursors: Sequence[A
 
 
 # ----------------------------------------------------------------------------------- DuckDB
-def _duckdb_range(path: str, lo: int | None, hi: int | None, start: int, want: int | None) -> ChainSegment:
-    from tica.ledger import Ledger, _OutOfOrder
+def _duckdb_reader(path: str) -> closing[Any]:
+    """A read-only connection to the DuckDB file the caller verifies (and holds open meanwhile)."""
+    return closing(connect_duckdb(Path(path), read_only=True, timeout_s=READ_TIMEOUT_S))
 
-    with Ledger(path).reader() as con:
+
+def _duckdb_range(path: str, lo: int | None, hi: int | None, start: int, want: int | None) -> ChainSegment:
+    with _duckdb_reader(path) as con:
         def execute(cur, sql, params):
             cur.execute(sql, params)
 
@@ -104,7 +116,7 @@ def _duckdb_range(path: str, lo: int | None, hi: int | None, start: int, want: i
             cursors = [con.cursor() for _ in TABLES]
             try:
                 return check_segment(range_entries(execute, cursors, lo, hi, ordered), start, want, None)
-            except _OutOfOrder:
+            except OutOfOrder:
                 continue
             finally:
                 for cur in cursors:
@@ -141,7 +153,7 @@ def verify_duckdb(path: str, con, expect: Head | None, views: Sequence[str], wor
 # ----------------------------------------------------------------------------------- Postgres
 def _postgres_range(dsn: str, snapshot: str, lo: int | None, hi: int | None, start: int,
                     want: int | None) -> ChainSegment:
-    with on_snapshot(dsn, snapshot) as con:
+    with batches.on_snapshot(dsn, snapshot) as con:
         cursors = [con.cursor(name=f"tica_range_{table}") for table in TABLES]
 
         def execute(cur, sql, params):
@@ -166,38 +178,31 @@ def verify_postgres(dsn: str, con, expect: Head | None, views: Sequence[str], wo
 
 # ----------------------------------------------------------------------------------- in batches
 def _duckdb_batch_range(path: str, lo: int | None, hi: int | None, start: int, want: int | None) -> ChainSegment | None:
-    from tica.ledger import Ledger
-    from tica.ledger_batches import duckdb_batches, range_segment
-
-    with Ledger(path).reader() as con:
-        return range_segment(duckdb_batches(con, lo, hi), start, want)
+    with _duckdb_reader(path) as con:
+        return batches.range_segment(batches.duckdb_batches(con, lo, hi), start, want)
 
 
 def _postgres_batch_range(dsn: str, snapshot: str, lo: int | None, hi: int | None, start: int,
                           want: int | None) -> ChainSegment | None:
-    from tica.ledger_batches import postgres_batches, range_segment
-
-    return range_segment(postgres_batches(dsn, snapshot, lo, hi), start, want)
+    return batches.range_segment(batches.postgres_batches(dsn, snapshot, lo, hi), start, want)
 
 
 def verify_batches(kind: str, con, source: str, expect: Head | None, views: Sequence[str], workers: int,
                    snapshot: str | None = None) -> VerifyReport | None:
-    """The chain verified in batches (tica.ledger_batches), in `workers` seq ranges each in a
+    """The chain verified in batches (tica.ledger.batches), in `workers` seq ranges each in a
     process of its own (one range: in this process); None when any range is out of place. DuckDB:
     `source` the file, read on `con` for one range; Postgres: `source` the DSN, every read on the
     caller's exported `snapshot`."""
-    from tica.ledger_batches import duckdb_batches, join_or_none, postgres_batches, range_segment
-
     want = expect.seq if expect else None
     if workers <= 1:
-        batches = duckdb_batches(con) if kind == "duckdb" else postgres_batches(source, snapshot)
-        return join_or_none([range_segment(batches, 1, want)], expect, views)
+        read = batches.duckdb_batches(con) if kind == "duckdb" else batches.postgres_batches(source, snapshot)
+        return batches.join_or_none([batches.range_segment(read, 1, want)], expect, views)
     cuts = even_cuts(con.execute(max_seq_sql()).fetchone()[0] or 0, workers)
     head = (source,) if kind == "duckdb" else (source, snapshot)
     # A range's rows must hold exactly the seqs from its cut up (join_or_none checks that the ranges
     # meet): no count of the rows below each cut is needed, as the row-by-row ranges need one.
     jobs = [(*head, lo, hi, 1 if lo is None else lo, want) for lo, hi in ranges_of(cuts)]
-    return join_or_none(_run(f"{kind}-batches", jobs), expect, views)
+    return batches.join_or_none(_run(f"{kind}-batches", jobs), expect, views)
 
 
 def max_seq_sql() -> str:
@@ -216,11 +221,11 @@ _WORKERS = {"duckdb": _duckdb_range, "postgres": _postgres_range,
 
 
 def _run(kind: str, jobs: list[tuple]) -> list[ChainSegment | None]:
-    """Each range in a process of its own (`python -m tica.ledger_parallel`, so nothing depends on
+    """Each range in a process of its own (`python -m tica.ledger.range_worker`, so nothing depends on
     how the caller's program was started), one in this process; results in range order."""
     if len(jobs) == 1:
         return [_WORKERS[kind](*jobs[0])]
-    procs = [subprocess.Popen([sys.executable, "-m", "tica.ledger_parallel", kind, json.dumps(job)],
+    procs = [subprocess.Popen([sys.executable, "-m", WORKER_MODULE, kind, json.dumps(job)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE) for job in jobs[1:]]
     try:
         first = _WORKERS[kind](*jobs[0])
@@ -249,11 +254,9 @@ def _segment_from_json(data: bytes) -> ChainSegment | None:
 
 
 def main(argv: Sequence[str]) -> int:
+    """One range's process (tica.ledger.range_worker): KIND JOB in, its segment as JSON out."""
     kind, job = argv[0], json.loads(argv[1])
     seg = _WORKERS[kind](*job)
     sys.stdout.write(json.dumps(None if seg is None else dataclasses.asdict(seg)))
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -1,15 +1,15 @@
 """Verify a chain a batch of columns at a time (issue 15: verify under 2 s at 100,000 verdicts).
 
-The row-wise path (`tica.ledger.check_segment`) pays, for every row, a merge step, a call to the
-body function and a call to the JSON escaper per text value. Here each table arrives in batches of
-columns (DuckDB hands them over as Arrow, Postgres through ADBC as Arrow or psycopg's rows turned
-into columns), and a batch is hashed by one list comprehension generated for its table from
-`tica.ledger._body_parts`, the layout the row-wise body comes from. A text column whose every value
-in the batch is set and plain (printable ASCII without a quote or a backslash: where json.dumps
-changes nothing) is written as it is between quotes; one whose every value is set, printable ASCII
-and without a backslash has only its quotes escaped (where json.dumps escapes nothing else); every
-other value is encoded exactly as the row-wise body encodes it. The seqs and links are then checked
-over the whole range at once, in chain order.
+The row-wise path (`tica.ledger.chain.check_segment`) pays, for every row, a merge step, a call to
+the body function and a call to the JSON escaper per text value. Here each table arrives in batches
+of columns (DuckDB hands them over as Arrow, Postgres through ADBC as Arrow or psycopg's rows
+turned into columns), and a batch is hashed by one list comprehension generated for its table from
+`tica.ledger.chain._body_parts`, the layout the row-wise body comes from. A text column whose every
+value in the batch is set and plain (printable ASCII without a quote or a backslash: where
+json.dumps changes nothing) is written as it is between quotes; one whose every value is set,
+printable ASCII and without a backslash has only its quotes escaped (where json.dumps escapes
+nothing else); every other value is encoded exactly as the row-wise body encodes it. The seqs and
+links are then checked over the whole range at once, in chain order.
 
 The answer is a segment only for a range with nothing out of place: a row whose hash, seq or link
 does not match, a value the generated code cannot take, a column of a type the code did not create,
@@ -28,7 +28,9 @@ from typing import Any
 
 import numpy as np
 
-from tica.ledger import _BODY_NAMESPACE, CHAIN_COLUMNS, TABLES, ChainSegment, Head, VerifyReport, _body_parts, join_segments
+from tica.ledger.chain import _BODY_NAMESPACE, ChainSegment, Head, VerifyReport, _body_parts, join_segments
+from tica.ledger.connect import connect_postgres
+from tica.ledger.schema import CHAIN_COLUMNS, TABLES
 
 BATCH_ENV = "TICA_VERIFY_BATCHES"  # 0: row by row only; unset or 1: batches first
 BATCH_ROWS = 20_000  # rows per batch: the batch's columns as Python objects, and no more, in memory
@@ -91,7 +93,7 @@ def hasher(table: str, plain: frozenset[str], quoted: frozenset[str] = frozenset
     computes it, the columns in `plain` written as they are and those in `quoted` with only their
     quotes escaped (the caller checked them: `text_class`)."""
     namespace = dict(_BODY_NAMESPACE)
-    exec(compile(_hasher_source(table, plain, quoted), f"<tica.ledger_batches hashes of {table}>", "exec"),  # noqa: S102
+    exec(compile(_hasher_source(table, plain, quoted), f"<tica.ledger.batches hashes of {table}>", "exec"),  # noqa: S102
          namespace)
     return namespace["hashes"]
 
@@ -268,10 +270,8 @@ def psycopg_batches(dsn: str, snapshot: str, lo: int | None = None, hi: int | No
 @contextmanager
 def on_snapshot(dsn: str, snapshot: str) -> Iterator[Any]:
     """A psycopg connection in a REPEATABLE READ transaction on the exported `snapshot`, rolled back after."""
-    from tica.ledger_pg import PostgresLedger
-
     _check_snapshot(snapshot)
-    with PostgresLedger(dsn)._connect() as con:
+    with connect_postgres(dsn) as con:
         try:
             con.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
             con.execute(f"SET TRANSACTION SNAPSHOT '{snapshot}'")  # a utility statement: no bind parameters

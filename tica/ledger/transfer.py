@@ -21,13 +21,16 @@ from typing import Any
 
 from tica import strict_io
 from tica.errors import InputError, LedgerIntegrityError, input_text
-from tica.ledger import GENESIS, TABLES, Head, Ledger, row_hash
+from tica.ledger.chain import GENESIS, Head, row_hash
+from tica.ledger.interface import LedgerStore
+from tica.ledger.postgres_store import PostgresLedger
+from tica.ledger.schema import TABLES
 
 FORMAT = "tica.ledger-export/1"
 _ROW_KEYS = {"seq", "table", "prev_hash", "row_hash", "recorded_at", "payload"}
 
 
-def chain_rows(ledger: Ledger) -> Iterator[dict[str, Any]]:
+def chain_rows(ledger: LedgerStore) -> Iterator[dict[str, Any]]:
     """Every row of the chain in seq order, as the export writes it."""
     with ledger.reader() as con:
         entries = ledger.chain_entries(con)
@@ -36,7 +39,7 @@ def chain_rows(ledger: Ledger) -> Iterator[dict[str, Any]]:
         yield {"seq": seq, "table": table, "prev_hash": prev, "row_hash": digest, "recorded_at": at, "payload": payload}
 
 
-def export_chain(ledger: Ledger, out: str | Path) -> Head:
+def export_chain(ledger: LedgerStore, out: str | Path) -> Head:
     """Write the verified chain to `out` (a chain that does not verify is not exported)."""
     report = ledger.verify_or_raise()
     head = report.head
@@ -114,11 +117,9 @@ def read_export(path: str | Path) -> tuple[Head, list[tuple[str, dict[str, Any],
     return Head(seq=head["seq"], row_hash=head["row_hash"], recorded_at=rows[-1][1]["recorded_at"] if rows else ""), rows
 
 
-def import_chain(ledger: Ledger, path: str | Path) -> Head:
+def import_chain(ledger: LedgerStore, path: str | Path) -> Head:
     """Rebuild the exported chain in `ledger`, which must hold no rows; every hash preserved."""
     head, rows = read_export(path)
-    from tica.ledger_pg import PostgresLedger
-
     if isinstance(ledger, PostgresLedger):  # checked before anything is created there
         for line, (table, data, payload) in enumerate(rows, start=2):
             for field, value in [*((f"payload.{k}", v) for k, v in payload.items()), *data.items()]:

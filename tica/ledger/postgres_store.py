@@ -1,16 +1,16 @@
 """The ledger on a Postgres server, for runs on many nodes: the same tables, hash chain, views and
-verbs as the DuckDB ledger (tica.ledger), selected by a `postgresql://` address wherever a ledger
-path is taken (`--ledger`, TICA_LEDGER).
+verbs as the DuckDB ledger (tica.ledger.duckdb_store), selected by a `postgresql://` address wherever
+a ledger path is taken (`--ledger`, TICA_LEDGER; tica.ledger.store.open_ledger).
 
 - Appends: one transaction each, holding a transaction-level advisory lock on the chain's head,
   so writers on any number of hosts extend one chain in turn (bounded wait, LedgerLockTimeout).
 - Reads a person types (`tica ledger query`) run in a read-only transaction as the role
   `tica_reader` (SELECT on the ledger's tables and views, nothing else: no server file access),
   which `init` creates.
-- Verify recomputes the chain (tica.ledger.verify_entries) and compares each view's stored
+- Verify recomputes the chain (tica.ledger.chain.verify_entries) and compares each view's stored
   definition with the definition Postgres gives the code's SQL, made as temporary views in a
   transaction that is rolled back. With TICA_VERIFY_IN_DB=1 the chain is re-hashed by the server
-  first (PostgresSql, tica.ledger.in_db_report), Python re-verifying any chain with a row out of
+  first (PostgresSql, tica.ledger.in_db.in_db_report), Python re-verifying any chain with a row out of
   place (off by default: slower than the Python path so far, IN_DB_DEFAULT).
 
 Rows hash exactly as in DuckDB (text and integer columns only), so `tica ledger export/import`
@@ -19,21 +19,23 @@ moves a chain between the two stores with every hash kept.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from tica.errors import InputError, LedgerIntegrityError, TicaError
-from tica.ledger import (CHAIN_COLUMNS, GENESIS, INDEXES, TABLES, TRACK_VERDICTS_SQL, VERIFY_CHUNK_ROWS, VIEWS,
-                         QUERY_MAX_ROWS, DuckDBSql, Head, Ledger, LedgerLockTimeout, LedgerMissing, QueryRefused, VerifyReport,
-                         _table_stream, _verify_workers, dropped_tables, extend_chain, in_db_enabled, in_db_report,
-                         insert_sql, merge_chain, verify_entries)
+from tica.errors import InputError, LedgerIntegrityError
+from tica.ledger import batches, parallel
+from tica.ledger.chain import GENESIS, Head, VerifyReport, extend_chain, merge_chain, verify_entries
+from tica.ledger.connect import connect_postgres, psycopg_module, redacted
+from tica.ledger.in_db import DuckDBSql, in_db_enabled, in_db_report
+from tica.ledger.interface import QUERY_MAX_ROWS, LedgerLockTimeout, LedgerMissing, QueryRefused
+from tica.ledger.rows import checked_payload, table_stream
+from tica.ledger.schema import (CHAIN_COLUMNS, INDEXES, TABLES, TRACK_VERDICTS_SQL, VERIFY_CHUNK_ROWS, VIEWS,
+                                dropped_tables, insert_sql)
 
-SCHEMES = ("postgresql://", "postgres://")
 READER_ROLE = "tica_reader"
 # SQL a person types runs for at most this long (under the writers' 30 s lock timeout, so a reader
-# holding their lock cannot make a writer give up); at most tica.ledger.QUERY_MAX_ROWS rows.
+# holding their lock cannot make a writer give up); at most QUERY_MAX_ROWS rows (tica.ledger.interface).
 QUERY_TIMEOUT_S = 10.0
 _LOCK_KEY = 7_315_063_431  # the advisory lock every writer takes before it reads the head
 
@@ -101,29 +103,6 @@ def portable(sql: str, params: Sequence[Any] | None) -> tuple[str, Sequence[Any]
     return "".join(out), params
 
 
-def redacted(dsn: str) -> str:
-    """The address without its password (`postgresql://user:***@host/db`)."""
-    from urllib.parse import urlsplit, urlunsplit
-
-    parts = urlsplit(dsn)
-    if parts.password is None:
-        return dsn
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return urlunsplit(parts._replace(netloc=netloc))
-
-
-def is_postgres(target: str) -> bool:
-    return str(target).startswith(SCHEMES)
-
-
-def _psycopg():
-    try:
-        import psycopg
-    except ImportError:  # pragma: no cover - the scale profile's dependency
-        raise TicaError("a postgresql:// ledger needs psycopg: pip install 'psycopg[binary]'") from None
-    return psycopg
-
-
 class PostgresLedger:
     """Append-only access to the ledger in one Postgres database (its `public` schema)."""
 
@@ -134,17 +113,8 @@ class PostgresLedger:
         self._reading: Any = None  # reading(): one read-only transaction for a burst of reads
 
     # -- connections -----------------------------------------------------------------
-    def _connect(self, **kw):
-        psycopg = _psycopg()
-        delay = 0.05
-        for attempt in range(8):
-            try:
-                return psycopg.connect(self.dsn, **kw)
-            except psycopg.OperationalError as err:
-                if attempt == 7:
-                    raise TicaError(f"{self.path}: cannot connect to the ledger: {str(err).strip()}") from None
-                time.sleep(delay)
-                delay = min(delay * 2, 1.0)
+    def _connect(self, **kw: Any) -> Any:
+        return connect_postgres(self.dsn, **kw)
 
     @contextmanager
     def reader(self, sandboxed: bool = False) -> Iterator[Any]:
@@ -202,7 +172,7 @@ class PostgresLedger:
                          ) -> tuple[Any, list[int]]:
         """As Ledger.check_and_append: `decide(rows)` reads and returns the rows to append, in one
         transaction under the head's lock."""
-        psycopg = _psycopg()
+        psycopg = psycopg_module()
         with self._connect() as con:
             if not self._has_schema(con):
                 con.commit()
@@ -220,7 +190,7 @@ class PostgresLedger:
                 return [dict(zip(cols, r)) for r in cur.fetchall()]
 
             wanted = decide(rows)
-            prepared = [(table, Ledger._payload(table, row)) for table, row in wanted]
+            prepared = [(table, checked_payload(table, row)) for table, row in wanted]
             if wanted and (hidden := _write_hazards(con)):
                 raise LedgerIntegrityError(f"{self.path}: {hidden[0]}: a write could be dropped or changed unseen; "
                                            "nothing was written")
@@ -305,7 +275,7 @@ class PostgresLedger:
         transaction), each read in seq order `chunk_rows` rows at a time, merged by seq."""
         cursors = [con.cursor(name=f"tica_chain_{table}") for table in TABLES]
         try:
-            yield merge_chain([_table_stream(cur, table, chunk_rows) for cur, table in zip(cursors, TABLES)])
+            yield merge_chain([table_stream(cur, table, chunk_rows) for cur, table in zip(cursors, TABLES)])
         finally:
             for cur in cursors:
                 cur.close()
@@ -328,20 +298,14 @@ class PostgresLedger:
                     report = in_db_report(lambda sql: con.execute(sql).fetchall(), PostgresSql(), expect)
                     if report is not None:
                         return report
-                workers = _verify_workers(con)
-                from tica.ledger_batches import batches_enabled
-
-                if batches_enabled():  # in batches of columns, ranges in processes (on this snapshot) when large
-                    from tica.ledger_parallel import verify_batches
-
+                workers = parallel.verify_workers(con)
+                if batches.batches_enabled():  # in batches of columns, ranges in processes (on this snapshot) when large
                     snapshot = con.execute("SELECT pg_export_snapshot()").fetchone()[0]
-                    report = verify_batches("postgres", con, self.dsn, expect, views, workers, snapshot)
+                    report = parallel.verify_batches("postgres", con, self.dsn, expect, views, workers, snapshot)
                     if report is not None:
                         return report
                 if workers > 1:  # ranges re-hashed in processes of their own, all on this snapshot
-                    from tica.ledger_parallel import verify_postgres
-
-                    return verify_postgres(self.dsn, con, expect, views, workers)
+                    return parallel.verify_postgres(self.dsn, con, expect, views, workers)
                 with self.streamed_chain_entries(con) as entries:
                     return verify_entries(entries, expect, views)
             finally:
@@ -440,9 +404,3 @@ def _view_problems(con) -> list[str]:
                    "in place of the ledger's")
     return out
 
-
-def open_ledger(target: str, lock_timeout_s: float = 30.0) -> "Ledger | PostgresLedger":
-    """The ledger at `target`: a postgresql:// address or a DuckDB file path."""
-    if is_postgres(target):
-        return PostgresLedger(target, lock_timeout_s=lock_timeout_s)
-    return Ledger(target, lock_timeout_s=lock_timeout_s)
