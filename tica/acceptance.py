@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tica import checks
+from tica import checks, order_proof
 from tica.binding import Candidate
 from tica.candidate import CandidateIdentity, ComponentChange, diff, voided_items
 from tica.errors import FrozenQuestionError, InputError
@@ -118,7 +118,9 @@ def recorded_receipts(ledger: Ledger, legs: Sequence[Path]) -> dict[str, list[di
 def check_verdict(ledger: Ledger, item: EvidenceItem, question: Question, cell: VerdictCell, legs: Sequence[Path],
                   loaded: LoadedManifest, frozen_at: str | None,
                   canary_outcome: checks.CheckOutcome) -> tuple[checks.CheckOutcome, ...]:
-    out = [canary_outcome, checks.receipts(legs, recorded_receipts(ledger, legs)), checks.frozen_before_run(frozen_at, legs)]
+    proven, proof_problems = order_proof.proven_freezes(legs, question.hash, order_proof.trusted_keys())
+    out = [canary_outcome, checks.receipts(legs, recorded_receipts(ledger, legs)),
+           checks.frozen_before_run(frozen_at, legs, proven, proof_problems)]
     if item is E.QUALITY:
         out.append(checks.quality_sums(cell, question, legs))
     if item is E.THROUGHPUT:

@@ -9,7 +9,7 @@ Dagster layer shows these outcomes as asset checks.
 from __future__ import annotations
 
 import datetime as _dt
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -163,37 +163,60 @@ def _when(value: Any) -> _dt.datetime | None:
     return t if t.tzinfo is not None else None
 
 
-def frozen_before_run(frozen_at: str | None, legs: Sequence[Path]) -> CheckOutcome:
+def frozen_before_run(frozen_at: str | None, legs: Sequence[Path], proven: Mapping[Path, tuple[str, str]] | None = None,
+                      proof_problems: Mapping[Path, str] | None = None) -> CheckOutcome:
     """The question was frozen (its first ledger row) before any judged leg started. A leg whose
     start is unknown cannot show that, and a verdict judged after the fact is never accepted.
+
+    `proven`: per run folder (a leg's parent), an earlier freeze shown by the signed chain that
+    travels with that run (tica.order_proof): (time, what proves it). It can only make a freeze
+    earlier for that run's legs; `proof_problems` say why a run's proof did not hold.
 
     Both times a producer writes are read: the work start in leg.json and the seal's own time.
     A leg sealed before the freeze, or "started" after it was sealed, was not run under this
     question. (Both are the producer's clock: a producer that forges both is beyond any check
     of its own receipts; the ledger's legs rows record when TICA first saw each leg.)"""
+    proven = proven or {}
     frozen = _when(frozen_at)
-    late, unknown = [], []
+    late, unknown, by_proof = [], [], {}
     for leg in legs:
         started = _when(_meta(leg).get("started_at"))
         sealed = _when((_read_json(leg / SEAL_FILE) or {}).get("sealed_at"))
+        shown = proven.get(Path(leg).parent)
+        times = [t for t in (frozen, _when(shown[0]) if shown else None) if t is not None]
+        freeze = min(times) if times else None
+        if shown and freeze == _when(shown[0]) and freeze != frozen:
+            by_proof[leg.name] = shown[1]
         if started is None or sealed is None:
             unknown.append(leg.name)
         elif sealed < started:
             late.append(f"{leg.name} claims to start at {started.isoformat()}, after it was sealed at {sealed.isoformat()}")
-        elif frozen is not None and started < frozen:
+        elif freeze is not None and started < freeze:
             late.append(f"{leg.name} started {started.isoformat()}")
-    detail = {"frozen_at": frozen_at, "started_before_freeze": late, "start_unknown": unknown}
-    if frozen is None:
-        return CheckOutcome(FROZEN, False, True, "the question's freeze time is not in the ledger", detail)
+        elif freeze is None:
+            unknown.append(leg.name)
+    problems = sorted(set((proof_problems or {}).values()))
+    detail = {"frozen_at": frozen_at, "started_before_freeze": late, "start_unknown": unknown,
+              "proven_by": sorted(set(by_proof.values())), "proof_problems": problems}
+    if frozen is None and not by_proof:
+        text = "the question's freeze time is not in the ledger"
+        return CheckOutcome(FROZEN, False, True, text + (f", and the proof with the receipts does not hold: {problems[0]}"
+                                                         if problems else ""), detail)
     if late or unknown:
         parts = []
         if late:
-            parts.append(f"judged after the fact: the question was frozen at {frozen.isoformat()}, after "
+            when = frozen or min(_when(t) for t, _ in proven.values())
+            parts.append(f"judged after the fact: the question was frozen at {when.isoformat()}, after "
                          f"{len(late)} leg(s) had started ({late[0]})")
         if unknown:
-            parts.append(f"{len(unknown)} leg(s) record no start or seal time with a time zone ({unknown[0]}): "
-                         "freezing before them cannot be shown")
+            parts.append(f"{len(unknown)} leg(s) record no start or seal time with a time zone, or no freeze applies "
+                         f"to them ({unknown[0]}): freezing before them cannot be shown")
+        if problems:
+            parts.append(f"the proof with the receipts does not hold ({problems[0]})")
         return CheckOutcome(FROZEN, False, True, "; ".join(parts), detail)
+    if by_proof:
+        return CheckOutcome(FROZEN, True, True, f"frozen before all {len(legs)} leg(s) started, as "
+                            f"{sorted(set(by_proof.values()))[0]} shows", detail)
     return CheckOutcome(FROZEN, True, True, f"frozen at {frozen.isoformat()}, before all {len(legs)} leg(s) started",
                         detail)
 

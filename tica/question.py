@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from tica.errors import QuestionError, pydantic_errors, read_file_bytes, yaml_mapping_of
 from tica.evidence import EvidenceItem
 from tica.receipts import LegMeta
-from tica.stats.bases import THROUGHPUT_TESTS, QualityBasis, ThroughputBasis
+from tica.stats.bases import QUALITY_TESTS, THROUGHPUT_TESTS, QualityBasis, ThroughputBasis
 
 
 class _Strict(BaseModel):
@@ -358,6 +358,23 @@ class Question(_Strict):
         if isinstance(c, ThroughputCriteria) and c.formula is not None:
             return FORMULA_LABELS[c.formula]
         return None
+
+
+def undecidable(question: Question) -> tuple[str, str] | None:
+    """(field, reason) when the question sets a pass line no judge here can ever declare passed.
+    Such a question still parses (a ledger keeps what it froze, and its cells stay inconclusive),
+    but it is refused at freeze time, before anyone runs legs for it."""
+    c = question.criteria
+    if isinstance(c, ThroughputCriteria) and c.budget and c.formula is ThroughputFormula.RATIO_OF_MEDIAN_THROUGHPUTS:
+        return ("criteria.formula", "a budget on the ratio of median throughputs can never pass: no exact test of "
+                                    "that statistic is known here; judge the budget on median_per_round_paired_loss, "
+                                    "or drop the budget to report the ratio")
+    basis = getattr(c, "statistical_basis", None)
+    known = THROUGHPUT_TESTS if isinstance(c, ThroughputCriteria) else QUALITY_TESTS
+    if basis is not None and basis.test not in known:
+        return ("criteria.statistical_basis.test", f"{basis.test!r} is a test no judge here knows, so it can never "
+                                                   f"pass; known: {', '.join(sorted(known))}")
+    return None
 
 
 def round_order(pairing_order: Sequence[str], round_no: int) -> str:

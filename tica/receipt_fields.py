@@ -29,6 +29,18 @@ _LEG = {
     "processes": "rule: tica/judges/clean_exit.py: every process's exit",
     "not_run_reason": "rule: tica/judges/clean_exit.py: a leg that did not run is no evidence",
     "errors": "rule: tica/judges/__init__.py: a leg whose producer caught errors is incomplete",
+    "telemetry": "rule: tica/judges/throughput.py: what each leg of a tiered arm ran under, in the tiers table",
+}
+_TIERS = "rule: tica/judges/tiers.py: compared between the fast and the slow legs to name the tiers' cause"
+_TELEMETRY = {
+    **{k: _TIERS for k in ("samples", "sm_clock_mhz_median", "mem_clock_mhz_median", "power_w_median",
+                           "temperature_c_max", "gpu_util_pct_median", "throttle_reasons", "cpu_load_1m_end",
+                           "served_before")},
+    "source": "informational: which sampler measured; samples (0: nothing measured) is what the rule reads",
+    "interval_ms": "informational: the sampling period, shown with the samples",
+    "sm_clock_mhz_min": "informational: shown beside the median, which the rule compares",
+    "cpu_load_1m_start": "informational: shown in the tiers table; the rule compares the load at the end",
+    "cuda_graphs": "informational: these servers run eager (resolved_config.enforce_eager binds it)",
 }
 _EXIT = {
     "role": "rule: tica/judges/clean_exit.py: each role verified on its own",
@@ -175,7 +187,7 @@ _RECIPE = {
 }
 
 FIELD_RULES: dict[str, dict[str, str]] = {
-    "LegMeta": _LEG, "ProcessExit": _EXIT, "ProcessIdentity": _PROCESS_IDENTITY, "ForwardStep": _FORWARD, "BackwardStep": _BACKWARD,
+    "LegMeta": _LEG, "LegTelemetry": _TELEMETRY, "ProcessExit": _EXIT, "ProcessIdentity": _PROCESS_IDENTITY, "ForwardStep": _FORWARD, "BackwardStep": _BACKWARD,
     "UpdateStep": _UPDATE, "BenchResult": _BENCH, "ProblemResult": _PROBLEM, "Sampling": _SAMPLING,
     "RecordedEvalContract": _CONTRACT, "GradcheckOp": _GRADCHECK_OP, "GradcheckRun": _GRADCHECK_RUN,
     "GradcheckFile": _GRADCHECK, **_RECIPE,

@@ -92,6 +92,24 @@ _DEVICE_DOMAINS: dict[str, tuple[type | tuple[type, ...], float, float, bool]] =
     k: _COUNT for k in ("count", "multiprocessors", "total_memory_bytes")}
 
 
+class LegTelemetry(_Receipt):
+    """What a leg ran under, sampled read-only while it ran (tica.legs.telemetry); None: unknown."""
+    source: Literal["nvidia-smi"] | None = None
+    samples: int = Field(0, ge=0)
+    interval_ms: int | None = Field(None, ge=1)
+    sm_clock_mhz_median: float | None = Field(None, ge=0, allow_inf_nan=False)
+    sm_clock_mhz_min: float | None = Field(None, ge=0, allow_inf_nan=False)
+    mem_clock_mhz_median: float | None = Field(None, ge=0, allow_inf_nan=False)
+    power_w_median: float | None = Field(None, ge=0, allow_inf_nan=False)
+    temperature_c_max: float | None = Field(None, ge=-50, le=200, allow_inf_nan=False)
+    gpu_util_pct_median: float | None = Field(None, ge=0, le=100, allow_inf_nan=False)
+    throttle_reasons: tuple[str, ...] | None = Field(None, strict=False)
+    cpu_load_1m_start: float | None = Field(None, ge=0, allow_inf_nan=False)
+    cpu_load_1m_end: float | None = Field(None, ge=0, allow_inf_nan=False)
+    served_before: int | None = Field(None, ge=0)
+    cuda_graphs: bool | None = None
+
+
 class LegMeta(_Receipt):
     schema_: Literal["tica.leg/1"] = Field(alias="schema")
     item: Literal["forward", "backward", "update", "quality", "throughput", "clean_exit"]
@@ -123,6 +141,7 @@ class LegMeta(_Receipt):
     processes: tuple[ProcessExit, ...] = Field((), strict=False)
     not_run_reason: str | None = None
     errors: tuple[str, ...] = Field((), strict=False, description="what the producer caught while running: the leg is incomplete")
+    telemetry: LegTelemetry | None = Field(None, description="what the leg ran under (clocks, power, load), read only")
 
     @model_validator(mode="after")
     def _settings_in_their_domain(self) -> "LegMeta":

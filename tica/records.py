@@ -7,10 +7,10 @@ from pathlib import Path
 
 from tica.candidate import CandidateIdentity, ComponentChange
 from tica.checks import CheckOutcome
-from tica.errors import FrozenQuestionError
+from tica.errors import FrozenQuestionError, QuestionError
 from tica.ledger import Ledger, new_id
 from tica.manifest import LoadedManifest
-from tica.question import Question, load_question
+from tica.question import Question, load_question, undecidable
 from tica.messages import relative
 from tica.seal import seal_digest, verified_files
 from tica.verdict import VerdictCell
@@ -50,6 +50,8 @@ def freeze_question(ledger: Ledger, path: str | Path) -> Question:
     The check and the append happen under one writer lock: a name is frozen to exactly one
     hash however many processes freeze it at once."""
     question = load_question(path)
+    if (why := undecidable(question)) is not None:
+        raise QuestionError(path, *why)
 
     def decide(rows) -> list:
         frozen = rows("SELECT question_hash, source_path FROM questions WHERE name = ? ORDER BY seq", [question.name])

@@ -9,6 +9,7 @@ environment once, so no asset or sensor reads `os.environ` itself.
 | TICA_DATA_DIR | data | legs written by the CPU runner, plots, fingerprint cache |
 | TICA_REPLAY | (none) | `track=folder[,track=folder]`: tracks whose legs replay committed sealed receipts (a folder, or a .tar.xz/.tgz of one); `*=folder` for every track |
 | TICA_RECEIPTS_CACHE | ~/.cache/tica/receipts | where a replayed archive of receipts is unpacked, once per archive digest |
+| TICA_TRUSTED_KEYS | (none) | folder of Ed25519 public keys (PEM) whose signed ledger chains, carried with replayed receipts in `frozen/`, may show a question frozen before the run (tica/order_proof.py) |
 | TICA_GPU_TRACKS | (none) | `track[,track]` or `*`: tracks whose legs run on this machine's GPUs (LocalGpuLegRunner: the H200 producers through Dagster Pipes, one GPU pool); replay wins where both name a track |
 | TICA_AUTORUN_TRACKS | (none) | `track[,track]` or `*`: tracks whose evidence re-materializes by itself when a component changes |
 | TICA_SENSOR_INTERVAL_S | 15 | manifest sensor interval |

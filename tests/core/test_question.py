@@ -73,7 +73,7 @@ def test_a_changed_question_under_a_new_name_is_a_new_question(tmp_path, questio
     ledger = Ledger(tmp_path / "l.duckdb").init()
     first = freeze_question(ledger, _write(tmp_path, question_data, "a.yaml"))
     question_data["name"] = "cpu-throughput-v2"
-    question_data["criteria"]["formula"] = "ratio_of_median_throughputs"
+    question_data["criteria"]["tier_ratio"] = 1.3
     second = freeze_question(ledger, _write(tmp_path, question_data, "b.yaml"))
     assert first.hash != second.hash
     assert ledger.query("SELECT count(*) FROM questions")[1] == [(2,)]

@@ -285,3 +285,9 @@ def test_each_h200_throughput_leg_takes_the_times_of_its_own_bench_run(tmp_path,
     assert first["started_at"] < first["ended_at"] <= second["started_at"] < second["ended_at"]
     assert t(first["ended_at"]) - t(first["started_at"]) >= dt.timedelta(seconds=0.05)
     assert producers.bench_times(tmp_path / "bench", "throughput_bi0_r2_c1") == {}  # never ran: no times
+    # and what each ran under, as the strict model reads it: each server's first leg served none before
+    from tica.receipts import LegTelemetry
+
+    for arm in ("bi0", "bi1"):
+        tel = LegTelemetry(**json.loads((tmp_path / "bench" / f"throughput_{arm}_r1_c1.telemetry.json").read_text()))
+        assert tel.served_before == 0 and tel.cuda_graphs is None and tel.cpu_load_1m_end is not None

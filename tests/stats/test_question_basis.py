@@ -109,3 +109,73 @@ def test_a_quality_basis_that_contradicts_its_question_is_refused(mutate, messag
     mutate(data)
     with pytest.raises(QuestionError, match=message):
         parse_question(data)
+
+
+# ------------------------------------------------------------ refused at freeze: a pass line that can never pass
+
+
+def _freeze(tmp_path, data):
+    import yaml
+
+    from tica.ledger import Ledger
+    from tica.records import freeze_question
+
+    ledger = Ledger(tmp_path / "l.duckdb").init()
+    f = tmp_path / "q.yaml"
+    f.write_text(yaml.safe_dump(data))
+    before = ledger.query("SELECT count(*) FROM questions")[1]
+    with pytest.raises(QuestionError) as err:
+        freeze_question(ledger, f)
+    assert ledger.query("SELECT count(*) FROM questions")[1] == before
+    return err.value
+
+
+def test_a_budget_on_the_ratio_of_medians_is_refused_at_freeze(tmp_path):
+    data = load_question(ROOT / "tests/fixtures/receipts/questions/throughput.yaml").model_dump(mode="json")
+    data["criteria"]["formula"] = "ratio_of_median_throughputs"
+    assert parse_question(data)  # it parses: a ledger that froze one still reads it
+    err = _freeze(tmp_path, data)
+    assert err.field == "criteria.formula" and "can never pass" in str(err)
+
+
+def test_the_ratio_of_medians_without_a_budget_is_a_report_and_freezes(tmp_path):
+    from tica.question import undecidable
+
+    data = load_question(ROOT / "tests/fixtures/receipts/questions/throughput.yaml").model_dump(mode="json")
+    data["criteria"].update(formula="ratio_of_median_throughputs", budget=None)
+    assert undecidable(parse_question(data)) is None
+
+
+@pytest.mark.parametrize("make", [lambda: _throughput(test="bayes_factor"), lambda: _quality(test="z_test")])
+def test_a_basis_naming_a_test_no_judge_knows_is_refused_at_freeze(tmp_path, make):
+    err = _freeze(tmp_path, make())
+    assert err.field == "criteria.statistical_basis.test" and "can never pass" in str(err)
+
+
+def test_every_committed_question_can_pass():
+    from tica.question import undecidable
+
+    paths = sorted(ROOT.glob("demo/**/questions/**/*.yaml")) + sorted(ROOT.glob("tests/fixtures/**/questions/**/*.yaml"))
+    assert paths
+    assert [str(p) for p in paths if undecidable(load_question(p))] == []
+
+
+@pytest.mark.parametrize("formula", ["median_per_round_paired_loss", "ratio_of_median_throughputs"])
+@pytest.mark.parametrize("test", ["sign_test_median", "bayes_factor"])
+def test_every_budget_form_that_freezes_can_pass_under_its_basis(formula, test):
+    """The class relation: a throughput question with a budget either is refused at freeze, or
+    rounds far under its budget, as many as its basis asks, pass under that basis."""
+    from tica.question import undecidable
+    from tica.stats.throughput import PASS, decide
+
+    data = _throughput(test=test)
+    data["criteria"]["formula"] = formula
+    try:
+        q = parse_question(data)
+    except QuestionError:
+        return  # refused by the model itself: the test and the statistic are never mixed
+    if undecidable(q) is not None:
+        return
+    basis, budget = q.criteria.statistical_basis, q.criteria.budget
+    for c, b in budget.items():
+        assert decide([b - 0.5] * basis.rounds, b, basis).verdict == PASS, (formula, test, c)

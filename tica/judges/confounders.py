@@ -21,9 +21,10 @@ from tica.receipts import LegMeta, is_unknown, recorded_value
 
 SWITCH_KEYS = ("env.VLLM_BATCH_INVARIANT",)
 
-# Fields that name the leg rather than describe the arm.
+# Fields that name the leg rather than describe the arm; telemetry is what each leg measured it
+# ran under (clocks, load), compared between tiers (tica.judges.tiers), not a setting of an arm.
 _LEG_IDENTITY = {"schema", "item", "arm", "round", "slot", "concurrency", "started_at", "ended_at",
-                 "processes", "not_run_reason", "profiled", "errors"}
+                 "processes", "not_run_reason", "profiled", "errors", "telemetry"}
 
 # The practice's named confounders, so the table says which known one a raw key is.
 _KNOWN: tuple[tuple[str, str], ...] = (

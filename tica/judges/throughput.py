@@ -52,6 +52,7 @@ from tica.evidence import EvidenceItem
 from tica.judges._common import Findings, cell, did_not_run, led, md_table, wrong_question
 from tica.judges.clean_exit import exit_problems
 from tica.judges.confounders import confounder_markdown, confounder_table, require_recorded, unquantified
+from tica.judges.tiers import tier_cause
 from tica.messages import digest
 from tica.question import WORKLOAD_FIELDS, Question, ThroughputCriteria, ThroughputFormula
 from tica.question import round_order as expected_order
@@ -476,6 +477,19 @@ def pair_rounds(question: Question, checks: Sequence[LegCheck],
     return rounds, aside
 
 
+def _arm_leg(rnd: Round, arm: str) -> LegCheck | None:
+    return next((lc for lc in rnd.legs if lc.leg.arm == arm), None)
+
+
+def _tier_row(c: int, arm: str, number: int, t: float, lc: LegCheck | None) -> list[Any]:
+    tel = lc.leg.meta.telemetry if lc and lc.leg.meta else None
+    if tel is None:
+        return [c, arm, number, t] + ["unknown"] * 8
+    return [c, arm, number, t, tel.sm_clock_mhz_median, tel.mem_clock_mhz_median, tel.power_w_median,
+            tel.temperature_c_max, tel.gpu_util_pct_median, ", ".join(tel.throttle_reasons or ()) or "none",
+            f"{tel.cpu_load_1m_start}/{tel.cpu_load_1m_end}", tel.served_before]
+
+
 def tier_ratio(ts: Sequence[float]) -> float | None:
     """max/min throughput within one arm (None under two values)."""
     return max(ts) / min(ts) if len(ts) >= 2 and min(ts) > 0 else None
@@ -645,6 +659,7 @@ def judge_throughput(question: Question, leg_paths: Sequence[str | Path]) -> Ver
     budget = criteria.budget or {}
     per_c: dict[int, dict[str, Any]] = {}
     single_overruns, aggregate_overruns, tiers = [], [], []
+    tier_rows: list[list[Any]] = []
     basis = criteria.statistical_basis
     decisions: dict[int, budget_test.ThroughputDecision] = {}
     if basis is not None and basis.test not in budget_test.KNOWN_TESTS:
@@ -713,7 +728,11 @@ def judge_throughput(question: Question, leg_paths: Sequence[str | Path]) -> Ver
             x = tier_ratio(ts)
             if x is not None and x > criteria.tier_ratio:
                 entry["tiers"][arm] = x
-                tiers.append((c, arm, x))
+                arm_legs = [(t, _arm_leg(r, arm)) for r, t in zip(valid, ts)]
+                cause = tier_cause([(t, lc.leg.meta.telemetry if lc and lc.leg.meta else None) for t, lc in arm_legs])
+                entry.setdefault("tier_causes", {})[arm] = cause
+                tiers.append((c, arm, x, cause))
+                tier_rows += [_tier_row(c, arm, r.number, t, lc) for r, (t, lc) in zip(valid, arm_legs)]
         if not valid or criteria.formula is None:
             continue
         stat = formal_statistic(criteria.formula, t1, t0)  # type: ignore[arg-type]
@@ -787,9 +806,13 @@ def judge_throughput(question: Question, leg_paths: Sequence[str | Path]) -> Ver
              "more rounds to decide"],
             [[c, d.rounds, d.statistic, d.lower, d.upper, budget[c], d.p_value, d.sd, d.verdict, d.more_rounds]
              for c, d in decisions.items()])
-    for c, arm, x in tiers:
+    for c, arm, x, cause in tiers:
         findings.inconclusive(f"c={c}: {arm} throughput shows fast/slow tiers (max/min {x:.3g} > "
-                              f"{criteria.tier_ratio:g}): the loss's causal attribution is inconclusive")
+                              f"{criteria.tier_ratio:g}): the loss's causal attribution is inconclusive ({cause})")
+    if tier_rows:
+        tables["tiers: what each leg ran under"] = md_table(
+            ["c", "arm", "round", "throughput", "SM clock MHz", "memory clock MHz", "power W", "peak C", "GPU util %",
+             "throttling", "CPU load start/end", "legs served before"], tier_rows)
 
     # One node: crossed rounds compare the arms on one machine; rounds spread over nodes confound
     # the loss with the node, and a node no leg records leaves that unknown.

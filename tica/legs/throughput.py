@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tica.legs import common
+from tica.legs.telemetry import Sampler
 
 FAULTS = ("kill-engine-core", "truncate-workload")
 
@@ -181,10 +182,12 @@ class ClientRun:
     record: dict
     started_at: str
     ended_at: str
+    telemetry: dict | None = None  # what it ran under (tica.legs.telemetry)
 
 
 def run_client(leg_dir: Path, server: Server, model: str, *, concurrency: int, num_prompts: int, num_warmups: int,
-               input_len: int, output_len: int, seed: int, metadata: dict[str, str]) -> ClientRun:
+               input_len: int, output_len: int, seed: int, metadata: dict[str, str],
+               served_before: int | None = None) -> ClientRun:
     args = ["--backend", "vllm", "--base-url", server.url, "--model", model, "--tokenizer", model,
             "--dataset-name", "random", "--random-input-len", str(input_len), "--random-output-len", str(output_len),
             "--random-range-ratio", "0", "--ignore-eos", "--max-concurrency", str(concurrency),
@@ -192,7 +195,7 @@ def run_client(leg_dir: Path, server: Server, model: str, *, concurrency: int, n
             "--save-result", "--result-dir", str(leg_dir), "--result-filename", "bench.json",
             "--metadata", *[f"{k}={v}" for k, v in metadata.items()]]
     cmd = [sys.executable, "-m", "tica.legs.bench_client", *args]
-    with open(leg_dir / "client.log", "wb") as log:
+    with open(leg_dir / "client.log", "wb") as log, Sampler() as sampler:
         started_at, t0 = common.now(), time.monotonic()
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=common.stoppable())
         identity = common.process_identity(proc.pid)  # read while it runs (or, ended, is not yet reaped)
@@ -202,7 +205,7 @@ def run_client(leg_dir: Path, server: Server, model: str, *, concurrency: int, n
                                 evidence=f"vllm bench serve exited {code} after {time.monotonic() - t0:.1f} s "
                                          "(the producer's child: wait())", identity=identity)
     rec["command"] = cmd
-    return ClientRun(rec, started_at, ended_at)
+    return ClientRun(rec, started_at, ended_at, sampler.summary(served_before=served_before, cuda_graphs=None))
 
 
 def parse_concurrencies(text: str) -> list[int]:
@@ -303,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
             server.wait_healthy(args.server_timeout)
             for i, c in enumerate(concurrencies):
                 clients[c] = run_concurrency(args, legs[c], server, c, num_prompts[c], faults,
-                                             last=i == len(concurrencies) - 1, log=pipes.log)
+                                             last=i == len(concurrencies) - 1, log=pipes.log, served_before=i)
         finally:
             server.stop()
         server_recs = server.records()
@@ -320,6 +323,7 @@ def main(argv: list[str] | None = None) -> int:
             if run is not None:  # the leg's work is its bench's own run; a leg whose client never ran has no times
                 leg.begin(run.started_at)
                 leg.end(run.ended_at)
+                leg.meta["telemetry"] = run.telemetry
                 leg.processes.append(run.record)
             else:
                 leg.processes.append(common.process_record("client", None, None, evidence="client never started: server failed"))
@@ -334,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_concurrency(args, leg: common.Leg, server: Server, c: int, n: int, faults: set[str], *, last: bool,
-                    log) -> ClientRun:
+                    log, served_before: int | None = None) -> ClientRun:
     """One concurrency's bench run (with the planted faults it asks for), logged from its bench.json."""
     run_n = n
     if "truncate-workload" in faults:
@@ -349,7 +353,8 @@ def run_concurrency(args, leg: common.Leg, server: Server, c: int, n: int, fault
     run = run_client(leg.dir, server, str(Path(args.model).resolve()), concurrency=c, num_prompts=run_n,
                      num_warmups=args.num_warmups, input_len=args.input_len, output_len=args.output_len,
                      seed=args.seed, metadata={"arm": args.arm, "round": str(args.round),
-                                               "slot": str(args.slot), "concurrency": str(c)})
+                                               "slot": str(args.slot), "concurrency": str(c)},
+                     served_before=served_before)
     bench = leg.dir / "bench.json"
     if bench.is_file():
         b = json.loads(bench.read_text())

@@ -53,6 +53,21 @@ def _low(t: torch.Tensor) -> bool:
 
 
 _BACKWARD_USED: dict[str, str] = {}
+# FA2's varlen backward accumulates dq with atomic adds unless asked not to: the same step can give
+# different gradients on another run or machine. On (the default) it runs FA2's deterministic
+# backward, which torch selects while deterministic algorithms are on.
+_DETERMINISTIC = {"attention": True}
+
+
+@contextmanager
+def deterministic_attention_backward(on: bool):
+    """Run the attention backward deterministically (FA2's deterministic dq) or not, inside."""
+    was = _DETERMINISTIC["attention"]
+    _DETERMINISTIC["attention"] = on
+    try:
+        yield
+    finally:
+        _DETERMINISTIC["attention"] = was
 
 
 def backward_impls() -> dict[str, str]:
@@ -283,13 +298,20 @@ def _flash_backward(q, k, v, go, cu_seqlens, max_seqlen: int, scale: float):
         out, lse, rng, unused, _ = torch.ops.aten._flash_attention_forward(
             q.contiguous(), k.contiguous(), v.contiguous(), cu, cu, max_seqlen, max_seqlen, 0.0, causal, False,
             scale=scale)
-        dq, dk, dv = torch.ops.aten._flash_attention_backward(
-            go.contiguous(), q.contiguous(), k.contiguous(), v.contiguous(), out, lse, cu, cu, max_seqlen, max_seqlen,
-            0.0, causal, rng, unused, scale=scale)
+        deterministic = _DETERMINISTIC["attention"]
+        was, was_warn = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+        torch.use_deterministic_algorithms(deterministic)
+        try:
+            dq, dk, dv = torch.ops.aten._flash_attention_backward(
+                go.contiguous(), q.contiguous(), k.contiguous(), v.contiguous(), out, lse, cu, cu, max_seqlen,
+                max_seqlen, 0.0, causal, rng, unused, scale=scale)
+        finally:
+            torch.use_deterministic_algorithms(was, warn_only=was_warn)
     except (RuntimeError, NotImplementedError) as err:
         _BACKWARD_USED["attention_flash_error"] = str(err).splitlines()[0][:300]
         return None
-    _BACKWARD_USED["attention"] = "torch FlashAttention-2 varlen (recompute + backward), " + str(q.dtype)
+    _BACKWARD_USED["attention"] = ("torch FlashAttention-2 varlen (recompute + backward"
+                                   + (", deterministic dq" if deterministic else ", atomic dq") + "), " + str(q.dtype))
     return dq, dk, dv
 
 

@@ -96,7 +96,8 @@ def cmd_throughput(a) -> int:
     ready = len(healthy) == 2 and all(healthy.values())
     run_plan = plan if ready else []
     spec.write_text(json.dumps({"plan": run_plan, "ports": ports, "model": str(model), "tokenizer": str(model),
-                                "in": in_len, "out": out_len, "deadline": deadline, "results": str(work / "bench")}))
+                                "in": in_len, "out": out_len, "deadline": deadline, "results": str(work / "bench"),
+                                "cuda_graphs": False}))  # the servers run enforce_eager (resolved_config)
     client_rc, client_pid, client_identity = None, None, {}
     if run_plan:
         clog = open(work / "client.log", "wb")
@@ -139,6 +140,9 @@ def cmd_throughput(a) -> int:
         meta = legio.new_meta("throughput", leg["arm"], trainer=None, round=leg["round"], slot=leg["slot"],
                               concurrency=leg["c"], started_at=ran.get("started_at"))
         meta["ended_at"] = ran.get("ended_at")
+        tele = results / f"{name}.telemetry.json"
+        if tele.is_file():
+            meta["telemetry"] = json.loads(tele.read_text())
         meta["env"] = server_env[leg["arm"]]
         s = servers.get(leg["arm"])
         # what the arm's server logged resolving (parallel sizes, dtypes, caching, shutdown), never a label
@@ -193,7 +197,10 @@ def cmd_bench_client(a) -> int:
 
     from . import legio
 
+    from tica.legs.telemetry import Sampler
+
     est: dict[tuple[str, int], float] = {}
+    served = {"bi0": 0, "bi1": 0}  # legs each arm's server ran before this one (its warm-up state)
     default = {1: 25.0, 8: 15.0, 32: 25.0, 64: 40.0}
     stop = False
     current_round = None
@@ -224,12 +231,16 @@ def cmd_bench_client(a) -> int:
         add_cli_args(parser)
         t = time.time()
         started_at = legio.now()
-        try:
-            main(parser.parse_args(argv))
-            log(f"{name}: {time.time() - t:.1f}s")
-        except Exception as err:  # noqa: BLE001
-            (out / f"{name}.notrun").write_text(f"bench failed: {err!r}"[:2000])
-            log(f"{name}: FAILED {err!r}")
+        with Sampler() as sampler:
+            try:
+                main(parser.parse_args(argv))
+                log(f"{name}: {time.time() - t:.1f}s")
+            except Exception as err:  # noqa: BLE001
+                (out / f"{name}.notrun").write_text(f"bench failed: {err!r}"[:2000])
+                log(f"{name}: FAILED {err!r}")
         (out / f"{name}.times.json").write_text(json.dumps({"started_at": started_at, "ended_at": legio.now()}))
+        telemetry = sampler.summary(served_before=served[leg["arm"]], cuda_graphs=spec.get("cuda_graphs"))
+        (out / f"{name}.telemetry.json").write_text(json.dumps(telemetry))
+        served[leg["arm"]] += 1
         est[(leg["arm"], leg["c"])] = time.time() - t
     return 0

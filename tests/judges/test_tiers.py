@@ -1,0 +1,66 @@
+"""The tiers' cause, named from what each leg ran under (tica.judges.tiers): one relation per
+signal, each with its control (the same legs with that signal equal name nothing)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tica.judges.tiers import SIGNALS, tier_cause
+from tica.receipts import LegTelemetry
+
+BASE = dict(source="nvidia-smi", samples=40, interval_ms=500, sm_clock_mhz_median=1980.0, mem_clock_mhz_median=3201.0,
+            power_w_median=450.0, temperature_c_max=60.0, gpu_util_pct_median=99.0, throttle_reasons=(),
+            cpu_load_1m_start=1.0, cpu_load_1m_end=1.0, served_before=1, cuda_graphs=False)
+
+
+def tel(**over) -> LegTelemetry:
+    return LegTelemetry(**{**BASE, **over})
+
+
+def test_equal_conditions_name_no_cause():
+    assert "not found" in tier_cause([(100.0, tel()), (140.0, tel()), (101.0, tel()), (139.0, tel())])
+
+
+@pytest.mark.parametrize("field,what,_unit,rel", SIGNALS)
+def test_each_signal_that_differs_between_the_tiers_is_named(field, what, _unit, rel):
+    slow_value = BASE[field] * (1 - 2 * rel) if BASE[field] else 3.0
+    legs = [(100.0, tel(**{field: slow_value})), (140.0, tel()), (101.0, tel(**{field: slow_value})), (139.0, tel())]
+    assert what in tier_cause(legs)
+    # the control: a difference inside the signal's tolerance names nothing
+    near = BASE[field] * (1 - rel / 2)
+    assert "not found" in tier_cause([(100.0, tel(**{field: near})), (140.0, tel())])
+
+
+def test_throttling_only_in_the_slow_legs_is_named():
+    legs = [(100.0, tel(throttle_reasons=("hw_slowdown",))), (140.0, tel())]
+    assert "hw_slowdown" in tier_cause(legs)
+    assert "not found" in tier_cause([(100.0, tel(throttle_reasons=("hw_slowdown",))),
+                                      (140.0, tel(throttle_reasons=("hw_slowdown",)))])
+
+
+def test_a_slow_first_leg_of_each_server_is_named_warm_up():
+    legs = [(100.0, tel(served_before=0)), (140.0, tel(served_before=3)), (139.0, tel(served_before=5))]
+    assert "warm-up" in tier_cause(legs)
+    assert "not found" in tier_cause([(100.0, tel(served_before=2)), (140.0, tel(served_before=0))])
+
+
+@pytest.mark.parametrize("untold", [None, tel(samples=0)])
+def test_a_leg_without_telemetry_leaves_the_cause_unknown(untold):
+    assert "unknown" in tier_cause([(100.0, untold), (140.0, tel())])
+
+
+def test_the_sampler_never_invents_a_gpu_reading_where_there_is_no_nvidia_smi(monkeypatch):
+    from tica.legs import telemetry
+
+    monkeypatch.setattr(telemetry.shutil, "which", lambda name: None)
+    with telemetry.Sampler() as s:
+        pass
+    out = LegTelemetry(**s.summary(served_before=0, cuda_graphs=False))
+    assert out.samples == 0 and out.sm_clock_mhz_median is None and out.throttle_reasons is None
+
+
+def test_throttle_bits_are_named_and_unknown_bits_kept():
+    from tica.legs.telemetry import throttle_names
+
+    assert throttle_names(0x8 | 0x4) == ["sw_power_cap", "hw_slowdown"]
+    assert throttle_names(0x10000) == ["unknown_0x10000"]
