@@ -140,3 +140,15 @@ def test_the_proof_covers_only_the_run_it_travels_with(world, tmp_path):
     proven, problems = order_proof.proven_freezes([world["leg"], other], world["qhash"], world["keys"])
     out = checks.frozen_before_run(AFTER_THE_FACT, [world["leg"], other], proven, problems)
     assert not out.passed and "other_run" not in out.description and "1 leg(s) had started" in out.description
+
+
+def test_a_trusted_keys_setting_that_is_no_folder_of_keys_is_refused_by_name(tmp_path):
+    from tica.errors import InputError
+
+    with pytest.raises(InputError, match="TICA_TRUSTED_KEYS"):
+        order_proof.trusted_keys(tmp_path / "missing")
+    (tmp_path / "keys").mkdir()
+    (tmp_path / "keys" / "bad.pem").write_text("not a key")
+    with pytest.raises(InputError, match="bad.pem"):
+        order_proof.trusted_keys(tmp_path / "keys")
+    assert order_proof.trusted_keys("") == {}  # unset: no key is trusted

@@ -269,6 +269,12 @@ def test_fast_slow_tiers_in_one_arm_make_attribution_inconclusive(receipts):
     _scale(legs, "bi1", 8, 2, 0.75)
     cell = judge_criteria("throughput", Q, legs)
     assert cell.verdict is Verdict.INCONCLUSIVE and any("tiers" in r for r in cell.reasons)
+    # what each leg of the tiered arms ran under is shown, and a leg that recorded none says unknown
+    table = cell.tables["tiers: what each leg ran under"]
+    assert "| 8 | bi0 |" in table and "| 8 | bi1 |" in table
+    metas = [json.loads((leg / "leg.json").read_text()) for leg in legs if (leg / "leg.json").is_file()]
+    assert metas and not any(m.get("telemetry") for m in metas)  # these fixture legs predate telemetry
+    assert "unknown" in table and any("cause is unknown" in r for r in cell.reasons)
 
 
 def test_tiers_do_not_hide_an_overrun(receipts):

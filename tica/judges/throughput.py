@@ -49,7 +49,7 @@ from typing import Any
 import tica.stats.throughput as budget_test
 from tica import leg_times
 from tica.evidence import EvidenceItem
-from tica.judges._common import Findings, cell, did_not_run, led, md_table, wrong_question
+from tica.judges._common import Findings, cell, did_not_run, fmt, led, md_table, wrong_question
 from tica.judges.clean_exit import exit_problems
 from tica.judges.confounders import confounder_markdown, confounder_table, require_recorded, unquantified
 from tica.judges.tiers import tier_cause
@@ -486,8 +486,9 @@ def _tier_row(c: int, arm: str, number: int, t: float, lc: LegCheck | None) -> l
     if tel is None:
         return [c, arm, number, t] + ["unknown"] * 8
     return [c, arm, number, t, tel.sm_clock_mhz_median, tel.mem_clock_mhz_median, tel.power_w_median,
-            tel.temperature_c_max, tel.gpu_util_pct_median, ", ".join(tel.throttle_reasons or ()) or "none",
-            f"{tel.cpu_load_1m_start}/{tel.cpu_load_1m_end}", tel.served_before]
+            tel.temperature_c_max, tel.gpu_util_pct_median,
+            "unknown" if tel.throttle_reasons is None else ", ".join(tel.throttle_reasons) or "none",
+            f"{fmt(tel.cpu_load_1m_start)}/{fmt(tel.cpu_load_1m_end)}", tel.served_before]
 
 
 def tier_ratio(ts: Sequence[float]) -> float | None:
