@@ -109,6 +109,9 @@ class UpdateCriteria(_Strict):
     recheck_forward_bitwise: bool = True
     # The committed H200 update (run4 update_bi1) re-checks 5 steps on the updated weights.
     post_update_steps: int = Field(5, ge=1, description="post-update forward steps that must each be bitwise equal")
+    reproduced_on_rerun: bool = Field(False, description=(
+        "the update run again from the same weights and batch gives the same grad norm and the same updated "
+        "weights hash (the leg's recorded rerun; none recorded is inconclusive)"))
     gradcheck_rel_tol: float = Field(GRADCHECK_REL_TOL, gt=0, le=1, description=(
         "pass line of a recorded gradient check (relative error against float64 autograd); the receipt's own "
         "tolerance is never read"))

@@ -98,6 +98,16 @@ _UPDATE = {
     "weights_total_tensors": "rule: tica/judges/update.py: the share of tensors changed",
     "updated_weights_hash": "rule: tica/judges/update.py: the re-check ran on these weights",
     "reloaded_by_rollout": "rule: tica/judges/update.py: the rollout engine reloaded the update",
+    "rerun": "rule: tica/judges/update.py: reproduced_on_rerun compares the rerun with the step",
+}
+_UPDATE_RERUN = {
+    "grad_norm": "rule: tica/judges/update.py: equal to the step's grad norm",
+    "updated_weights_hash": "rule: tica/judges/update.py: equal to the step's updated weights hash",
+    "how": "informational: what was run again, and where",
+    "grad_norm_equal": "informational: the producer's comparison (the judge compares the values)",
+    "weights_equal": "informational: the producer's comparison (the judge compares the hashes)",
+    "tensors_differ": "informational: the first tensors whose bytes differed",
+    "n_tensors_differ": "informational: how many tensors differed",
 }
 _BENCH = {
     "num_prompts": "rule: tica/judges/throughput.py: the workload's request count",
@@ -188,7 +198,7 @@ _RECIPE = {
 
 FIELD_RULES: dict[str, dict[str, str]] = {
     "LegMeta": _LEG, "LegTelemetry": _TELEMETRY, "ProcessExit": _EXIT, "ProcessIdentity": _PROCESS_IDENTITY, "ForwardStep": _FORWARD, "BackwardStep": _BACKWARD,
-    "UpdateStep": _UPDATE, "BenchResult": _BENCH, "ProblemResult": _PROBLEM, "Sampling": _SAMPLING,
+    "UpdateStep": _UPDATE, "UpdateRerun": _UPDATE_RERUN, "BenchResult": _BENCH, "ProblemResult": _PROBLEM, "Sampling": _SAMPLING,
     "RecordedEvalContract": _CONTRACT, "GradcheckOp": _GRADCHECK_OP, "GradcheckRun": _GRADCHECK_RUN,
     "GradcheckFile": _GRADCHECK, **_RECIPE,
 }

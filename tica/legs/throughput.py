@@ -44,19 +44,25 @@ def recorded_command(cmd: list[str]) -> list[str]:
     return [("{port}" if i and cmd[i - 1] == "--port" else a) for i, a in enumerate(cmd)]
 
 
+# the engine flags of the two settings a throughput leg runs under: eager (no CUDA graphs, no prefix
+# caching: the earlier H200 runs) or production (CUDA graphs, prefix caching, chunked prefill, as verl runs vLLM)
+EAGER_ENGINE = ("--enforce-eager", "--no-enable-prefix-caching")
+PRODUCTION_ENGINE = ("--enable-prefix-caching", "--enable-chunked-prefill", "--max-num-batched-tokens", "8192")
+
+
 class Server:
     """The API server process and what became of it and of its engine processes."""
 
     def __init__(self, model: str, log_path: Path, *, port: int, max_model_len: int, gpu_memory_utilization: float,
                  seed: int, shutdown_timeout: int, extra: list[str] | None = None,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, engine: tuple[str, ...] = EAGER_ENGINE) -> None:
         self.port = port
         self.log_path = log_path
         self.shutdown_timeout = shutdown_timeout
         # --shutdown-timeout is always passed: vLLM's default (0) force-kills the EngineCore at once
         self.args = ["--model", model, "--host", "127.0.0.1", "--port", str(port), "--max-model-len", str(max_model_len),
-                     "--gpu-memory-utilization", str(gpu_memory_utilization), "--enforce-eager", "--seed", str(seed),
-                     "--no-enable-prefix-caching", "--disable-uvicorn-access-log",
+                     "--gpu-memory-utilization", str(gpu_memory_utilization), *engine, "--seed", str(seed),
+                     "--disable-uvicorn-access-log",
                      "--shutdown-timeout", str(shutdown_timeout), *(extra or [])]
         self.cmd = [sys.executable, "-m", "tica.legs.api_server", *self.args]
         self._log = open(log_path, "ab")

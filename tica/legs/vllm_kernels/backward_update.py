@@ -17,7 +17,7 @@ from pathlib import Path
 # the core fingerprint of a model folder, as the manifest's checkpoint.path hashes (no cache file)
 from tica.models.hashing import weights_hash
 
-from .forward_leg import decode_kernels, trainer_logprobs, write_decode_leg, write_decode_rows, write_forward_step
+from .forward_leg import decode_kernels, trainer_logprobs, trainer_rows, write_decode_leg, write_decode_rows, write_forward_step
 from .legio import log
 from .rollout import N_STEPS, SCHEDULE_SEED, schedule
 
@@ -34,6 +34,41 @@ def group_advantages(n: int, seed: int) -> tuple[list[float], list[float]]:
     mu = sum(rewards) / n
     sd = (sum((x - mu) ** 2 for x in rewards) / n) ** 0.5
     return rewards, [(x - mu) / (sd + 1e-6) for x in rewards]
+
+
+def write_weights(state: dict, m0: Path, out: Path) -> None:
+    """bf16 weights as safetensors beside m0's config: what vLLM reloads and weights_hash names."""
+    from safetensors.torch import save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.cpu() for k, v in state.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
+    for f in ("config.json", "generation_config.json"):
+        if (m0 / f).exists():
+            shutil.copy(m0 / f, out / f)
+
+
+def rerun_update(m0: Path, kernels, ro: dict, weights, n_resp: int, dev: str, gnorm: float, after: dict,
+                 out: Path) -> dict:
+    """The same backward and AdamW step again, from the weights on disk and the same batch, in a
+    fresh trainer; its updated weights written to `out` and named by content hash, as the update's are."""
+    import torch
+
+    from .model import from_dir, pack
+
+    again = from_dir(m0, kernels, device=dev)
+    again.engine_step_rows = False
+    ids, cu, mx = pack(ro["fulls"], dev)
+    lp = again.logprobs(ids, cu, mx)
+    (-(lp.float() * weights.to(lp.device)).sum() / n_resp).backward()
+    g2 = float(torch.sqrt(sum((p.grad.double() ** 2).sum() for p in again.master if p.grad is not None)))
+    torch.optim.AdamW(again.parameters(), lr=LR, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01).step()
+    after2 = again.deployed_state_dict()
+    differ = sorted(k for k in after if not torch.equal(after[k].view(torch.int16), after2[k].view(torch.int16)))
+    write_weights(after2, m0, out)
+    del again
+    return {"grad_norm": g2, "updated_weights_hash": weights_hash(out), "grad_norm_equal": g2 == gnorm,
+            "weights_equal": not differ, "tensors_differ": differ[:8], "n_tensors_differ": len(differ),
+            "how": "a fresh trainer from the same weights, the same batch, loss and optimizer, in the same process"}
 
 
 def bi1_backward_and_update(legs: Path, work: str, m0: Path, rollout, model, cfg: dict, kern: dict, base_cfg: dict,
@@ -62,7 +97,8 @@ def bi1_backward_and_update(legs: Path, work: str, m0: Path, rollout, model, cfg
             for n in ("input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.o_proj.weight", "mlp.down_proj.weight"):
                 want[p + n] = mine[p + n]
         for n in ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"):
-            want[n] = mine[n]
+            if n in mine and not (n == "lm_head.weight" and cfg.get("tie_word_embeddings") and n not in vp):
+                want[n] = mine[n]  # a tied lm_head is the embedding: vLLM holds no parameter of its own
         res = {}
         for n, w in want.items():
             v = vp.get(n)
@@ -132,15 +168,11 @@ def bi1_backward_and_update(legs: Path, work: str, m0: Path, rollout, model, cfg
     opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
     opt.step()
     after = model.deployed_state_dict()
+    rerun = rerun_update(m0, model.kernels, ro, weights, n_resp, dev, gnorm, after, Path(work) / "m1_rerun")
+    log(f"update rerun from the same weights and batch: {rerun}")
     changed = sum(not torch.equal(before[k].view(torch.int16), after[k].view(torch.int16)) for k in after)
     m1 = Path(work) / "m1"
-    m1.mkdir(parents=True, exist_ok=True)
-    from safetensors.torch import save_file
-
-    save_file({k: v.cpu() for k, v in after.items()}, str(m1 / "model.safetensors"), metadata={"format": "pt"})
-    for f in ("config.json", "generation_config.json"):
-        if (m0 / f).exists():
-            shutil.copy(m0 / f, m1 / f)
+    write_weights(after, m0, m1)
     ck1 = weights_hash(m1)
     n_loaded = rollout.reload(m1 / "model.safetensors")
     eq1, eq1_detail = bytes_equal()
@@ -177,12 +209,13 @@ def bi1_backward_and_update(legs: Path, work: str, m0: Path, rollout, model, cfg
     upd_row.update({"tica/optimizer_config": {"lr": LR, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.01,
                                               "master_dtype": "float32", "grad_clip": None},
                     "tica/reload": "vLLM model.load_weights over the written safetensors (LLM.apply_model, in place)",
-                    "tica/reloaded_params": n_loaded, "tica/deployed_bytes_detail": eq1_detail})
+                    "tica/reloaded_params": n_loaded, "tica/deployed_bytes_detail": eq1_detail,
+                    "tica/update_rerun": rerun})
     legio.write_jsonl(upd / "metrics.jsonl", [upd_row])
     meta = legio.new_meta("update", "bi1", trainer="vllm_kernels", started_at=t_update)
     meta["ended_at"] = t_update_end
     meta["kernels"] = decode_kernels(kern)
     meta["resolved_config"] = dict(base_cfg, updated_weights_hash=ck1, lr=LR,
-                                   post_forward="steps 6-10, response tokens: the trainer (prompt rows as a prefill "
-                                                "step, generated rows as decode steps) vs vLLM's sampled-token logprobs")
+                                   post_forward=f"steps 6-10, response tokens: the trainer ({trainer_rows(model)}) "
+                                                "vs vLLM's sampled-token logprobs")
     legio.write_meta(upd, meta)

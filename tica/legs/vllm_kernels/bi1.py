@@ -17,7 +17,8 @@ from tica.models.hashing import weights_hash
 from .backward_update import bi1_backward_and_update
 from .forward_leg import bi1_forward_legs
 from .legio import log
-from .rollout import FORWARD_CFG, SCHEDULE_SEED, FakeRollout, VllmRollout
+from .overlay import CANDIDATE_PARTS, overlay_record
+from .rollout import ACCEPT_CFG, FORWARD_CFG, SCHEDULE_SEED, FakeRollout, VllmRollout
 
 
 def cmd_bi1(a) -> int:
@@ -33,6 +34,9 @@ def cmd_bi1(a) -> int:
 
     legs = Path(a.legs)
     m0 = Path(a.model)
+    candidate = getattr(a, "candidate", None)
+    engine_cfg = ACCEPT_CFG if getattr(a, "engine", "eager") == "production" else {}
+    parts = list(CANDIDATE_PARTS[candidate] or []) if candidate else []
     t0 = time.time()
     dev = "cpu" if a.dry_run else "cuda"
     pin = {"vllm_pinned": "0.26.0", "dry_run": True} if a.dry_run else check_vllm()
@@ -42,17 +46,23 @@ def cmd_bi1(a) -> int:
     t_engine = legio.now()
     if a.dry_run:
         kernels = TorchReference
+        rollout_kern = {"fake": "CPU dry run: the reference model"}
         model = from_dir(m0, kernels, device=dev)
         rollout = FakeRollout(model)
         gc_tol = 2e-2
         t_gradcheck = legio.now()
         gc = check_with_controls(kernels, device="cpu", dtype=torch.bfloat16, tol=gc_tol)
     else:
-        rollout = VllmRollout(m0)
+        rollout = VllmRollout(m0, **engine_cfg)
         log(f"vLLM BI=1 engine up after {time.time() - t0:.1f}s")
         from .kernels import VllmKernels
 
-        kernels = VllmKernels()
+        if candidate:
+            from .matrix import product_trainer
+
+            kernels, rollout_kern, parts = product_trainer(candidate, rollout)
+        else:
+            kernels = VllmKernels()
         model = from_dir(m0, kernels, device=dev)
         gc_tol = 2e-2
         t_gradcheck = legio.now()
@@ -62,10 +72,20 @@ def cmd_bi1(a) -> int:
     kern = {"trainer": {k: v["entry"] for k, v in KERNELS.items()}, "trainer_detail": pin,
             "rollout": {"attention": "FLASH_ATTN", **rollout.selected(), "logprob": KERNELS["logprob"]["entry"]},
             "attention_backward": "torch fp32 reference recompute (FA3 has no backward in vLLM's wheel)"}
+    if candidate:  # the product trainer: the candidate's kernels, every row in one packed forward
+        from .forward_leg import PRODUCT_ROWS
+        from .matrix import kernels_describe
+
+        model.engine_step_rows = False
+        kern = {"trainer": kernels_describe(kernels), "trainer_detail": pin,
+                "rollout": {**rollout_kern, "logprob": KERNELS["logprob"]["entry"]},
+                "attention_backward": "FA2 varlen backward (see each backward row's tica/backward_impls)",
+                "trainer_rows": PRODUCT_ROWS}
     base_cfg = {"model": str(m0), "model_shape": a.shape, "weights_hash": ck0, "architecture": cfg["architectures"][0],
                 "hidden_size": cfg["hidden_size"], "num_hidden_layers": cfg["num_hidden_layers"],
-                "vocab_size": cfg["vocab_size"], "weights": "random, seeded, built on the GPU at run time",
-                **{k: v for k, v in FORWARD_CFG.items()}, "schedule_seed": SCHEDULE_SEED,
+                "vocab_size": cfg["vocab_size"], "tie_word_embeddings": bool(cfg.get("tie_word_embeddings")),
+                "weights": a.weights_note, **{**FORWARD_CFG, **engine_cfg}, "schedule_seed": SCHEDULE_SEED,
+                "candidate": candidate, "source_overlay": overlay_record(parts) if parts else None,
                 "sampling": {"temperature": 1.0, "logprobs": 0, "ignore_eos": True},
                 "scoring": "prompt_logprobs=0 over prompt+generated, in a different batch with neighbours",
                 "trainer_packing": "all sequences of a step packed into one varlen batch"}

@@ -15,7 +15,7 @@ from pathlib import Path
 from tica.models.hashing import weights_hash
 
 from .legio import log
-from .rollout import FORWARD_CFG, N_STEPS, SCHEDULE_SEED, FakeRollout, VllmRollout, schedule
+from .rollout import ACCEPT_CFG, FORWARD_CFG, N_STEPS, SCHEDULE_SEED, FakeRollout, VllmRollout, schedule
 
 FAULT_LINEAR = "model.layers.0.self_attn.o_proj"
 FAULTS = (
@@ -85,7 +85,8 @@ def trainer_decode_logprobs(model, ro: dict, device):
     mask = torch.zeros(ids.numel(), dtype=torch.bool, device=device)
     for s, f, g in zip(cu[:-1].tolist(), ro["fulls"], ro["gens"]):
         mask[s + len(f) - len(g): s + len(f)] = True
-    model.decode_rows = mask
+    if model.engine_step_rows:
+        model.decode_rows = mask
     try:
         with torch.no_grad():
             lp = model.logprobs(ids, cu, mx).float().cpu().numpy()
@@ -114,7 +115,7 @@ def write_decode_rows(legio, d: Path, kept: list, model, dev, checkpoint: str) -
              "trainer_logprobs": tr, "rollout_logprobs": dec}
         legio.write_step_arrays(d, st["step"], **a)
         extra = {"tica/rollout_logprobs": "vLLM's sampled-token (decode) logprobs: verl's rollout_log_probs",
-                 "tica/trainer_rows": "prompt rows as a prefill step, generated-token rows as decode steps",
+                 "tica/trainer_rows": trainer_rows(model),
                  "tica/trainer_vs_prefill_scoring_n_bitwise_diff": int(np.count_nonzero(tr.view(np.uint32) != pre.view(np.uint32))),
                  "tica/decode_vs_prefill_scoring_n_bitwise_diff": int(np.count_nonzero(dec.view(np.uint32) != pre.view(np.uint32))),
                  "tica/batch": {"prompts": st["idx"], "gen_tokens": st["gen"]}}
@@ -125,7 +126,17 @@ def write_decode_rows(legio, d: Path, kept: list, model, dev, checkpoint: str) -
     return rows
 
 
+PRODUCT_ROWS = "every row in one packed forward, as for prefill: no knowledge of the engine's steps"
+
+
+def trainer_rows(model) -> str:
+    """How the trainer computed the generated-token rows it compares with the rollout's."""
+    return "prompt rows as a prefill step, generated-token rows as decode steps" if model.engine_step_rows else PRODUCT_ROWS
+
+
 def decode_kernels(kern: dict) -> dict:
+    if kern.get("trainer_rows") == PRODUCT_ROWS:
+        return dict(kern)
     return dict(kern, trainer_fused_add_rms_norm_rows="prompt rows in one call (>= 256 rows), "
                 "generated-token rows in calls of <= 255 rows")
 
@@ -291,13 +302,14 @@ def cmd_bi0(a) -> int:
     ck0 = weights_hash(m0)
     dev = "cpu" if a.dry_run else "cuda"
     started = legio.now()  # the leg's work starts with the engine
+    engine_cfg = ACCEPT_CFG if getattr(a, "engine", "eager") == "production" else {}
     if a.dry_run:
         from .kernels import TorchReference
         from .model import from_dir
 
         rollout = FakeRollout(from_dir(m0, TorchReference, device="cpu"))
     else:
-        rollout = VllmRollout(m0, tensor_parallel_size=a.tp)
+        rollout = VllmRollout(m0, tensor_parallel_size=a.tp, **engine_cfg)
         log(f"vLLM BI=0 TP={a.tp} engine up after {time.time() - t0:.1f}s")
     prompts, steps = schedule(cfg["vocab_size"], 1, N_STEPS)
     ros = [(st, rollout.step(prompts, st)) for st in steps]
@@ -326,7 +338,8 @@ def cmd_bi0(a) -> int:
                        "rollout": {"attention": "FLASH_ATTN", **rollout.selected(),
                                    "matmul": "vLLM default (cuBLAS via dispatch_unquantized_gemm)"}}
     meta["resolved_config"] = {"model": str(m0), "weights_hash": ck0, "architecture": cfg["architectures"][0],
-                               **FORWARD_CFG, "tensor_parallel_size": a.tp, "schedule_seed": SCHEDULE_SEED,
+                               **FORWARD_CFG, **engine_cfg, "tensor_parallel_size": a.tp, "schedule_seed": SCHEDULE_SEED,
+                               "weights": getattr(a, "weights_note", None),
                                "megatron": "megatron-core runs in its own process over these rollouts "
                                            "(bi0-megatron: forward_bi0_megatron); this leg is HF's second baseline"}
     legio.write_meta(fwd, meta)

