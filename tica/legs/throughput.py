@@ -48,6 +48,8 @@ def recorded_command(cmd: list[str]) -> list[str]:
 # caching: the earlier H200 runs) or production (CUDA graphs, prefix caching, chunked prefill, as verl runs vLLM)
 EAGER_ENGINE = ("--enforce-eager", "--no-enable-prefix-caching")
 PRODUCTION_ENGINE = ("--enable-prefix-caching", "--enable-chunked-prefill", "--max-num-batched-tokens", "8192")
+GRAPHS_ENGINE = PRODUCTION_ENGINE + ("--compilation-config", '{"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}')
+SERVER_ENGINES = {"eager": EAGER_ENGINE, "production": PRODUCTION_ENGINE, "graphs": GRAPHS_ENGINE}
 
 
 class Server:

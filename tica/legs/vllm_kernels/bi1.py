@@ -18,7 +18,7 @@ from .backward_update import bi1_backward_and_update
 from .forward_leg import bi1_forward_legs
 from .legio import log
 from .overlay import CANDIDATE_PARTS, overlay_record
-from .rollout import ACCEPT_CFG, FORWARD_CFG, SCHEDULE_SEED, FakeRollout, VllmRollout
+from .rollout import ENGINES, FORWARD_CFG, SCHEDULE_SEED, FakeRollout, VllmRollout
 
 
 def cmd_bi1(a) -> int:
@@ -35,7 +35,7 @@ def cmd_bi1(a) -> int:
     legs = Path(a.legs)
     m0 = Path(a.model)
     candidate = getattr(a, "candidate", None)
-    engine_cfg = ACCEPT_CFG if getattr(a, "engine", "eager") == "production" else {}
+    engine_cfg = ENGINES[getattr(a, "engine", "eager")]
     parts = list(CANDIDATE_PARTS[candidate] or []) if candidate else []
     t0 = time.time()
     dev = "cpu" if a.dry_run else "cuda"

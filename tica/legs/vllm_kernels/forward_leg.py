@@ -15,7 +15,7 @@ from pathlib import Path
 from tica.models.hashing import weights_hash
 
 from .legio import log
-from .rollout import ACCEPT_CFG, FORWARD_CFG, N_STEPS, SCHEDULE_SEED, FakeRollout, VllmRollout, schedule
+from .rollout import ENGINES, FORWARD_CFG, N_STEPS, SCHEDULE_SEED, FakeRollout, VllmRollout, schedule
 
 FAULT_LINEAR = "model.layers.0.self_attn.o_proj"
 FAULTS = (
@@ -302,7 +302,7 @@ def cmd_bi0(a) -> int:
     ck0 = weights_hash(m0)
     dev = "cpu" if a.dry_run else "cuda"
     started = legio.now()  # the leg's work starts with the engine
-    engine_cfg = ACCEPT_CFG if getattr(a, "engine", "eager") == "production" else {}
+    engine_cfg = ENGINES[getattr(a, "engine", "eager")]
     if a.dry_run:
         from .kernels import TorchReference
         from .model import from_dir

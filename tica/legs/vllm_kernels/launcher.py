@@ -20,6 +20,7 @@ from .bi1 import cmd_bi1
 from .forward_leg import FAULTS, cmd_bi0, cmd_bi0_megatron
 from .legio import log
 from .overlay import CANDIDATE_PARTS, candidate_env, write_plugin_dist
+from .rollout import ENGINES
 from .matrix import CANDIDATES, DEFAULT_LOADS, MATRIX_SHAPES, cmd_matrix, cmd_matrix_cell
 from .seeded_model import SHAPES, make_model
 from .server import CONCURRENCIES, STOP_MARGIN_S, cmd_bench_client, cmd_throughput
@@ -129,7 +130,8 @@ def cmd_all(a) -> int:
                 leg = f"quality_{arm}"
                 child(leg, ["--out", str(legs / leg), "--arm", arm, "--model", str(smol), "--passes", a.quality_passes,
                             "--problems", a.quality_problems, "--gpu-memory-utilization", "0.2",
-                            "--shutdown-timeout", str(a.shutdown_timeout)] + (["--limit", "4"] if a.dry_run else []),
+                            "--shutdown-timeout", str(a.shutdown_timeout), "--engine-args", json.dumps(ENGINES[a.engine])]
+                      + (["--limit", "4"] if a.dry_run else []),
                       # the engine in its own process, so the leg records how EngineCore ended
                       {**{k: v for k, v in (cand_env if arm == "bi1" else base_env).items() if k != "VLLM_BATCH_INVARIANT"},
                        "VLLM_ENABLE_V1_MULTIPROCESSING": "1"},
@@ -165,8 +167,9 @@ def _run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--candidate", choices=sorted(CANDIDATE_PARTS), default=None,
                    help="bi1: run this candidate (its overlay parts through vLLM's plugin) with the product trainer, "
                         "which computes every row in one packed forward (default: the decode-faithful trainer of run3/4)")
-    p.add_argument("--engine", choices=("eager", "production"), default="eager",
-                   help="production: CUDA graphs, prefix caching and chunked prefill on, as verl runs vLLM")
+    p.add_argument("--engine", choices=sorted(ENGINES), default="eager",
+                   help="production: CUDA graphs (vLLM's default torch.compile), prefix caching and chunked prefill "
+                        "on, as verl runs vLLM; graphs: the same with decode CUDA graphs of the eager kernels, no compile")
     p.add_argument("--weights-note", default="random, seeded, built on the GPU at run time",
                    help="what the weights are, recorded in each leg's resolved_config")
 

@@ -20,6 +20,11 @@ FORWARD_CFG = dict(dtype="bfloat16", enforce_eager=True, enable_prefix_caching=F
 # prefix caching on, chunked prefill with 8192 tokens a step; async scheduling left as vLLM resolves it
 ACCEPT_CFG = dict(enforce_eager=False, enable_prefix_caching=True, enable_chunked_prefill=True,
                   max_num_batched_tokens=8192)
+# the same with CUDA graphs captured from the eager kernels (FULL_DECODE_ONLY) and no torch.compile:
+# under vLLM 0.26's default compile, RMSNorm runs as torch code that Inductor fuses (custom_ops none),
+# which no trainer on vLLM's kernels reproduces (the accept run's first call: every token differed)
+GRAPHS_CFG = dict(ACCEPT_CFG, compilation_config={"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"})
+ENGINES: dict[str, dict] = {"eager": {}, "production": ACCEPT_CFG, "graphs": GRAPHS_CFG}
 N_STEPS = int(os.environ.get("TICA_N_STEPS", "5"))  # 5 on the device; smaller only in CPU smoke runs
 SCHEDULE_SEED = 20261129
 
