@@ -111,8 +111,9 @@ case "$1" in
     ;;
   accept)
     # issue 31: one candidate decided end to end. SmolLM2-135M-Instruct with its real weights (carried as
-    # q1-q3), candidates overlay3 and stock (the overlay as vLLM's general plugin), the engine as verl runs
-    # it (CUDA graphs, prefix caching, chunked prefill: --engine production), the product trainer.
+    # q1-q3), candidates overlay3 and stock (the overlay as vLLM's general plugin), the product trainer, the
+    # engine $ENGINE (default graphs: decode CUDA graphs, prefix caching, chunked prefill, no compile;
+    # production, vLLM's default compile, differed on every token in session 9: scripts/h200/NOTES.md).
     # Parts, one device call each: forward (bi1 per candidate, bi0 once), quality (bi1 per candidate, bi0
     # once), throughput (per candidate: BI=0 and BI=1 servers, crossed rounds; extra args go to `all`).
     recv

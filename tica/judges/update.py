@@ -47,9 +47,8 @@ def rerun_findings(s: UpdateStep, label: str) -> Findings:
 def rerun_cell(s: UpdateStep) -> str:
     if s.rerun is None:
         return "not run"
-    same = s.rerun.grad_norm == s.grad_norm and s.updated_weights_hash is not None and \
-        digests.canonical(s.rerun.updated_weights_hash) == digests.canonical(s.updated_weights_hash)
-    return "same grad norm and weights" if same else "differs"
+    verdict = rerun_findings(s, "").verdict
+    return {Verdict.PASS: "same grad norm and weights", Verdict.FAIL: "differs"}.get(verdict, "unknown")
 
 
 def judge_update(question: Question, leg_paths: Sequence[str | Path]) -> VerdictCell:

@@ -44,8 +44,10 @@ def recorded_command(cmd: list[str]) -> list[str]:
     return [("{port}" if i and cmd[i - 1] == "--port" else a) for i, a in enumerate(cmd)]
 
 
-# the engine flags of the two settings a throughput leg runs under: eager (no CUDA graphs, no prefix
-# caching: the earlier H200 runs) or production (CUDA graphs, prefix caching, chunked prefill, as verl runs vLLM)
+# the engine flags of the settings a throughput leg runs under (tica.legs.vllm_kernels.rollout.ENGINES, as
+# server flags): eager (no CUDA graphs, no prefix caching: the earlier H200 runs), production (vLLM's default
+# compile with CUDA graphs, prefix caching, chunked prefill, as verl runs vLLM), graphs (the same with decode
+# CUDA graphs of the eager kernels and no compile)
 EAGER_ENGINE = ("--enforce-eager", "--no-enable-prefix-caching")
 PRODUCTION_ENGINE = ("--enable-prefix-caching", "--enable-chunked-prefill", "--max-num-batched-tokens", "8192")
 GRAPHS_ENGINE = PRODUCTION_ENGINE + ("--compilation-config", '{"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}')

@@ -36,6 +36,20 @@ def group_advantages(n: int, seed: int) -> tuple[list[float], list[float]]:
     return rewards, [(x - mu) / (sd + 1e-6) for x in rewards]
 
 
+def adamw(params, lr: float = LR):
+    """The update's optimizer, as every H200 update leg configures it."""
+    import torch
+
+    return torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
+
+
+def grad_norm(params) -> float:
+    """The global L2 norm of the gradients, summed in float64."""
+    import torch
+
+    return float(torch.sqrt(sum((p.grad.double() ** 2).sum() for p in params if p.grad is not None)))
+
+
 def write_weights(state: dict, m0: Path, out: Path) -> None:
     """bf16 weights as safetensors beside m0's config: what vLLM reloads and weights_hash names."""
     from safetensors.torch import save_file
@@ -60,8 +74,8 @@ def rerun_update(m0: Path, kernels, ro: dict, weights, n_resp: int, dev: str, gn
     ids, cu, mx = pack(ro["fulls"], dev)
     lp = again.logprobs(ids, cu, mx)
     (-(lp.float() * weights.to(lp.device)).sum() / n_resp).backward()
-    g2 = float(torch.sqrt(sum((p.grad.double() ** 2).sum() for p in again.master if p.grad is not None)))
-    torch.optim.AdamW(again.parameters(), lr=LR, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01).step()
+    g2 = grad_norm(again.master)
+    adamw(again.parameters()).step()
     after2 = again.deployed_state_dict()
     differ = sorted(k for k in after if not torch.equal(after[k].view(torch.int16), after2[k].view(torch.int16)))
     write_weights(after2, m0, out)
@@ -141,7 +155,7 @@ def bi1_backward_and_update(legs: Path, work: str, m0: Path, rollout, model, cfg
     with_grad = sum(g is not None for g in grads)
     finite = all(bool(torch.isfinite(g).all()) for g in grads if g is not None)
     nonzero = sum(bool((g != 0).any()) for g in grads if g is not None)
-    gnorm = float(torch.sqrt(sum((g.double() ** 2).sum() for g in grads if g is not None)))
+    gnorm = grad_norm(model.master)
     log(f"backward: loss={float(loss):.5g} grad_norm={gnorm:.5g} finite={finite} with_grad={with_grad}/{len(grads)} "
         f"nonzero={nonzero} fwd_equal_diff={same_fwd} ({t_bwd:.1f}s)")
     bwd_row = {"step": 1, "step_basis": "optimizer", "checkpoint_version": ck0, "actor/grad_norm": gnorm,
@@ -165,8 +179,7 @@ def bi1_backward_and_update(legs: Path, work: str, m0: Path, rollout, model, cfg
     legio.write_meta(bwd, meta)
 
     before = {k: v.clone() for k, v in model.deployed_state_dict().items()}
-    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
-    opt.step()
+    adamw(model.parameters()).step()
     after = model.deployed_state_dict()
     rerun = rerun_update(m0, model.kernels, ro, weights, n_resp, dev, gnorm, after, Path(work) / "m1_rerun")
     log(f"update rerun from the same weights and batch: {rerun}")

@@ -28,7 +28,6 @@ import fcntl
 import json
 import os
 import random
-import shutil
 import subprocess
 import sys
 import time
@@ -416,12 +415,11 @@ def update_step(model, ro: dict, dev: str, out: Path, m0: Path) -> dict:
     """A GRPO-style policy-gradient step through the product trainer, AdamW, the new bf16 weights
     written as safetensors (what vLLM reloads)."""
     import torch
-    from safetensors.torch import save_file
 
     from .model import pack
 
     from .autograd import backward_impls
-    from .backward_update import group_advantages
+    from .backward_update import adamw, grad_norm, group_advantages, write_weights
 
     _, adv = group_advantages(len(ro["fulls"]), SEED + 5)
     ids, cu, mx = pack(ro["fulls"], dev)
@@ -440,16 +438,12 @@ def update_step(model, ro: dict, dev: str, out: Path, m0: Path) -> dict:
     t_bwd = time.time() - t
     grads = [p.grad for p in model.master]
     finite = all(bool(torch.isfinite(g).all()) for g in grads if g is not None)
-    gnorm = float(torch.sqrt(sum((g.double() ** 2).sum() for g in grads if g is not None)))
+    gnorm = grad_norm(model.master)
     before = {k: v.clone() for k, v in model.deployed_state_dict().items()}
-    torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01).step()
+    adamw(model.parameters(), lr=LR).step()
     after = model.deployed_state_dict()
     changed = sum(not torch.equal(before[k].view(torch.int16), after[k].view(torch.int16)) for k in after)
-    out.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.cpu() for k, v in after.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
-    for f in ("config.json", "generation_config.json"):
-        if (m0 / f).exists():
-            shutil.copy(m0 / f, out / f)
+    write_weights(after, m0, out)
     return {"path": out, "hash": weights_hash(out), "loss": float(loss.detach()), "grad_norm": gnorm, "grad_finite": finite,
             "backward_seconds": round(t_bwd, 2), "backward_impls": backward_impls(),
             "changed_tensors": changed, "total_tensors": len(after),
