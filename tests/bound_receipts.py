@@ -107,7 +107,8 @@ def stamp_leg(leg: Path, candidate: Candidate, when: Callable[[_dt.datetime], _d
         # a re-check after an update continues the step numbering: today's producer records where it began
         first = json.loads((leg / "metrics.jsonl").read_text().splitlines()[0])["step"]
         meta.setdefault("resolved_config", {}).setdefault("first_step", first)
-    meta["source"] = {"repository": candidate.manifest.source.repository, "commit": candidate.manifest.source.commit}
+    src = candidate.manifest.source
+    meta["source"] = {"repository": src.repository, "commit": src.commit, "overlay_digest": src.overlay_digest}
     meta["image_digest"] = candidate.manifest.image.digest
     now = _dt.datetime.now(_dt.timezone.utc)
     start = _start(leg) or now

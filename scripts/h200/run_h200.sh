@@ -114,8 +114,8 @@ case "$1" in
     # q1-q3), candidates overlay3 and stock (the overlay as vLLM's general plugin), the product trainer, the
     # engine $ENGINE (default graphs: decode CUDA graphs, prefix caching, chunked prefill, no compile;
     # production, vLLM's default compile, differed on every token in session 9: scripts/h200/NOTES.md).
-    # Parts, one device call each: forward (bi1 per candidate, bi0 once), quality (bi1 per candidate, bi0
-    # once), throughput (per candidate: BI=0 and BI=1 servers, crossed rounds; extra args go to `all`).
+    # Parts, one device call each, both arms per candidate (the candidate's overlay runs in both: the
+    # arms differ by the switch alone): forward, quality, throughput (crossed rounds; extra args go to `all`).
     recv
     SMOL=/tmp/tica_smollm2
     python3 -c "from tica.models.smollm2 import convert_smollm2; convert_smollm2('$SMOL')" 2>&1 | tail -2 | tee -a "$OUT/run.log"
@@ -126,9 +126,8 @@ case "$1" in
     for cand in ${CANDIDATES:-overlay3 stock}; do
       n=$((n + 1))
       case $part in
-        forward) extra=(--bi1-timeout 240 --bi0-timeout 120 --budget 280); [ $n -gt 1 ] && extra+=(--no-bi0) ;;
-        quality) extra=(--no-forward --quality --quality-problems arith1000 --shutdown-timeout 30 --budget 280)
-                 [ $n -gt 1 ] && extra+=(--quality-arms bi1) ;;
+        forward) extra=(--bi1-timeout 200 --bi0-timeout 100 --budget 285) ;;
+        quality) extra=(--no-forward --quality --quality-problems arith1000 --shutdown-timeout 30 --budget 280) ;;
         throughput) extra=(--no-forward --throughput --concurrencies 1,64 --input-len 2048 --output-len 512
                            --shutdown-timeout 30 --shrink-note "SmolLM2 (8192 positions): 2048 in / 512 out, c=1 and 64"
                            "${@:3}") ;;

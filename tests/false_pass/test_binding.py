@@ -454,6 +454,24 @@ def test_a_leg_running_an_overlay_the_manifest_does_not_name_is_not_evidence(bou
     assert_no_pass(cell, pattern=r"overlay")
 
 
+OVERLAY = "sha256:" + "0a" * 32
+
+
+@pytest.mark.parametrize("arm", ["bi1", "bi0"])
+@pytest.mark.parametrize("recorded", [None, "sha256:" + "0b" * 32], ids=["stock", "other-parts"])
+@pytest.mark.parametrize("item", [E.FORWARD, E.QUALITY, E.THROUGHPUT])
+def test_an_overlay_candidate_binds_the_overlay_in_both_arms(item, arm, recorded, bound, make_candidate, questions):
+    """A candidate's overlay runs in both arms, so that the arms differ by the switch alone: a leg of
+    either arm that ran stock vLLM or other overlay parts is not evidence for it (the stock and
+    overlay legs of one run must not pass under each other's name)."""
+    over = make_candidate("over", source={"repository": "tica", "commit": COMMIT, "overlay_digest": OVERLAY})
+    legs = bound(item, cand=over)
+    assert judge(item, questions[item], legs, over).verdict == "pass"  # control: the bound legs pass
+    for leg in [x for x in legs if json.loads((x / "leg.json").read_text())["arm"] == arm]:
+        edit_meta(leg, lambda m: m["source"].update(overlay_digest=recorded))
+    assert_no_pass(judge(item, questions[item], legs, over), pattern=r"overlay")
+
+
 def test_a_leg_on_another_gpu_count_is_not_evidence(bound, candidate, questions):
     legs = bound(E.FORWARD)
     every_leg(legs, lambda m: m["device"].update(count=8))

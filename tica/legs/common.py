@@ -26,6 +26,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import metadata
+from collections.abc import Mapping
 from pathlib import Path
 
 from tica.seal import seal_leg
@@ -157,10 +158,14 @@ def _checkout_commit() -> str | None:
     return checkout_commit(PROJECT_ROOT)
 
 
-def source_record() -> dict[str, str | None]:
+def source_record(env: Mapping[str, str] | None = None) -> dict[str, str | None]:
     """The code a leg ran: this checkout's commit (`<sha>[+dirty]`, None outside a git checkout,
-    e.g. a copied tree on a GPU node), read once per process. No overlay is known here: None."""
-    return {"repository": REPOSITORY, "commit": _checkout_commit(), "overlay_digest": None}
+    e.g. a copied tree on a GPU node), read once per process, and the overlay that `env`, the
+    environment the leg records for its engine, has vLLM load (None: none, or no env given)."""
+    from tica.legs.vllm_kernels import overlay  # no vLLM import: the file's bytes and the env only
+
+    loaded = overlay.digest(overlay.env_parts(env)) if env is not None else None
+    return {"repository": REPOSITORY, "commit": _checkout_commit(), "overlay_digest": loaded}
 
 
 def image_digest() -> str | None:
@@ -607,6 +612,7 @@ class Leg:
         if self._working():
             self.end()
         self.meta["env"] = self._env_at_start
+        self.meta["source"] = source_record(self._env_at_start)
         later = recorded_env()
         changed = {k: v for k, v in later.items() if self._env_at_start.get(k) != v}
         if changed:

