@@ -24,6 +24,7 @@ process's exit and packs the receipts.
 
 from __future__ import annotations
 
+import atexit
 import fcntl
 import json
 import os
@@ -357,6 +358,8 @@ def cmd_matrix_cell(a) -> int:
             t = time.time()
             rollout = VllmRollout(m0, **MATRIX_CFG)  # the overlay, if any, came in as vLLM's general plugin
             log(f"{a.candidate} {a.shape}: engine up in {time.time() - t:.1f}s")
+        # registered after vLLM's own exit handlers, so it runs before them (atexit is last in, first out)
+        atexit.register(hold_start_lock_until_exit, Path(a.lock))
         llm = rollout.llm
         from .pin import check_vllm
 
@@ -468,6 +471,24 @@ class engine_start_lock:
         self.f.close()
 
 
+_HELD: list = []
+
+
+def hold_start_lock_until_exit(path: Path) -> None:
+    """An engine's exit frees its memory too: a neighbour profiling meanwhile sized its KV cache
+    on memory that then moved (a cell was lost that way). The lock taken here is released by the
+    kernel when this process ends, after the engine and its CUDA context are gone."""
+    f = open(path, "w")
+    fcntl.flock(f, fcntl.LOCK_EX)
+    _HELD.append(f)
+
+
+def retry_cell(rc: int, sealed: int, attempts: int) -> bool:
+    """Run a cell again once when its process failed before sealing any leg (an engine that died
+    at start, as a neighbour's can make it); a cell that sealed legs, or failed twice, stands."""
+    return rc != 0 and sealed == 0 and attempts < 2
+
+
 # ------------------------------------------------------------------------------- the orchestrator
 def cmd_matrix(a) -> int:
     from . import legio
@@ -497,6 +518,7 @@ def cmd_matrix(a) -> int:
             status["models"][s] = make_model(md, s, seed=7, device=dev)
             log(f"model {s}: {status['models'][s]}")
     queue = [(c, s) for s in shapes for c in cands]
+    attempts: dict[str, int] = {}
     running: list[tuple] = []
     me = [sys.executable, "-m", "tica.legs.vllm_kernels.producers", "matrix-cell"]
     while queue or running:
@@ -505,7 +527,8 @@ def cmd_matrix(a) -> int:
             env = candidate_env(dict(os.environ, VLLM_BATCH_INVARIANT="0" if a.dry_run else "1",
                                      VLLM_ENABLE_V1_MULTIPROCESSING="0"), c, plugin)
             name = f"{c}-{s}"
-            lf = logs / f"{name}.log"
+            attempts[name] = attempts.get(name, 0) + 1
+            lf = logs / (f"{name}.log" if attempts[name] == 1 else f"{name}.try{attempts[name]}.log")
             args = ["--loads", a.loads, "--candidate", c, "--shape", s, "--model", str(work / "models" / s), "--legs", str(legs),
                     "--work", str(work), "--summary", str(logs / f"{name}.summary.json"),
                     "--lock", str(work / "engine_start.lock")] + (["--dry-run"] if a.dry_run else [])
@@ -528,8 +551,13 @@ def cmd_matrix(a) -> int:
             mine = [d for d in legs.glob(f"mx-{c}-{s}-*") if (d / "leg.json").exists() and not (d / "seal.json").exists()]
             for d in mine:
                 legio.finalize_leg(d, procs)
-            status["cells"][name] = {"rc": rc, "seconds": round(time.time() - t, 1), "legs": len(mine)}
+            tries = status["cells"].setdefault(name, {"tries": []})["tries"]
+            tries.append({"rc": rc, "seconds": round(time.time() - t, 1), "legs": len(mine)})
+            status["cells"][name].update(tries[-1])
             log(f"{name}: rc={rc} in {time.time() - t:.1f}s, {len(mine)} legs sealed")
+            if retry_cell(rc, len(mine), attempts[name]):
+                queue.insert(0, (c, s))
+                log(f"{name}: no leg sealed, run again once")
             pack_out()
     status["not_started"] = [f"{c}-{s}" for c, s in queue]
     status["total_s"] = round(time.time() - t0, 1)
