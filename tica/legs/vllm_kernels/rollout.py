@@ -89,6 +89,9 @@ class VllmRollout:
                 "scoring_batch": [[k, j] for k, j in batch]}
 
     def reload(self, safetensors_path: Path) -> int:
+        """Load updated weights into the running engine, then drop its prefix cache: KV computed by
+        the old weights would otherwise serve the next rollout's shared prefixes (as RL frameworks
+        do after a weight sync; without it, every post-update re-check under prefix caching failed)."""
         path = str(safetensors_path)
 
         def _load(model):
@@ -98,7 +101,10 @@ class VllmRollout:
             loaded = model.load_weights(iter(sd.items()))
             return len(loaded) if loaded is not None else len(sd)
 
-        return int(self.llm.apply_model(_load)[0])
+        loaded = int(self.llm.apply_model(_load)[0])
+        if not self.llm.reset_prefix_cache() and self.cfg.get("enable_prefix_caching") is not False:
+            raise RuntimeError("vLLM did not reset its prefix cache after the weight reload")
+        return loaded
 
     def shutdown_records(self) -> list[dict]:
         """Where the engine core is a process of its own: shut it down, its real exit (and its
