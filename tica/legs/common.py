@@ -23,10 +23,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import metadata
-from collections.abc import Mapping
 from pathlib import Path
 
 from tica.seal import seal_leg

@@ -114,7 +114,8 @@ def write_meta(leg_dir: Path, meta: dict) -> None:
     meta["env"] = meta.get("env") or recorded_env()
     meta["versions"] = meta.get("versions") or versions()
     meta["device"] = meta.get("device") or device_info()
-    meta["source"] = {**(meta.get("source") or source_record()), "overlay_digest": source_record(meta["env"])["overlay_digest"]}
+    loaded = source_record(meta["env"])  # the overlay is the one the recorded env loads, whoever set the source
+    meta["source"] = {**(meta.get("source") or loaded), "overlay_digest": loaded["overlay_digest"]}
     if "image_digest" not in meta:
         meta["image_digest"] = image_digest()
     (leg_dir / "leg.json").write_text(json.dumps(meta, indent=1, default=str))
