@@ -315,6 +315,9 @@ def cmd_bi0(a) -> int:
     ros = [(st, rollout.step(prompts, st)) for st in steps]
     if a.rollouts:  # the same BI=0 rollouts for the megatron-core trainer (its own process: bi0-megatron)
         Path(a.rollouts).write_text(json.dumps([[st, ro] for st, ro in ros]))
+        # and the engine that made them, which that leg records as its rollout engine
+        Path(a.rollouts + ".engine.json").write_text(json.dumps(
+            {"selected": rollout.selected(), "config": {**FORWARD_CFG, **engine_cfg, "tensor_parallel_size": a.tp}}))
     from transformers import AutoModelForCausalLM
 
     hf = AutoModelForCausalLM.from_pretrained(str(m0), dtype=torch.bfloat16, attn_implementation="sdpa").to(dev).eval()
@@ -372,10 +375,14 @@ def cmd_bi0_megatron(a) -> int:
     legio.write_jsonl(fwd / "metrics.jsonl", rows)
     meta = legio.new_meta("forward", "bi0", trainer="megatron", started_at=started)
     meta["ended_at"] = legio.now()
-    meta["kernels"] = {"trainer": info, "rollout": "vLLM BI=0, as forward_bi0_hf (same rollouts, same process)"}
+    # the rollouts' engine as bi0 recorded it; absent (an older bi0), the engine is not known here
+    engine_file = Path(a.rollouts + ".engine.json")
+    engine = json.loads(engine_file.read_text()) if engine_file.exists() else {}
+    meta["kernels"] = {"trainer": info, "rollout": {**engine.get("selected", {}),
+                                                    "made_by": "vLLM BI=0 in forward_bi0_hf (the same rollouts)"}}
     cfg = json.loads((m0 / "config.json").read_text())
     meta["resolved_config"] = {"model": str(m0), "weights_hash": ck0, "architecture": cfg["architectures"][0],
-                               **FORWARD_CFG, "schedule_seed": SCHEDULE_SEED, "rollouts": "forward_bi0_hf's"}
+                               **engine.get("config", {}), "schedule_seed": SCHEDULE_SEED, "rollouts": "forward_bi0_hf's"}
     legio.write_meta(fwd, meta)
     log(f"bi0-megatron done in {time.time() - t0:.1f}s")
     return 0

@@ -19,7 +19,7 @@ FORWARD_CFG = dict(dtype="bfloat16", enforce_eager=True, enable_prefix_caching=F
 # the engine as RL frameworks run it in production (verl's vLLM rollout defaults): CUDA graphs on,
 # prefix caching on, chunked prefill with 8192 tokens a step; async scheduling left as vLLM resolves it
 ACCEPT_CFG = dict(enforce_eager=False, enable_prefix_caching=True, enable_chunked_prefill=True,
-                  max_num_batched_tokens=8192)
+                  max_num_batched_tokens=8192, shutdown_timeout=30)
 # the same with CUDA graphs captured from the eager kernels (FULL_DECODE_ONLY) and no torch.compile:
 # under vLLM 0.26's default compile, RMSNorm runs as torch code that Inductor fuses (custom_ops none),
 # which no trainer on vLLM's kernels reproduces (the accept run's first call: every token differed)
@@ -128,23 +128,20 @@ class VllmRollout:
         return self.llm.apply_model(_get)[0]
 
     def selected(self) -> dict:
-        out = {}
+        """The engine as vLLM resolved it (tica.legs.engine.resolved_engine_config: parallel sizes,
+        dtypes, cache, scheduler, graphs, shutdown), with the attention backend it selected."""
+        from tica.legs.engine import resolved_engine_config
+
         try:
             vc = self.llm.llm_engine.vllm_config
-            out["attention_backend"] = str(getattr(vc.attention_config, "backend", None))
-            out["enforce_eager"] = bool(vc.model_config.enforce_eager)
-            out["max_num_batched_tokens"] = int(vc.scheduler_config.max_num_batched_tokens)
-            out["chunked_prefill"] = bool(getattr(vc.scheduler_config, "enable_chunked_prefill", None))
-            out["async_scheduling"] = bool(getattr(vc.scheduler_config, "async_scheduling", None))
-            out["cudagraph_mode"] = str(getattr(vc.compilation_config, "cudagraph_mode", None))
-            sizes = getattr(vc.compilation_config, "cudagraph_capture_sizes", None)
-            out["cudagraph_capture_sizes"] = None if sizes is None else sorted({int(x) for x in sizes})
-            a2a = getattr(vc.parallel_config, "all2all_backend", None)
-            out["all2all_backend"] = None if a2a is None else str(a2a)
-            out["prefix_caching"] = bool(vc.cache_config.enable_prefix_caching)
-        except Exception as err:  # noqa: BLE001
-            out["error"] = repr(err)[:200]
-        return out
+            backend = getattr(vc.attention_config, "backend", None)
+        except AttributeError as err:
+            return {"error": repr(err)[:200]}
+        resolved = resolved_engine_config(vc)
+        if "config_error" in resolved:
+            return {"error": resolved["config_error"]}
+        return {"attention": None if backend is None else str(getattr(backend, "name", backend)),
+                "attention_backend": str(backend), **resolved}
 
 
 class FakeRollout:
