@@ -143,9 +143,10 @@ def start_engine_or_not_run(leg: common.Leg, args, model):
 
     leg.begin()  # the leg's work starts with the engine
     try:
-        return engine.start_llm(model, max_model_len=args.max_model_len,
-                                gpu_memory_utilization=args.gpu_memory_utilization, seed=args.seed,
-                                shutdown_timeout=args.shutdown_timeout, **getattr(args, "engine_args", {}))
+        # the leg's own options win over the engine settings it was given (both may name shutdown_timeout)
+        return engine.start_llm(model, **{**getattr(args, "engine_args", {}), "max_model_len": args.max_model_len,
+                                          "gpu_memory_utilization": args.gpu_memory_utilization, "seed": args.seed,
+                                          "shutdown_timeout": args.shutdown_timeout})
     except Exception as err:
         if args.arm == "bi1":
             leg.finish(not_run_reason="vLLM engine failed to start with VLLM_BATCH_INVARIANT=1: "

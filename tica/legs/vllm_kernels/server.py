@@ -20,11 +20,12 @@ from pathlib import Path
 from tica.models.hashing import weights_hash
 
 from tica.legs.common import SHUTDOWN_TIMEOUT_S, process_identity
-from tica.legs.engine import logged_engine_config
+from tica.legs.engine import served_engine_kernels
 
 from .legio import log
 
 CONCURRENCIES = (1, 8, 32, 64)
+BENCH_SEED = 0  # the random dataset's seed of every leg's `vllm bench serve` (the manifest's workload.seed)
 STOP_MARGIN_S = 15  # past the EngineCore's shutdown grace before the producer SIGKILLs a server (launcher budgets it)
 
 
@@ -151,13 +152,14 @@ def cmd_throughput(a) -> int:
         s = servers.get(leg["arm"])
         # what the arm's server logged resolving (parallel sizes, dtypes, caching, shutdown), never a label
         # written by arm: the kernels the switch selects are its consequence, not a second difference
-        logged = logged_engine_config(s.log_path.read_text(errors="replace")) if s and s.log_path.is_file() else {}
-        meta["kernels"] = {"rollout": {"server": "vllm.entrypoints.openai.api_server", **logged}}
+        # the EngineCore's own report (TICA_ENGINE_CONFIG, api_server.py), checked against vLLM's log line
+        meta["kernels"] = {"rollout": served_engine_kernels(s.log_path.read_text(errors="replace")
+                                                            if s and s.log_path.is_file() else "")}
         meta["resolved_config"] = {"model": str(model), "weights_hash": w_hash,
                                    "model_shape": getattr(a, "model_shape", None) or "tput",
                                    "candidate": getattr(a, "candidate", None),
                                    "num_prompts": leg["num_prompts"], "num_warmups": leg["num_warmups"],
-                                   "input_len": in_len, "output_len": out_len, "ignore_eos": True,
+                                   "input_len": in_len, "output_len": out_len, "ignore_eos": True, "seed": BENCH_SEED,
                                    "random_range_ratio": 0, "max_model_len": max_len, "enforce_eager": not production,
                                    "prefix_caching": production, "engine": engine, "gpu_memory_utilization": a.util,
                                    "shutdown_timeout": shutdown_timeout, "attention_backend": attention_backend,
@@ -232,7 +234,7 @@ def cmd_bench_client(a) -> int:
                 "--tokenizer", spec["tokenizer"], "--dataset-name", "random", "--random-input-len", str(spec["in"]),
                 "--random-output-len", str(spec["out"]), "--random-range-ratio", "0", "--ignore-eos",
                 "--max-concurrency", str(leg["c"]), "--num-prompts", str(leg["num_prompts"]),
-                "--num-warmups", str(leg["num_warmups"]), "--seed", "0", "--ready-check-timeout-sec", "0",
+                "--num-warmups", str(leg["num_warmups"]), "--seed", str(BENCH_SEED), "--ready-check-timeout-sec", "0",
                 "--disable-tqdm", "--save-result", "--result-dir", str(out), "--result-filename", f"{name}.json",
                 "--metadata", f"arm={leg['arm']}", f"round={leg['round']}", f"slot={leg['slot']}"]
         parser = FlexibleArgumentParser()
