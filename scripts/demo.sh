@@ -30,8 +30,9 @@ fi
 export DAGSTER_HOME=${DAGSTER_HOME:-$PWD/data/dagster}
 export TICA_LEDGER=${TICA_LEDGER:-$PWD/data/ledger.duckdb}
 export TICA_DATA_DIR=${TICA_DATA_DIR:-$PWD/data}
-export TICA_REPLAY=${TICA_REPLAY:-h200-mid4=tests/fixtures/h200,h200-mid4-tp2=tests/fixtures/h200/run5,h200-tput=tests/fixtures/h200/basis.tar.xz,h200-smollm2=tests/fixtures/h200/basis.tar.xz}
+export TICA_REPLAY=${TICA_REPLAY:-h200-mid4=tests/fixtures/h200,h200-mid4-tp2=tests/fixtures/h200/run5,h200-tput=tests/fixtures/h200/basis.tar.xz,h200-smollm2=tests/fixtures/h200/basis.tar.xz,h200-accept=tests/fixtures/h200/accept.tar.xz,h200-accept-stock=tests/fixtures/h200/accept.tar.xz}
 export TICA_CACHE_DIR=${TICA_CACHE_DIR:-$PWD/data/cache}
+export TICA_TRUSTED_KEYS=${TICA_TRUSTED_KEYS:-$PWD/demo/trusted-keys}  # signed freeze chains (frozen/) of replayed receipts
 export TICA_RECEIPTS_CACHE=${TICA_RECEIPTS_CACHE:-$PWD/data/receipts}  # archived receipts (basis.tar.xz), unpacked once
 rc=0
 .venv/bin/python -m tica_assets.demo --models "${TICA_DEMO_MODELS:-tiny}" || rc=$?

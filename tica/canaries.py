@@ -243,9 +243,12 @@ def build_backward(question: Question, dest: Path) -> list[Path]:
 def build_update(question: Question, dest: Path) -> list[Path]:
     c: UpdateCriteria = question.criteria  # type: ignore[assignment]
     updated = "blake3:" + "a9d3" * 16
+    # with the rerun an update question may ask for (the same step again: the same grad norm and weights)
     rows = _grad_rows(1, lambda s: {"optimizer": c.optimizer, "weights_changed_tensors": 24,
                                     "weights_total_tensors": 24, "updated_weights_hash": updated,
-                                    "reloaded_by_rollout": True})
+                                    "reloaded_by_rollout": True,
+                                    "tica/update_rerun": {"grad_norm": 0.8 + 0.1 * s, "updated_weights_hash": updated,
+                                                          "how": "a fresh trainer, the same weights and batch"}})
     post_steps = list(range(1, c.post_update_steps + 1))
     files = {"metrics.jsonl": _jsonl(rows),
              **_forward_files("bi1", post_steps, 0.01, 3, lambda s: updated, "post_forward/")}
@@ -432,6 +435,18 @@ def _set_row(i: int, **kv: Any) -> Callable[[list[dict[str, Any]]], None]:
     def f(rows: list[dict[str, Any]]) -> None:
         rows[i].update(kv)
     return f
+
+
+def _set_rerun(**kv: Any) -> Callable[[list[dict[str, Any]]], None]:
+    def f(rows: list[dict[str, Any]]) -> None:
+        rows[0]["tica/update_rerun"].update(kv)
+    return f
+
+
+def _needs_rerun(question: Question | None) -> str | None:
+    if question is not None and getattr(question.criteria, "reproduced_on_rerun", False):
+        return None
+    return "the question does not ask for a reproducible update (criteria.reproduced_on_rerun off)"
 
 
 def perturb_arrays(leg: Path, step: int, prefix: str = "") -> None:
@@ -892,6 +907,14 @@ CANARIES: tuple[Canary, ...] = (
            lambda q, legs: (shutil.rmtree(legs[0] / "post_forward"), seal_leg(legs[0])) and None),
     Canary("update.post_update_steps", E.UPDATE, "every one of the frozen post-update steps present", INCONCLUSIVE,
            drop_post_update_step),
+    Canary("update.rerun_grad_norm", E.UPDATE, "a rerun of the step gives the same grad norm", FAIL,
+           lambda q, legs: edit_jsonl(legs[0] / "metrics.jsonl", _set_rerun(grad_norm=0.9000001), legs[0])),
+    Canary("update.rerun_weights", E.UPDATE, "a rerun of the step gives the same updated weights", FAIL,
+           lambda q, legs: edit_jsonl(legs[0] / "metrics.jsonl",
+                                      _set_rerun(updated_weights_hash="blake3:" + "b7e1" * 16), legs[0])),
+    Canary("update.rerun_recorded", E.UPDATE, "no rerun recorded is not a reproducible update", INCONCLUSIVE,
+           lambda q, legs: edit_jsonl(legs[0] / "metrics.jsonl", lambda rows: rows[0].pop("tica/update_rerun"),
+                                      legs[0])),
     Canary("update.bi1_leg_ran", E.UPDATE, "a BI=1 update leg ran (a BI=0 re-check is no bitwise evidence)",
            frozenset({Verdict.NOT_RUN}), _update_as_bi0),
     # quality
@@ -1075,6 +1098,7 @@ SWITCHED_OFF: dict[str, Callable[[Question | None], str | None]] = {
     "forward.bi0_grad_norm_finite": _needs_arm("bi0"),
     "forward.bi0_grad_norm_recorded": _needs_bi0_smoke,
     "throughput.target_c_over_budget": _needs_budget,
+    **{f"update.rerun_{what}": _needs_rerun for what in ("grad_norm", "weights", "recorded")},
     **{f"{item.value}.must_record": _needs_must_record for item in EvidenceItem},
 }
 

@@ -24,8 +24,9 @@ DEFAULT_ENV = {
     "DAGSTER_HOME": "data/dagster",
     "TICA_LEDGER": "data/ledger.duckdb",
     "TICA_DATA_DIR": "data",
-    "TICA_REPLAY": "h200-mid4=tests/fixtures/h200,h200-mid4-tp2=tests/fixtures/h200/run5,h200-tput=tests/fixtures/h200/basis.tar.xz,h200-smollm2=tests/fixtures/h200/basis.tar.xz",
+    "TICA_REPLAY": "h200-mid4=tests/fixtures/h200,h200-mid4-tp2=tests/fixtures/h200/run5,h200-tput=tests/fixtures/h200/basis.tar.xz,h200-smollm2=tests/fixtures/h200/basis.tar.xz,h200-accept=tests/fixtures/h200/accept.tar.xz,h200-accept-stock=tests/fixtures/h200/accept.tar.xz",
     "TICA_RECEIPTS_CACHE": "data/receipts",  # where archived receipts (basis.tar.xz) are unpacked
+    "TICA_TRUSTED_KEYS": "demo/trusted-keys",  # keys of the signed freeze chains replayed receipts carry (frozen/)
 }
 QUIET_CONSOLE = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
 DEMO_MODELS = {"tiny": "tiny-llama", "smollm2": "smollm2-135m-instruct"}

@@ -1,0 +1,122 @@
+"""Issue 31's end-to-end decision, replayed from the committed receipts of the h200-accept runs
+(tests/fixtures/h200/accept.tar.xz; one H100 80GB HBM3, SmolLM2-135M-Instruct, vLLM 0.26.0, decode
+CUDA graphs, prefix caching, chunked prefill). Each track is materialized item by item into a
+fresh DuckDB ledger the way its Dagster assets do it (the replay runner's selection, each item's
+question frozen before its legs are read, clean exit and artifacts over the legs they cover), and
+then reported. Nothing here touches a GPU.
+
+- h200-accept (overlay3): forward, backward and update pass, their questions verifiably frozen
+  before the legs (the runs' signed chain); throughput fails at c=1, which rejects it.
+- h200-accept-stock: rejected by the forward item, which catches the batch-variant engine.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from resources.legs import LegRequest, ReplayLegRunner
+from tica.acceptance import materialize, report
+from tica.candidate import identify
+from tica.cli import questions_in_force
+from tica.evidence import COVERS, EvidenceItem
+from tica.ledger import Ledger
+from tica.manifest import load_manifest
+from tica.order_proof import TRUSTED_KEYS_ENV
+from tica.receipt_archive import unpacked
+from tica.verdict import Verdict
+from tica_assets.core import find_question, track_questions
+
+E = EvidenceItem
+ROOT = Path(__file__).resolve().parents[1]
+ARCHIVE = ROOT / "tests" / "fixtures" / "h200" / "accept.tar.xz"
+QUESTIONS = ROOT / "demo" / "questions"
+QUIET = SimpleNamespace(log=SimpleNamespace(info=lambda *_: None, warning=lambda *_: None))
+
+
+def materialized_track(receipts: Path, ledger_path: Path, track: str):
+    loaded = load_manifest(ROOT / "demo" / "candidates" / f"{track}.yaml")
+    identity = identify(loaded)
+    ledger = Ledger(ledger_path)
+    runner = ReplayLegRunner(receipts_dir=str(receipts))
+    done = {}
+    for item in (E.FORWARD, E.BACKWARD, E.UPDATE, E.QUALITY, E.THROUGHPUT, E.CLEAN_EXIT, E.ARTIFACTS):
+        upstream = [leg for covered in COVERS.get(item, ()) for leg in done[covered].current.own_legs]
+
+        def run_legs(question, candidate_id, item=item):
+            return runner.run_batches(QUIET, LegRequest(track=track, item=item, question=question, manifest=loaded,
+                                                        candidate_id=candidate_id, out_dir=ledger_path.parent / "legs"))
+
+        done[item] = materialize(ledger, loaded, identity, item, find_question(QUESTIONS, track, item), run_legs,
+                                 upstream, track_questions=track_questions(QUESTIONS, track))
+    return done, report(ledger, track, identity, questions=questions_in_force(QUESTIONS, track))
+
+
+@pytest.fixture(scope="module")
+def tracks(tmp_path_factory):
+    root = tmp_path_factory.mktemp("accept")
+    receipts = unpacked(ARCHIVE, root / "receipts")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(TRUSTED_KEYS_ENV, str(ROOT / "demo" / "trusted-keys"))
+        mp.setenv("TICA_CACHE_DIR", str(root / "cache"))
+        return {t: materialized_track(receipts, root / f"{t}.duckdb", t) for t in ("h200-accept", "h200-accept-stock")}
+
+
+def check(done, item: EvidenceItem, name: str):
+    return next(c for c in done[item].current.checks if c.name == name)
+
+
+def test_the_overlay_passes_forward_backward_and_update_under_questions_proven_frozen_before_its_legs(tracks):
+    done, _ = tracks["h200-accept"]
+    for item in (E.FORWARD, E.BACKWARD, E.UPDATE):
+        assert done[item].current.cell.verdict is Verdict.PASS, (item, done[item].current.cell.reasons)
+        frozen = check(done, item, "frozen_before_run")
+        assert frozen.passed, (item, frozen)
+        assert "ed25519:e34b0e4d23fe3d8d" in f"{frozen.description} {frozen.detail}"  # by the signed chain
+
+
+def test_the_freeze_proof_is_worth_nothing_without_a_trusted_key(tmp_path):
+    """Negative control: the same receipts prove the order under the shipped key, and nothing with
+    no key trusted."""
+    from tica.order_proof import proven_freezes, trusted_keys
+    from tica.question import load_question
+
+    receipts = unpacked(ARCHIVE, tmp_path / "receipts")
+    leg = receipts / "h200-accept" / "run12" / "forward_bi1_decode"
+    q = load_question(QUESTIONS / "h200-accept" / "forward.yaml")
+    proven, _ = proven_freezes([leg], q.hash, trusted_keys(ROOT / "demo" / "trusted-keys"))
+    assert proven[leg.parent][0].startswith("2026-12-05T15:1")
+    proven, problems = proven_freezes([leg], q.hash, {})
+    assert proven == {} and problems[leg.parent]
+
+
+def test_the_overlay_is_rejected_by_throughput_at_c1(tracks):
+    done, rep = tracks["h200-accept"]
+    cell = done[E.THROUGHPUT].current.cell
+    assert cell.verdict is Verdict.FAIL and "c=1" in cell.summary, cell.summary
+    assert not rep.accepted
+    assert "throughput" in rep.headline
+
+
+def test_stock_vllm_is_rejected_by_the_forward_item(tracks):
+    done, rep = tracks["h200-accept-stock"]
+    assert done[E.FORWARD].current.cell.verdict is Verdict.FAIL
+    assert "not bitwise" in " ".join(done[E.FORWARD].current.cell.reasons)
+    assert not rep.accepted and "forward" in rep.headline
+
+
+def test_the_update_reproduces_its_grad_norm_and_weights_hash_across_runs_and_machines(tmp_path):
+    """run10 (GPU-0ddbaa36), run11 (GPU-ba85492b) and run12 (GPU-2044cdbd): one seed, one batch,
+    the same grad norm and updated weights hash on three H100s, and within each run its rerun."""
+    import json
+
+    receipts = unpacked(ARCHIVE, tmp_path / "receipts")
+    seen = set()
+    for run in ("run10", "run11", "run12"):
+        row = json.loads((receipts / "h200-accept" / run / "update_bi1" / "metrics.jsonl").read_text().splitlines()[0])
+        rerun = row["tica/update_rerun"]
+        assert (rerun["grad_norm"], rerun["updated_weights_hash"]) == (row["actor/grad_norm"], row["updated_weights_hash"])
+        seen.add((row["actor/grad_norm"], row["updated_weights_hash"]))
+    assert len(seen) == 1, seen
