@@ -84,7 +84,7 @@ def main() -> None:
             rows.append((tool, run_tool(tool, paths)))
 
         print(f"file set: {args.files} files, {gib:.2f} GiB, {os.cpu_count()} CPUs")
-        print(f"{'tool':<30} {'seconds':>9} {'GiB/s':>8} {"time vs tica":>13}")
+        print(f"{'tool':<30} {'seconds':>9} {'GiB/s':>8} {'time vs tica':>13}")
         for name, secs in rows:
             if secs is None:
                 print(f"{name:<30} {'missing':>9} (apt-get install {name.split()[0]})")
