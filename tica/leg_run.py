@@ -650,25 +650,6 @@ def read_environ(pid: int, proc: Path = Path("/proc")) -> tuple[dict[str, str] |
     return dict(item.split("=", 1) for item in items), ""
 
 
-def process_tree(root: int, limit: int = MAX_ENVIRON_RECORDS) -> list[int]:
-    """The descendants of `root` (children first), from one pass over /proc."""
-    kids: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-            kids.setdefault(int(text[text.rfind(")") + 2:].split()[1]), []).append(int(stat.parent.name))
-        except (OSError, ValueError, IndexError):
-            continue
-    out: list[int] = []
-    todo = [root]
-    while todo and len(out) < limit:
-        for k in sorted(kids.get(todo.pop(0), ())):
-            if k not in out and k != root:
-                out.append(k)
-                todo.append(k)
-    return out[:limit]
-
-
 def environ_record(pid: int, role: str, passed: dict[str, str] | None = None
                    ) -> tuple[dict[str, Any], dict[str, str] | None]:
     """What one process's environment said of the arm's switch: {pid, role, name, environ: "read",
@@ -722,7 +703,7 @@ class EnvironWatch:
     def _sample(self, tree: bool) -> bool:
         if self._ticks is None or process_start_ticks(self.pid) != self._ticks:
             return False  # it ended and was reaped (its pid may be another process's now)
-        pids = [(self.pid, self.role)] + ([(p, f"{self.role} child") for p in process_tree(self.pid)] if tree else [])
+        pids = [(self.pid, self.role)] + ([(p, f"{self.role} child") for p in common.process_tree(self.pid, MAX_ENVIRON_RECORDS)] if tree else [])
         for pid, role in pids:
             rec, _ = environ_record(pid, role, self.passed)
             read = rec["environ"] == "read"
@@ -764,7 +745,7 @@ def observe_environ(root: int, role: str, passed: dict[str, str] | None = None
                     ) -> tuple[list[dict[str, Any]], dict[str, str] | None]:
     """One reading of a process's environment and of every descendant's: (records, its own env)."""
     rec, env = environ_record(root, role, passed)
-    records = [rec] + [environ_record(p, f"{role} child", passed)[0] for p in process_tree(root)]
+    records = [rec] + [environ_record(p, f"{role} child", passed)[0] for p in common.process_tree(root, MAX_ENVIRON_RECORDS)]
     return records, env
 
 

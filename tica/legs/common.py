@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
+import psutil
+
 from tica.seal import seal_leg
 
 LEG_SCHEMA = "tica.leg/1"
@@ -258,33 +260,42 @@ def device_info() -> dict:
 
 
 def children_of(pid: int) -> list[int]:
-    """Direct children of a process, from /proc (Linux)."""
-    kids = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:
-            continue
-        # "pid (comm) state ppid ..." — comm may contain spaces and parentheses
-        rest = text[text.rfind(")") + 2 :].split()
-        if len(rest) > 1 and int(rest[1]) == pid:
-            kids.append(int(stat.parent.name))
-    return sorted(kids)
+    """Direct children of a process (none where it is gone)."""
+    try:
+        return sorted(child.pid for child in psutil.Process(pid).children())
+    except psutil.Error:
+        return []
+
+
+def process_tree(root: int, limit: int) -> list[int]:
+    """The descendants of `root`, children first (breadth first, each level by pid), at most `limit`,
+    from one snapshot of every process's parent."""
+    kids: dict[int, list[int]] = {}
+    for proc in psutil.process_iter(["ppid"]):
+        kids.setdefault(proc.info["ppid"], []).append(proc.pid)
+    out: list[int] = []
+    todo = [root]
+    while todo and len(out) < limit:
+        for k in sorted(kids.get(todo.pop(0), ())):
+            if k not in out and k != root:
+                out.append(k)
+                todo.append(k)
+    return out[:limit]
 
 
 def process_name(pid: int) -> str | None:
     try:
-        return Path(f"/proc/{pid}/comm").read_text().strip()
-    except OSError:
+        return psutil.Process(pid).name() or None
+    except psutil.Error:
         return None
 
 
 def pid_alive(pid: int) -> bool:
+    """Running, or stopped: neither gone nor a zombie its parent has not reaped."""
     try:
-        state = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
         return False
-    return state[state.rfind(")") + 2 :].split()[0] != "Z"
 
 
 def end_state(exit_code: int | None, *, force_killed: bool = False, alive: bool = False) -> tuple[str, int | None]:
@@ -311,10 +322,8 @@ def process_identity(pid: int | None) -> dict:
     if pid is None:
         return {}
     try:
-        import psutil
-
         proc = psutil.Process(pid)
-    except Exception:  # no psutil, or no such process: nothing read
+    except psutil.Error:  # no such process: nothing read
         return {}
     out: dict = {}
     for key, read in (("create_time", proc.create_time), ("name", proc.name), ("cmdline", proc.cmdline)):
