@@ -6,7 +6,9 @@ a ledger path is taken (`--ledger`, TICA_LEDGER; tica.ledger.store.open_ledger).
   so writers on any number of hosts extend one chain in turn (bounded wait, LedgerLockTimeout).
 - Reads a person types (`tica ledger query`) run in a read-only transaction as the role
   `tica_reader` (SELECT on the ledger's tables and views, nothing else: no server file access),
-  which `init` creates.
+  which `init` creates, with `tica_writer` (SELECT and INSERT only): whoever runs `init` owns the
+  schema, and a writer's login made a member of `tica_writer` alone cannot change it
+  (docs/deployment.md).
 - Verify recomputes the chain (tica.ledger.chain.verify_entries) and compares each view's stored
   definition with the definition Postgres gives the code's SQL, made as temporary views in a
   transaction that is rolled back. With TICA_VERIFY_IN_DB=1 the chain is re-hashed by the server
@@ -34,6 +36,9 @@ from tica.ledger.schema import (CHAIN_COLUMNS, INDEXES, TABLES, TRACK_VERDICTS_S
                                 dropped_tables, insert_sql)
 
 READER_ROLE = "tica_reader"
+# Appending needs SELECT and INSERT, nothing else: a login that is only a member of this role cannot
+# add a rule, a trigger or a policy (each needs ownership), nor UPDATE, DELETE or DROP anything.
+WRITER_ROLE = "tica_writer"
 # SQL a person types runs for at most this long (under the writers' 30 s lock timeout, so a reader
 # holding their lock cannot make a writer give up); at most QUERY_MAX_ROWS rows (tica.ledger.interface).
 QUERY_TIMEOUT_S = 10.0
@@ -139,6 +144,15 @@ class PostgresLedger:
         return views == len(PG_VIEWS) and indexes == len(INDEXES)
 
     def init(self) -> "PostgresLedger":
+        psycopg = psycopg_module()
+        try:
+            self._create_schema()
+        except (psycopg.errors.InsufficientPrivilege, psycopg.errors.InvalidSchemaName) as err:
+            raise LedgerMissing(f"{self.path}: no ledger in this database, and this login may not create one "
+                                f"({str(err).splitlines()[0]}): make the first write as the schema's owner") from None
+        return self
+
+    def _create_schema(self) -> None:
         with self._connect() as con:
             con.execute("SELECT pg_advisory_xact_lock(%s)", [_LOCK_KEY])
             for table, columns in TABLES.items():
@@ -149,11 +163,11 @@ class PostgresLedger:
                 con.execute(f"CREATE OR REPLACE VIEW {name} AS {sql}")
             for name, on in INDEXES.items():  # a ledger made before them gains them here
                 con.execute(f"CREATE INDEX IF NOT EXISTS {name} ON {on}")
-            if not con.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", [READER_ROLE]).fetchone():
-                con.execute(f"CREATE ROLE {READER_ROLE} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE")
-            con.execute(f"GRANT USAGE ON SCHEMA public TO {READER_ROLE}")
-            con.execute(f"GRANT SELECT ON ALL TABLES IN SCHEMA public TO {READER_ROLE}")
-        return self
+            for role, login, grant in ((READER_ROLE, "LOGIN", "SELECT"), (WRITER_ROLE, "NOLOGIN", "SELECT, INSERT")):
+                if not con.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", [role]).fetchone():
+                    con.execute(f"CREATE ROLE {role} {login} NOSUPERUSER NOCREATEDB NOCREATEROLE")
+                con.execute(f"GRANT USAGE ON SCHEMA public TO {role}")
+                con.execute(f"GRANT {grant} ON ALL TABLES IN SCHEMA public TO {role}")
 
     def require_exists(self) -> "PostgresLedger":
         with self._connect() as con:
