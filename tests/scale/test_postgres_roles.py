@@ -81,3 +81,21 @@ def test_a_writer_login_on_a_database_without_the_ledger_is_one_line_naming_the_
     err = capsys.readouterr().err.strip()
     assert code in (4, 5) and len(err.splitlines()) == 1 and "Traceback" not in err, err
     assert "owner" in err, err
+
+
+@pytest.mark.parametrize("sql, named", [
+    (f"GRANT UPDATE ON verdicts TO {WRITER_ROLE}", f"UPDATE on verdicts was granted to {WRITER_ROLE}"),
+    (f"GRANT INSERT ON verdicts TO {READER_ROLE}", f"INSERT on verdicts was granted to {READER_ROLE}"),
+    ("GRANT DELETE ON ledger_chain TO PUBLIC", "DELETE on ledger_chain was granted to PUBLIC"),
+    ("CREATE ROLE {other}; ALTER TABLE verdicts OWNER TO {other}", "verdicts is owned by {other}"),
+], ids=["writer-update", "reader-insert", "public-delete", "owner"])
+def test_a_grant_or_owner_changed_behind_the_ledger_is_named_by_verify(owned, sql, named):
+    ledger = PostgresLedger(owned)
+    ledger.append("verdicts", ROW)
+    assert ledger.verify().ok  # the grants init made are the expected ones
+    other = f"owner_{uuid.uuid4().hex[:8]}"  # roles outlive a test's database
+    sql, named = sql.format(other=other), named.format(other=other)
+    with psycopg.connect(owned) as con:
+        con.execute(sql)
+    report = ledger.verify()
+    assert not report.ok and any(named in p for p in report.problems), report.problems

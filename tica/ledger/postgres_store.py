@@ -367,6 +367,34 @@ def _write_hazards(con) -> list[str]:
     return out
 
 
+# What each role may do on every ledger relation (tables and views): whatever init granted, nothing more.
+_EXPECTED_GRANTS = {READER_ROLE: {"SELECT"}, WRITER_ROLE: {"SELECT", "INSERT"}}
+
+
+def _grant_problems(con) -> list[str]:
+    """Each privilege on a ledger relation that init did not grant (to another role, to PUBLIC, or
+    more than SELECT/INSERT to the ledger's roles), and each relation owned by another role than the
+    one owning ledger_chain (the schema's owner): read from the relations' ACLs in pg_catalog."""
+    names = [*TABLES, *PG_VIEWS]
+    out: list[str] = []
+    owners = dict(con.execute(
+        "SELECT c.relname, pg_catalog.pg_get_userbyid(c.relowner) FROM pg_catalog.pg_class c "
+        "JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = 'public' "
+        "AND c.relname = ANY(%s)", [names]).fetchall())
+    owner = owners.get("ledger_chain")
+    out += [f"{rel} is owned by {who}, not by {owner}, the ledger's owner" for rel, who in sorted(owners.items())
+            if who != owner]
+    for rel, grantee, privilege in con.execute(
+            "SELECT c.relname, CASE WHEN a.grantee = 0 THEN 'PUBLIC' "
+            "ELSE pg_catalog.pg_get_userbyid(a.grantee) END, a.privilege_type "
+            "FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
+            "CROSS JOIN LATERAL pg_catalog.aclexplode(c.relacl) a "
+            "WHERE n.nspname = 'public' AND c.relname = ANY(%s) ORDER BY 1, 2, 3", [names]).fetchall():
+        if grantee != owners.get(rel) and privilege not in _EXPECTED_GRANTS.get(grantee, set()):
+            out.append(f"{privilege} on {rel} was granted to {grantee} behind the ledger")
+    return out
+
+
 def _tables_as_created(con) -> bool:
     """Whether every table is a plain table in public whose chain and payload columns have the
     code's types (text, bigint; a domain or another type is not): what the in-database verify's
@@ -394,6 +422,7 @@ def _view_problems(con) -> list[str]:
     found = dict(con.execute(
         "SELECT viewname, definition FROM pg_catalog.pg_views WHERE schemaname = 'public'").fetchall())
     out = [f"{hazard} was created behind the ledger (it can drop, change or hide rows)" for hazard in _write_hazards(con)]
+    out += _grant_problems(con)
     for name, sql in PG_VIEWS.items():
         if name not in found:
             out.append(f"view {name} is missing")
