@@ -143,6 +143,7 @@ _HIDERS = {
                 "CREATE TRIGGER drop_fail BEFORE INSERT ON verdicts FOR EACH ROW EXECUTE FUNCTION public.tica_drop()"),
     "row-level security": ("ALTER TABLE verdicts ENABLE ROW LEVEL SECURITY; "
                            "CREATE POLICY no_fail ON verdicts FOR SELECT TO PUBLIC USING (verdict <> 'fail')"),
+    "default": "ALTER TABLE verdicts ALTER COLUMN summary SET DEFAULT 'ok'",
 }
 
 

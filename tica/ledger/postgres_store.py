@@ -345,9 +345,9 @@ def _insert(con, table: str, chain: Mapping[str, Any], payload: Mapping[str, Any
 
 
 def _write_hazards(con) -> list[str]:
-    """What on the ledger's tables could drop, divert or hide a row: rules, triggers, row-level
-    security and its policies (read from pg_catalog, whatever the search path). The code creates
-    none of them."""
+    """What on the ledger's tables could drop, divert, hide or fill in a row: rules, triggers,
+    row-level security and its policies, column defaults (read from pg_catalog, whatever the search
+    path). The code creates none of them."""
     names = list(TABLES)
     out = [f"rule {rule} on {table}" for table, rule in con.execute(
         "SELECT c.relname, r.rulename FROM pg_catalog.pg_rewrite r JOIN pg_catalog.pg_class c ON c.oid = r.ev_class "
@@ -364,6 +364,12 @@ def _write_hazards(con) -> list[str]:
     out += [f"policy {policy} on {table}" for table, policy in con.execute(
         "SELECT tablename, policyname FROM pg_catalog.pg_policies WHERE schemaname = 'public' "
         "AND tablename = ANY(%s) ORDER BY 1, 2", [names]).fetchall()]
+    # init declares no default: one fills a column an append leaves out with a value no writer chose
+    out += [f"default on {table}.{column}" for table, column in con.execute(
+        "SELECT c.relname, a.attname FROM pg_catalog.pg_attrdef d JOIN pg_catalog.pg_class c ON c.oid = d.adrelid "
+        "JOIN pg_catalog.pg_attribute a ON a.attrelid = d.adrelid AND a.attnum = d.adnum "
+        "JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = 'public' "
+        "AND c.relname = ANY(%s) ORDER BY 1, 2", [names]).fetchall()]
     return out
 
 
