@@ -703,7 +703,8 @@ class EnvironWatch:
     def _sample(self, tree: bool) -> bool:
         if self._ticks is None or process_start_ticks(self.pid) != self._ticks:
             return False  # it ended and was reaped (its pid may be another process's now)
-        pids = [(self.pid, self.role)] + ([(p, f"{self.role} child") for p in common.process_tree(self.pid, MAX_ENVIRON_RECORDS)] if tree else [])
+        children = common.process_tree(self.pid, MAX_ENVIRON_RECORDS) if tree else []
+        pids = [(self.pid, self.role)] + [(p, f"{self.role} child") for p in children]
         for pid, role in pids:
             rec, _ = environ_record(pid, role, self.passed)
             read = rec["environ"] == "read"
@@ -745,7 +746,8 @@ def observe_environ(root: int, role: str, passed: dict[str, str] | None = None
                     ) -> tuple[list[dict[str, Any]], dict[str, str] | None]:
     """One reading of a process's environment and of every descendant's: (records, its own env)."""
     rec, env = environ_record(root, role, passed)
-    records = [rec] + [environ_record(p, f"{role} child", passed)[0] for p in common.process_tree(root, MAX_ENVIRON_RECORDS)]
+    children = common.process_tree(root, MAX_ENVIRON_RECORDS)
+    records = [rec] + [environ_record(p, f"{role} child", passed)[0] for p in children]
     return records, env
 
 
