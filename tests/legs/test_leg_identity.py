@@ -108,14 +108,15 @@ def test_updated_weights_are_named_by_the_folder_that_was_reloaded(tmp_path):
     assert weights_hash(out) != weights_hash(model)  # the stamp is not copied: another folder, another digest
 
 
-def test_the_fingerprint_module_needs_only_the_standard_library_and_blake3():
-    """What a GPU node has: vLLM brings blake3; nothing else of TICA's dependencies is imported."""
+def test_the_fingerprint_module_needs_only_the_standard_library_blake3_and_psutil():
+    """What a GPU node has: vLLM brings blake3 and psutil (both are vLLM requirements); nothing else
+    of TICA's dependencies is imported."""
     code = (
         "import sys, importlib.abc\n"
         "class Block(importlib.abc.MetaPathFinder):\n"
         "    def find_spec(self, name, path, target=None):\n"
         "        top = name.split('.')[0]\n"
-        "        if top in sys.stdlib_module_names or top in ('blake3', 'tica'):\n"
+        "        if top in sys.stdlib_module_names or top in ('blake3', 'psutil', 'tica'):\n"
         "            return None\n"
         "        raise ImportError(f'blocked: {name}')\n"
         "sys.meta_path.insert(0, Block())\n"
