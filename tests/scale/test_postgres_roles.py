@@ -26,7 +26,7 @@ def login_in(dsn: str, role: str) -> str:
     name = f"{role.split('_')[1]}_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(dsn, autocommit=True) as con:
         con.execute(f"CREATE ROLE {name} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE IN ROLE {role}")
-    user, rest = dsn.split("://", 1)[1].split("@", 1)
+    rest = dsn.split("://", 1)[1].split("@", 1)[1]
     return f"postgresql://{name}@{rest}"
 
 

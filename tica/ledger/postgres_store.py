@@ -39,6 +39,8 @@ READER_ROLE = "tica_reader"
 # Appending needs SELECT and INSERT, nothing else: a login that is only a member of this role cannot
 # add a rule, a trigger or a policy (each needs ownership), nor UPDATE, DELETE or DROP anything.
 WRITER_ROLE = "tica_writer"
+# What init grants each role on every ledger relation (tables and views), and all verify accepts.
+ROLE_GRANTS = {READER_ROLE: ("LOGIN", ("SELECT",)), WRITER_ROLE: ("NOLOGIN", ("SELECT", "INSERT"))}
 # SQL a person types runs for at most this long (under the writers' 30 s lock timeout, so a reader
 # holding their lock cannot make a writer give up); at most QUERY_MAX_ROWS rows (tica.ledger.interface).
 QUERY_TIMEOUT_S = 10.0
@@ -163,11 +165,11 @@ class PostgresLedger:
                 con.execute(f"CREATE OR REPLACE VIEW {name} AS {sql}")
             for name, on in INDEXES.items():  # a ledger made before them gains them here
                 con.execute(f"CREATE INDEX IF NOT EXISTS {name} ON {on}")
-            for role, login, grant in ((READER_ROLE, "LOGIN", "SELECT"), (WRITER_ROLE, "NOLOGIN", "SELECT, INSERT")):
+            for role, (login, grants) in ROLE_GRANTS.items():
                 if not con.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", [role]).fetchone():
                     con.execute(f"CREATE ROLE {role} {login} NOSUPERUSER NOCREATEDB NOCREATEROLE")
                 con.execute(f"GRANT USAGE ON SCHEMA public TO {role}")
-                con.execute(f"GRANT {grant} ON ALL TABLES IN SCHEMA public TO {role}")
+                con.execute(f"GRANT {', '.join(grants)} ON ALL TABLES IN SCHEMA public TO {role}")
 
     def require_exists(self) -> "PostgresLedger":
         with self._connect() as con:
@@ -373,10 +375,6 @@ def _write_hazards(con) -> list[str]:
     return out
 
 
-# What each role may do on every ledger relation (tables and views): whatever init granted, nothing more.
-_EXPECTED_GRANTS = {READER_ROLE: {"SELECT"}, WRITER_ROLE: {"SELECT", "INSERT"}}
-
-
 def _grant_problems(con) -> list[str]:
     """Each privilege on a ledger relation that init did not grant (to another role, to PUBLIC, or
     more than SELECT/INSERT to the ledger's roles), and each relation owned by another role than the
@@ -396,7 +394,7 @@ def _grant_problems(con) -> list[str]:
             "FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
             "CROSS JOIN LATERAL pg_catalog.aclexplode(c.relacl) a "
             "WHERE n.nspname = 'public' AND c.relname = ANY(%s) ORDER BY 1, 2, 3", [names]).fetchall():
-        if grantee != owners.get(rel) and privilege not in _EXPECTED_GRANTS.get(grantee, set()):
+        if grantee != owners.get(rel) and privilege not in ROLE_GRANTS.get(grantee, ("", ()))[1]:
             out.append(f"{privilege} on {rel} was granted to {grantee} behind the ledger")
     return out
 
