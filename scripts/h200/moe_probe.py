@@ -11,7 +11,12 @@ Two measurements, each counted as tokens whose logprob differs bitwise:
 Writes one JSON per arm under --out, with vLLM's own log lines about the MoE kernel it chose. A
 measurement, not a leg: nothing here is judged.
 
-    python3 scripts/h200/moe_probe.py --arm 1 --out "$OUT"
+    python3 scripts/h200/moe_probe.py --arm 1 --out "$OUT" [--dense] [--quant fp8] [--candidate overlay3]
+
+``--quant fp8`` serves the same bf16 checkpoint with vLLM's online FP8 (``quantization="fp8"``:
+weights cast to FP8 with per-tensor scales at load, activations scaled per token at run time), as a
+team serving FP8 without an FP8 checkpoint would; vLLM's log lines name the FP8 kernels it chose.
+``--candidate`` loads the overlay's parts as vLLM's general plugin, as the legs do.
 """
 
 from __future__ import annotations
@@ -65,12 +70,24 @@ def main() -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--model", default="/tmp/tica_moe/model")
     p.add_argument("--dense", action="store_true", help="the control: a dense Qwen3 of the same widths")
+    p.add_argument("--quant", choices=["none", "fp8"], default="none")
+    p.add_argument("--candidate", choices=["stock", "overlay3"], default=None,
+                   help="set the overlay plugin's environment here (default: as the caller set it)")
     a = p.parse_args()
     os.environ["VLLM_BATCH_INVARIANT"] = a.arm
     out, model_dir = Path(a.out), Path(a.model)
-    name = f"{'dense' if a.dense else 'moe'}_probe_bi{a.arm}"
+    if a.candidate:
+        from tica.legs.vllm_kernels.overlay import candidate_env, write_plugin_dist
+
+        plugin = Path("/tmp/tica_probe_plugin")
+        write_plugin_dist(plugin)
+        os.environ.update(candidate_env(dict(os.environ), a.candidate, plugin))
+        sys.path.insert(0, str(plugin))  # this process's plugin lookup; vLLM's children read PYTHONPATH
+    quant = "" if a.quant == "none" else f"_{a.quant}"
+    name = f"{'dense' if a.dense else 'moe'}{quant}_probe_bi{a.arm}"
     out.mkdir(parents=True, exist_ok=True)
-    rec: dict = {"arm": f"bi{a.arm}", "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    rec: dict = {"arm": f"bi{a.arm}", "quantization": a.quant, "candidate": a.candidate,
+                 "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     if not (model_dir / "config.json").exists():
         rec["model"] = build(model_dir, a.dense)
     from vllm import LLM, SamplingParams
@@ -80,7 +97,7 @@ def main() -> int:
     try:
         llm = LLM(model=str(model_dir), skip_tokenizer_init=True, dtype="bfloat16", enforce_eager=True,
                   attention_backend="FLASH_ATTN", enable_prefix_caching=False, gpu_memory_utilization=0.3,
-                  max_model_len=4096, seed=0)
+                  max_model_len=4096, seed=0, quantization=None if a.quant == "none" else a.quant)
     except Exception as err:  # noqa: BLE001 - vLLM's own reason is the result
         rec["engine_error"] = f"{type(err).__name__}: {err}"[:2000]
         (out / f"{name}.json").write_text(json.dumps(rec, indent=1))

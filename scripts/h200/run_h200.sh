@@ -142,5 +142,25 @@ case "$1" in
         --out "$OUT/$cand" --work /tmp/tica_accept_$cand 2>&1 | tee -a "$OUT/run.log"
     done
     ;;
-  *) echo "usage: $0 recv|forward|tp2|throughput|quality|matrix|bench|accept"; exit 2 ;;
+  probe)
+    # issue 33's probes (scripts/h200/moe_probe.py): a seeded Qwen3-MoE-style model and its dense control,
+    # served with vLLM's online FP8, stock and overlay3, under BI=1. The MoE layer needs vLLM's _moe_C,
+    # which the kit drops: carry .devstage/m1 (scripts/h200/build_carries.sh moe) in this call.
+    if [ -f .devstage/m1/moe_C.so.xz ] && [ ! -f /tmp/site/vllm/_moe_C_stable_libtorch.abi3.so ]; then
+      python3 -c "import lzma, shutil; shutil.copyfileobj(lzma.open('.devstage/m1/moe_C.so.xz'), open('/tmp/site/vllm/_moe_C_stable_libtorch.abi3.so', 'wb'), 1 << 24)"
+    fi
+    nvidia-smi -L | tee -a "$OUT/run.log"
+    for quant in ${QUANTS:-fp8}; do
+      for model in dense moe; do
+        flag=(); [ $model = dense ] && flag=(--dense)
+        for cand in overlay3 stock; do
+          log="$OUT/probe/$model.$quant.$cand.log"; mkdir -p "$OUT/probe"
+          timeout 150 python3 scripts/h200/moe_probe.py --arm 1 --out "$OUT/probe/$cand" --model /tmp/tica_probe_$model \
+            --quant $quant --candidate $cand "${flag[@]}" 2>&1 | grep -v "it/s" > "$log"
+          echo "== $model $quant $cand rc=$?" | tee -a "$OUT/run.log"; tail -25 "$log" | tee -a "$OUT/run.log"
+        done
+      done
+    done
+    ;;
+  *) echo "usage: $0 recv|forward|tp2|throughput|quality|matrix|bench|accept|probe"; exit 2 ;;
 esac
