@@ -1,14 +1,17 @@
 """Pack the h200-accept receipts (issue 31) into tests/fixtures/h200/accept.tar.xz.
 
-    .venv/bin/python scripts/h200/pack_accept.py --frozen DIR --calls DIR \
+    .venv/bin/python scripts/h200/pack_accept.py --frozen DIR --calls DIR --replay DIR \
         --run run10=/tmp/a10/run10/{cand} --run run11=/tmp/r11/{cand}/h200 [--run ...]
+
+To add a run to the committed archive, unpack it, link `overlay3` and `stock` to its track folders,
+and name its runs from there beside the new one.
 
 Each `--run NAME=PATTERN` names a device call's sealed legs, `{cand}` standing for overlay3 and
 stock. The archive holds one track folder per candidate (h200-accept: overlay3, h200-accept-stock:
 stock), each run as `<track>/<run>/<leg>/` with the freeze proof beside its legs
-(`<track>/<run>/frozen/`: the freezing ledger's chain export and its signed head, the same for
-every run: all of them ran after that one freeze), the track's `replay.yaml` (`--replay DIR`:
-`<track>.yaml` files), and the calls' logs under `calls/`. Only the legs a track's evidence or its
+(`<track>/<run>/frozen/`: the freezing ledger's chain export and its signed head, from --frozen,
+or, for a run repacked from an earlier archive, the proof it shipped with), the track's
+`replay.yaml` (`--replay DIR`: `<track>.yaml` files), and the calls' logs under `calls/`. Only the legs a track's evidence or its
 canaries use are kept: the rest (prefill-scored probes) stay in the calls' logs.
 """
 
@@ -47,9 +50,12 @@ def main() -> int:
                 run = root / track / name
                 for leg in legs:
                     shutil.copytree(leg, run / leg.name)
+                # a run repacked from an earlier archive keeps the proof it shipped with (the head its
+                # legs ran after); a new run gets --frozen's
+                proof = src / "frozen" if all((src / "frozen" / f).is_file() for f in FROZEN) else a.frozen
                 (run / "frozen").mkdir()
                 for f in FROZEN:
-                    shutil.copy(a.frozen / f, run / "frozen" / f)
+                    shutil.copy(proof / f, run / "frozen" / f)
         if a.calls:
             shutil.copytree(a.calls, root / "calls")
         a.out.parent.mkdir(parents=True, exist_ok=True)

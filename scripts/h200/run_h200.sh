@@ -149,6 +149,10 @@ case "$1" in
     if [ -f .devstage/m1/moe_C.so.xz ] && [ ! -f /tmp/site/vllm/_moe_C_stable_libtorch.abi3.so ]; then
       python3 -c "import lzma, shutil; shutil.copyfileobj(lzma.open('.devstage/m1/moe_C.so.xz'), open('/tmp/site/vllm/_moe_C_stable_libtorch.abi3.so', 'wb'), 1 << 24)"
     fi
+    # vLLM's FP8 path imports compressed_tensors (and it loguru), which the image lacks: carry .devstage/m2
+    if ls .devstage/m2/*.whl >/dev/null 2>&1 && [ ! -d /tmp/site/compressed_tensors ]; then
+      python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .devstage/m2/*.whl
+    fi
     nvidia-smi -L | tee -a "$OUT/run.log"
     for quant in ${QUANTS:-fp8}; do
       for model in dense moe; do

@@ -190,6 +190,23 @@ def test_vllm_kernels_legs_take_their_times_from_the_producer(tmp_path):
     LegMeta.model_validate(written)
 
 
+def test_vllm_kernels_legs_record_the_node_they_ran_on(tmp_path):
+    """The throughput judge's one-node rule reads resolved_config.node: the vLLM-kernels writer
+    records this host as the common writer does (run13's throughput legs, written before, record
+    none and cannot pass), and keeps a node a producer recorded itself."""
+    from tica.judges.throughput import NODE_KEYS
+    from tica.legs.common import this_node
+    from tica.legs.vllm_kernels import legio
+
+    legio.write_meta(tmp_path / "a", legio.new_meta("throughput", "bi0", trainer=None, round=1, slot=1, concurrency=1))
+    written = json.loads((tmp_path / "a" / "leg.json").read_text())
+    assert "resolved_config.node" in NODE_KEYS and written["resolved_config"]["node"] == this_node()
+    meta = legio.new_meta("throughput", "bi1", trainer=None)
+    meta["resolved_config"] = {"node": "rank-0 host", "model": "m"}
+    legio.write_meta(tmp_path / "b", meta)
+    assert json.loads((tmp_path / "b" / "leg.json").read_text())["resolved_config"] == {"node": "rank-0 host", "model": "m"}
+
+
 # ---------------------------------------------------------------- engine exits are real processes
 
 
