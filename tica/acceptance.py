@@ -399,7 +399,7 @@ class ReportCell:
                 return f"{', '.join(names)} changed since it was judged"
             return sentence(self.stale_cause or "")
         if self.after_the_fact:
-            return "its question was frozen after its legs ran"
+            return "its question is not shown frozen before its legs ran"
         if self.verdict == Verdict.PASS.value:
             if self.missing_checks:
                 return f"checks missing: {', '.join(self.missing_checks)}"

@@ -174,14 +174,18 @@ def frozen_before_run(frozen_at: str | None, legs: Sequence[Path], proven: Mappi
 
     Both times a producer writes are read: the work start in leg.json and the seal's own time.
     A leg sealed before the freeze, or "started" after it was sealed, was not run under this
-    question. (Both are the producer's clock: a producer that forges both is beyond any check
+    question. A leg whose work never began (a not_run_reason, no start and no end: it holds no
+    measurement, and every judge reads it as not run) is placed by its seal alone: sealed after the
+    freeze, it was written under the question. (Both are the producer's clock: a producer that forges both is beyond any check
     of its own receipts; the ledger's legs rows record when TICA first saw each leg.)"""
     proven = proven or {}
     frozen = _when(frozen_at)
     late, unknown, by_proof = [], [], {}
     for leg in legs:
-        started = _when(_meta(leg).get("started_at"))
+        meta = _meta(leg)
         sealed = _when((_read_json(leg / SEAL_FILE) or {}).get("sealed_at"))
+        never_began = bool(meta.get("not_run_reason")) and meta.get("started_at") is None and meta.get("ended_at") is None
+        started = sealed if never_began else _when(meta.get("started_at"))
         shown = proven.get(Path(leg).parent)
         times = [t for t in (frozen, _when(shown[0]) if shown else None) if t is not None]
         freeze = min(times) if times else None

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,27 @@ def regular_file_bytes(path: str | Path) -> bytes:
         raise StrictInputError(f"{st.st_size} bytes: larger than the {MAX_BYTES} a receipt file may hold")
     with open(path, "rb") as f:
         return f.read()
+
+
+def regular_file_lines(path: str | Path, max_line: int = MAX_BYTES) -> Iterator[tuple[int, str]]:
+    """A regular file's lines, streamed (numbered from 1, without their newline): a file of any
+    size in memory of one line; a line over `max_line` bytes or not UTF-8 is refused naming its
+    number. Anything but a regular file is refused before it is opened; OSError as for
+    regular_file_bytes."""
+    st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise StrictInputError("not a regular file (a FIFO, device or directory is never read)")
+    with open(path, "rb") as f:
+        n = 0
+        while raw := f.readline(max_line + 2):
+            n += 1
+            body = raw[:-1] if raw.endswith(b"\n") else raw
+            if len(body) > max_line:
+                raise StrictInputError(f"line {n}: longer than the {max_line} bytes one line may hold")
+            try:
+                yield n, body.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise StrictInputError(f"line {n}: not UTF-8 text (byte {err.start})") from None
 
 
 def text_of(data: bytes) -> str:

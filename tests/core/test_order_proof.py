@@ -152,3 +152,37 @@ def test_a_trusted_keys_setting_that_is_no_folder_of_keys_is_refused_by_name(tmp
     with pytest.raises(InputError, match="bad.pem"):
         order_proof.trusted_keys(tmp_path / "keys")
     assert order_proof.trusted_keys("") == {}  # unset: no key is trusted
+
+
+# ------------------------------------------------- a leg whose work never began: placed by its seal
+
+
+def _not_run_leg(run: Path, name: str, **times) -> Path:
+    """A sealed leg the producer wrote as not run (a round the device's deadline left out)."""
+    leg = run / name
+    leg.mkdir(parents=True)
+    meta = {"schema": "tica.leg/1", "item": "throughput", "arm": "bi0", "started_at": None, "ended_at": None,
+            "not_run_reason": "did not run: device-time deadline", **times}
+    (leg / "leg.json").write_text(json.dumps(meta))
+    seal_leg(leg)
+    return leg
+
+
+def test_a_leg_that_never_began_counts_as_written_under_a_question_frozen_before_its_seal(tmp_path):
+    """Relation: moving the freeze from before the not-run leg's seal to after it turns the check
+    from passed to after the fact; the seal is the only time such a leg has."""
+    leg = _not_run_leg(tmp_path, "throughput_bi0_r5_c1")
+    ran = _leg(tmp_path, "throughput_bi0_r4_c1")
+    assert checks.frozen_before_run("2000-01-01T00:00:00+00:00", [ran, leg]).passed
+    late = checks.frozen_before_run(AFTER_THE_FACT, [ran, leg])
+    assert not late.passed and "throughput_bi0_r5_c1" in " ".join(late.detail["started_before_freeze"])
+
+
+@pytest.mark.parametrize("times", [{"ended_at": "2026-12-06T09:00:00+00:00"}, {"not_run_reason": None}],
+                         ids=["an end time", "no not-run reason"])
+def test_a_leg_that_may_have_worked_is_not_placed_by_its_seal(tmp_path, times):
+    """Control: a leg with no start but an end, or with no start and no not-run reason, may hold a
+    measurement: its start stays unknown and the freeze is not shown before it."""
+    leg = _not_run_leg(tmp_path, "throughput_bi0_r5_c1", **times)
+    out = checks.frozen_before_run("2000-01-01T00:00:00+00:00", [leg])
+    assert not out.passed and out.detail["start_unknown"] == ["throughput_bi0_r5_c1"]

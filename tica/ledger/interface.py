@@ -4,7 +4,7 @@ take any store type against this; tica.ledger.store opens the one a target names
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Protocol
@@ -48,7 +48,7 @@ class LedgerStore(Protocol):
 
     def check_and_append(self, decide: Decide) -> tuple[Any, list[int]]: ...
 
-    def insert_chain(self, rows: Sequence[tuple[str, Mapping[str, Any], Mapping[str, Any]]]) -> None: ...
+    def insert_chain(self, rows: Iterable[tuple[str, Mapping[str, Any], Mapping[str, Any]]]) -> None: ...
 
     def session(self) -> AbstractContextManager[Any]: ...
 

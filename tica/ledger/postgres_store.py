@@ -21,7 +21,7 @@ moves a chain between the two stores with every hash kept.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -222,7 +222,7 @@ class PostgresLedger:
                                                f"{'nothing' if back is None else f'seq {back[0]}'}; nothing was written")
         return wanted, [chain["seq"] for _, chain, _ in chained]
 
-    def insert_chain(self, rows: Sequence[tuple[str, Mapping[str, Any], Mapping[str, Any]]]) -> None:
+    def insert_chain(self, rows: Iterable[tuple[str, Mapping[str, Any], Mapping[str, Any]]]) -> None:
         """As Ledger.insert_chain: a whole chain checked elsewhere, into a ledger with no rows."""
         self.init()
         with self._connect() as con:

@@ -9,7 +9,8 @@ Import checks everything before it writes anything: the header, each line's tabl
 value types, the link to the row before it, and each row's hash recomputed from its content; the
 last row must be the header's head. A file that fails any of these is refused naming its line and
 field (exit 4) and the target is untouched; a target that already holds rows is refused too (a
-chain is moved whole, never merged).
+chain is moved whole, never merged). The file is streamed, twice (check, then insert checking
+again), so an export of any size moves in the memory of one row.
 """
 
 from __future__ import annotations
@@ -85,48 +86,107 @@ def _checked_row(path: Path, line: int, data: Any, seq: int, prev: str) -> tuple
     return table, data, checked
 
 
-def read_export(path: str | Path) -> tuple[Head, list[tuple[str, dict[str, Any], dict[str, Any]]]]:
-    """The export's head and its rows, every one checked; InputError on the first problem."""
-    path = Path(path)
-    lines = input_text(path).splitlines()
-    if not lines:
-        raise InputError(path, "<header>", "empty file: not a ledger export")
+Row = tuple[str, dict[str, Any], dict[str, Any]]
+
+
+def _export_lines(path: Path) -> Iterator[tuple[int, str]]:
     try:
-        header = strict_io.loads(lines[0])
+        yield from strict_io.regular_file_lines(path)
+    except FileNotFoundError:
+        raise InputError(path, "<file>", "no such file") from None
+    except OSError as err:
+        raise InputError(path, "<file>", f"cannot read: {err.strerror}") from None
     except strict_io.StrictInputError as err:
-        raise InputError(path, "<header>", f"not JSON: {err}", 1) from None
+        raise InputError(path, "<file>", str(err)) from None
+
+
+def _header(path: Path, n: int, text: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    try:
+        header = strict_io.loads(text)
+    except strict_io.StrictInputError as err:
+        raise InputError(path, "<header>", f"not JSON: {err}", n) from None
     if not isinstance(header, dict) or header.get("format") != FORMAT:
-        raise InputError(path, "format", f"not a {FORMAT} file", 1)
+        raise InputError(path, "format", f"not a {FORMAT} file", n)
     head = header.get("head")
     if not (isinstance(head, dict) and type(head.get("seq")) is int and isinstance(head.get("row_hash"), str)
             and type(header.get("rows")) is int):
-        raise InputError(path, "head", "the header names the chain's rows and head {seq, row_hash}", 1)
-    rows, prev = [], GENESIS
-    for n, text in enumerate(lines[1:], start=2):
-        try:
-            data = strict_io.loads(text)
-        except strict_io.StrictInputError as err:
-            raise InputError(path, "<row>", f"not JSON: {err}", n) from None
-        table, data, payload = _checked_row(path, n, data, len(rows) + 1, prev)
-        rows.append((table, data, payload))
-        prev = data["row_hash"]
-    if len(rows) != header["rows"]:
-        raise InputError(path, "rows", f"the header says {header['rows']} rows, the file holds {len(rows)} (truncated?)")
-    if rows and (rows[-1][1]["seq"], prev) != (head["seq"], head["row_hash"]) or not rows and head["seq"] != 0:
-        raise InputError(path, "head", "the last row is not the header's head")
-    return Head(seq=head["seq"], row_hash=head["row_hash"], recorded_at=rows[-1][1]["recorded_at"] if rows else ""), rows
+        raise InputError(path, "head", "the header names the chain's rows and head {seq, row_hash}", n)
+    return header, head
+
+
+class ExportRows:
+    """An export's rows, streamed and each checked as it is read: iterating yields (line, (table,
+    chain columns, payload)); the header's count and head are checked after the last row, and only
+    then is `head` set (a caller that stops early has not seen a whole export). `expect`: the head
+    an earlier pass over the same file found; another one is refused before the last row is handed
+    on. InputError on the first problem."""
+
+    def __init__(self, path: str | Path, expect: Head | None = None) -> None:
+        self.path, self.expect = Path(path), expect
+        self.head: Head | None = None
+
+    def __iter__(self) -> Iterator[tuple[int, Row]]:
+        path = self.path
+        lines = _export_lines(path)
+        first = next(lines, None)
+        if first is None:
+            raise InputError(path, "<header>", "empty file: not a ledger export")
+        header, head = _header(path, *first)
+        count, prev, last_seq, last_at = 0, GENESIS, 0, ""
+        pending: tuple[int, Row] | None = None  # one row held back until the file's end is checked
+        for n, text in lines:
+            try:
+                data = strict_io.loads(text)
+            except strict_io.StrictInputError as err:
+                raise InputError(path, "<row>", f"not JSON: {err}", n) from None
+            table, data, payload = _checked_row(path, n, data, count + 1, prev)
+            count, prev, last_seq, last_at = count + 1, data["row_hash"], data["seq"], data["recorded_at"]
+            if pending is not None:
+                yield pending
+            pending = (n, (table, data, payload))
+        if count != header["rows"]:
+            raise InputError(path, "rows", f"the header says {header['rows']} rows, the file holds {count} (truncated?)")
+        if count and (last_seq, prev) != (head["seq"], head["row_hash"]) or not count and head["seq"] != 0:
+            raise InputError(path, "head", "the last row is not the header's head")
+        found = Head(seq=head["seq"], row_hash=head["row_hash"], recorded_at=last_at)
+        if self.expect is not None and found != self.expect:
+            raise InputError(path, "head", "the file changed while it was read: its head is not the one checked before")
+        self.head = found
+        if pending is not None:
+            yield pending
+
+
+def read_export(path: str | Path) -> tuple[Head, list[Row]]:
+    """The export's head and its rows, every one checked; InputError on the first problem."""
+    export = ExportRows(path)
+    rows = [row for _, row in export]
+    assert export.head is not None  # set once every row was read
+    return export.head, rows
+
+
+def _no_nul(path: Path, line: int, row: Row) -> None:
+    table, data, payload = row
+    for field, value in [*((f"payload.{k}", v) for k, v in payload.items()), *data.items()]:
+        if isinstance(value, str) and "\x00" in value:
+            raise InputError(path, field, f"{table} seq {data['seq']} holds a NUL character, which Postgres "
+                             "text cannot store: this chain cannot move there with its hashes", line)
 
 
 def import_chain(ledger: LedgerStore, path: str | Path) -> Head:
-    """Rebuild the exported chain in `ledger`, which must hold no rows; every hash preserved."""
-    head, rows = read_export(path)
-    if isinstance(ledger, PostgresLedger):  # checked before anything is created there
-        for line, (table, data, payload) in enumerate(rows, start=2):
-            for field, value in [*((f"payload.{k}", v) for k, v in payload.items()), *data.items()]:
-                if isinstance(value, str) and "\x00" in value:
-                    raise InputError(path, field, f"{table} seq {data['seq']} holds a NUL character, which Postgres "
-                                     "text cannot store: this chain cannot move there with its hashes", line)
-    ledger.insert_chain([(table, data, payload) for table, data, payload in rows])
+    """Rebuild the exported chain in `ledger`, which must hold no rows; every hash preserved.
+
+    Streamed in two passes, so an export of any size moves in the memory of one row: the first
+    checks every row (and, for Postgres, that no text holds a NUL) before anything is written; the
+    second checks each row again as it inserts it, in the store's one import transaction, so a file
+    changed between the passes is refused and leaves the target empty."""
+    checked = ExportRows(path)
+    postgres = isinstance(ledger, PostgresLedger)
+    for line, row in checked:
+        if postgres:
+            _no_nul(checked.path, line, row)
+    assert checked.head is not None
+    head = checked.head
+    ledger.insert_chain(row for _, row in ExportRows(path, expect=head))
     report = ledger.verify()
     if not report.ok or (report.head_seq, report.head_hash) != (head.seq, head.row_hash):
         raise LedgerIntegrityError("imported chain does not verify to the export's head: " + "; ".join(report.problems))
