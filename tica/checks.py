@@ -176,8 +176,9 @@ def frozen_before_run(frozen_at: str | None, legs: Sequence[Path], proven: Mappi
     A leg sealed before the freeze, or "started" after it was sealed, was not run under this
     question. A leg whose work never began (a not_run_reason, no start and no end: it holds no
     measurement, and every judge reads it as not run) is placed by its seal alone: sealed after the
-    freeze, it was written under the question. (Both are the producer's clock: a producer that forges both is beyond any check
-    of its own receipts; the ledger's legs rows record when TICA first saw each leg.)"""
+    freeze, it was written under the question. (Both are the producer's clock: a producer that
+    forges both is beyond any check of its own receipts; the ledger's legs rows record when TICA
+    first saw each leg.)"""
     proven = proven or {}
     frozen = _when(frozen_at)
     late, unknown, by_proof = [], [], {}

@@ -55,9 +55,10 @@ def regular_file_lines(path: str | Path, max_line: int = MAX_BYTES) -> Iterator[
             if len(body) > max_line:
                 raise StrictInputError(f"line {n}: longer than the {max_line} bytes one line may hold")
             try:
-                yield n, body.decode("utf-8")
+                text = body.decode("utf-8")
             except UnicodeDecodeError as err:
                 raise StrictInputError(f"line {n}: not UTF-8 text (byte {err.start})") from None
+            yield n, text
 
 
 def text_of(data: bytes) -> str:

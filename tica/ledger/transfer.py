@@ -10,7 +10,8 @@ value types, the link to the row before it, and each row's hash recomputed from 
 last row must be the header's head. A file that fails any of these is refused naming its line and
 field (exit 4) and the target is untouched; a target that already holds rows is refused too (a
 chain is moved whole, never merged). The file is streamed, twice (check, then insert checking
-again), so an export of any size moves in the memory of one row.
+again): TICA holds one row at a time, whatever the export's size; the store's one import
+transaction holds what that store holds (DuckDB keeps the uncommitted rows in memory).
 """
 
 from __future__ import annotations
@@ -175,10 +176,10 @@ def _no_nul(path: Path, line: int, row: Row) -> None:
 def import_chain(ledger: LedgerStore, path: str | Path) -> Head:
     """Rebuild the exported chain in `ledger`, which must hold no rows; every hash preserved.
 
-    Streamed in two passes, so an export of any size moves in the memory of one row: the first
-    checks every row (and, for Postgres, that no text holds a NUL) before anything is written; the
-    second checks each row again as it inserts it, in the store's one import transaction, so a file
-    changed between the passes is refused and leaves the target empty."""
+    Streamed in two passes, each holding one row at a time: the first checks every row (and, for
+    Postgres, that no text holds a NUL) before anything is written; the second checks each row
+    again as it inserts it, in the store's one import transaction, so a file changed between the
+    passes is refused and leaves the target empty."""
     checked = ExportRows(path)
     postgres = isinstance(ledger, PostgresLedger)
     for line, row in checked:

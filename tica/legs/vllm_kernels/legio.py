@@ -106,7 +106,8 @@ def new_meta(item: str, arm: str, *, trainer: str | None, round: int | None = No
 
 def write_meta(leg_dir: Path, meta: dict) -> None:
     """Write leg.json (unsealed): env/versions/device/source/image and the node
-    (resolved_config.node) filled in from this process where the meta has none. The times are the producer's: nothing is stamped here."""
+    (resolved_config.node) filled in from this process where the meta has none. The times are
+    the producer's: nothing is stamped here."""
     leg_dir.mkdir(parents=True, exist_ok=True)
     meta = dict(meta)
     meta.setdefault("started_at", None)
