@@ -342,3 +342,17 @@ def test_a_bench_file_that_agrees_with_leg_json_negative_control_passes(receipts
                                                        random_output_len="1024"), p)
     cell = judge(legs)
     assert cell.verdict is Verdict.PASS, cell.reasons
+
+
+def test_the_summary_counts_valid_rounds_per_concurrency():
+    """A crossed round is one round at each c: four rounds at c=1 and 64 read "4/4 ... at each of",
+    not "8/8", beside a basis that asks 5 rounds; uneven counts are named per c."""
+    from types import SimpleNamespace
+
+    from tica.judges.throughput import _valid_rounds
+
+    rounds = [SimpleNamespace(c=c, valid=True) for c in (1, 64) for _ in range(4)]
+    assert _valid_rounds(rounds) == "4/4 valid rounds at each of c=1, 64"
+    rounds[0] = SimpleNamespace(c=1, valid=False)
+    assert _valid_rounds(rounds) == "valid rounds c=1 3/4, c=64 4/4"
+    assert _valid_rounds(rounds[4:]) == "4/4 valid rounds at c=64"

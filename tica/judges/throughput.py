@@ -561,6 +561,21 @@ def same_node(findings: Findings, numbers: dict[str, Any], legs: Sequence[BenchL
         findings.inconclusive(problem)
 
 
+def _valid_rounds(rounds: Sequence[Round]) -> str:
+    """Valid rounds of all handed in, per concurrency (a crossed round is counted once per c)."""
+    per_c: dict[int, list[bool]] = defaultdict(list)
+    for r in rounds:
+        per_c[r.c].append(bool(r.valid))
+    counts = {c: (sum(v), len(v)) for c, v in sorted(per_c.items())}
+    if not counts:
+        return "0/0 valid rounds"
+    if len(set(counts.values())) == 1:
+        valid, total = next(iter(counts.values()))
+        where = f"c={next(iter(counts))}" if len(counts) == 1 else f"each of c={', '.join(map(str, counts))}"
+        return f"{valid}/{total} valid rounds at {where}"
+    return "valid rounds " + ", ".join(f"c={c} {v}/{t}" for c, (v, t) in counts.items())
+
+
 # What `vllm bench serve` records of how it ran (beside the workload): alike across the pairing, or
 # the arms are compared under different load or against a different endpoint (a throttled request
 # rate caps the baseline's throughput).
@@ -852,7 +867,7 @@ def judge_throughput(question: Question, leg_paths: Sequence[str | Path]) -> Ver
             findings.inconclusive(msg)
 
     judged = [c for c in budget if per_c.get(c, {}).get("over_budget") is not None]
-    summary = (f"{sum(r.valid for r in rounds)}/{len(rounds)} valid rounds; {label}; "
+    summary = (f"{_valid_rounds(rounds)}; {label}; "
                + (", ".join(f"c={c} {per_c[c]['statistic']:.3g}{' OVER' if per_c[c]['over_budget'] else ''}"
                             for c in judged) or "no target c judged"))
     unknown = sorted({k for e in per_c.values() for k in e["unknown"]["required"] + e["unknown"]["not_required"]})
