@@ -185,8 +185,12 @@ def _arrays(step: int, arm: str, ref: float, seed: int) -> tuple[bytes, dict[str
     import io
 
     buf = io.BytesIO()
+    # a mixture of experts' routes, 2 MoE layers x top-2 of 8 experts, the same on both sides
+    experts = np.stack([rng.permutation(8)[:2] for _ in range(n * 2)]).reshape(n, 2, 2).astype(np.int32)
+    gates = rng.uniform(0.1, 0.9, (n, 2, 2)).astype(np.float32)
     np.savez(buf, token_ids=token_ids, seq_lens=seq_lens, trainer_logprobs=trainer, rollout_logprobs=rollout,
-             decode_logprobs=rollout.copy(), decode_mask=mask)
+             decode_logprobs=rollout.copy(), decode_mask=mask, rollout_experts=experts, trainer_experts=experts.copy(),
+             rollout_gate_weights=gates, trainer_gate_weights=gates.copy())
     return buf.getvalue(), forward_metrics(trainer, rollout)
 
 
@@ -461,6 +465,19 @@ def perturb_arrays(leg: Path, step: int, prefix: str = "") -> None:
     m = forward_metrics(data["trainer_logprobs"], r)
     edit_jsonl(leg / prefix / "metrics.jsonl", lambda rows: [({**row, **m} if row["step"] == step else row)
                                                               for row in rows], leg)
+
+
+def flip_route(leg: Path, step: int) -> None:
+    """A routing flip the logprobs do not show: one token sent to another expert at one MoE layer
+    on the trainer's side, every logprob (and so every logged metric) unchanged."""
+    from tica.routing import flip_one_route
+
+    path = leg / "arrays" / f"step_{step:04d}.npz"
+    with np.load(path) as z:
+        data = {k: z[k] for k in z.files}
+    data["trainer_experts"] = flip_one_route(data["trainer_experts"], token=5, layer=1, n_experts=8)
+    np.savez(path, **data)
+    seal_leg(leg)
 
 
 def tput_leg(legs: Sequence[Path], arm: str, c: int, r: int) -> Path:
@@ -853,6 +870,8 @@ CANARIES: tuple[Canary, ...] = (
            lambda q, legs: logged_only(_leg(legs, arm="bi1"), 1, **{"training/rollout_probs_diff_mean": 1e-9})),
     Canary("forward.bi1_bitwise_arrays", E.FORWARD, "BI=1 logprobs bitwise equal (recomputed from arrays)", FAIL,
            lambda q, legs: perturb_arrays(_leg(legs, arm="bi1"), 2)),
+    Canary("forward.route_flip", E.FORWARD, "BI=1 routes the same on both sides (a MoE's experts per token and layer)",
+           FAIL, lambda q, legs: flip_route(_leg(legs, arm="bi1"), 2)),
     Canary("forward.arrays_vs_metrics", E.FORWARD, "recompute from arrays; a receipt contradicting itself is no pass",
            NOT_PASS, lambda q, legs: perturb_arrays_keep_metrics(_leg(legs, arm=judged_arm(q)), 1)),
     Canary("forward.missing_step", E.FORWARD, "a missing step is not a pass", INCONCLUSIVE,
@@ -1093,6 +1112,7 @@ SWITCHED_OFF: dict[str, Callable[[Question | None], str | None]] = {
     "forward.bi1_max_zero": _needs_arm("bi1"),
     "forward.bi1_mean_zero": _needs_arm("bi1"),
     "forward.bi1_bitwise_arrays": _needs_arm("bi1"),
+    "forward.route_flip": _needs_arm("bi1"),
     "forward.bi0_magnitude": lambda q: _needs_arm("bi0")(q) or _needs_bi0_reference(q),
     "forward.placeholder_arrays": _needs_arm("bi1"),
     "forward.bi0_grad_norm_finite": _needs_arm("bi0"),

@@ -461,6 +461,11 @@ class StepArrays:
     rollout_logprobs: np.ndarray
     decode_logprobs: np.ndarray | None
     decode_mask: np.ndarray | None
+    # a mixture of experts' routes (tica.routing): tokens x MoE layers x top-k, both sides or neither
+    rollout_experts: np.ndarray | None = None
+    trainer_experts: np.ndarray | None = None
+    rollout_gate_weights: np.ndarray | None = None
+    trainer_gate_weights: np.ndarray | None = None
 
 
 _ARRAY_DTYPES = {
@@ -470,7 +475,42 @@ _ARRAY_DTYPES = {
     "rollout_logprobs": np.float32,
     "decode_logprobs": np.float32,
     "decode_mask": np.bool_,
+    "rollout_experts": np.int32,
+    "trainer_experts": np.int32,
+    "rollout_gate_weights": np.float32,
+    "trainer_gate_weights": np.float32,
 }
+_ROUTING = ("rollout_experts", "trainer_experts", "rollout_gate_weights", "trainer_gate_weights")
+
+
+def _check_routing(path: Path, data: dict[str, np.ndarray], n: int) -> None:
+    """Routes come as a pair (experts on both sides; gate weights on both sides or neither, and
+    only beside experts), one tokens x layers x top-k shape, expert ids >= 0, no expert twice in
+    one route, finite gate weights."""
+    present = [k for k in _ROUTING if k in data]
+    if not present:
+        return
+    if "rollout_experts" not in data or "trainer_experts" not in data:
+        raise ReceiptError(path, present[0], "routes come from both sides: rollout_experts and trainer_experts")
+    if ("rollout_gate_weights" in data) != ("trainer_gate_weights" in data):
+        raise ReceiptError(path, "trainer_gate_weights", "gate weights come from both sides or neither")
+    shape = data["rollout_experts"].shape
+    if len(shape) != 3 or shape[0] != n or 0 in shape:
+        raise ReceiptError(path, "rollout_experts", f"shape {shape}: one route per token and MoE layer "
+                           f"({n} tokens x layers x top-k)")
+    for key in present:
+        if data[key].shape != shape:
+            raise ReceiptError(path, key, f"shape {data[key].shape}, the rollout's routes are {shape}")
+    for key in ("rollout_experts", "trainer_experts"):
+        ex = data[key]
+        if int(ex.min()) < 0:
+            raise ReceiptError(path, key, f"a negative expert id ({int(ex.min())})")
+        ordered = np.sort(ex, axis=-1)
+        if (ordered[..., 1:] == ordered[..., :-1]).any():
+            raise ReceiptError(path, key, "an expert appears twice in one route")
+    for key in ("rollout_gate_weights", "trainer_gate_weights"):
+        if key in data and not np.isfinite(data[key]).all():
+            raise ReceiptError(path, key, "non-finite gate weight(s)")
 
 
 def load_step_arrays(path: str | Path) -> StepArrays:
@@ -503,6 +543,7 @@ def load_step_arrays(path: str | Path) -> StepArrays:
             raise ReceiptError(path, key, f"shape {data[key].shape}: one value per token, a flat array")
     if ("decode_logprobs" in data) != ("decode_mask" in data):
         raise ReceiptError(path, "decode_mask", "decode_logprobs and decode_mask come together")
+    _check_routing(path, data, n)
     # A scored token has a finite logprob: -inf on both sides is "bitwise equal" and no measurement.
     # (decode_logprobs holds a value only where decode_mask is set: the rest is filler.)
     scored = {"trainer_logprobs": data["trainer_logprobs"], "rollout_logprobs": data["rollout_logprobs"]}
@@ -523,6 +564,7 @@ def load_step_arrays(path: str | Path) -> StepArrays:
         rollout_logprobs=data["rollout_logprobs"],
         decode_logprobs=data.get("decode_logprobs"),
         decode_mask=data.get("decode_mask"),
+        **{k: data.get(k) for k in _ROUTING},
     )
 
 

@@ -37,6 +37,7 @@ from tica.receipts import (
     load_step_metrics,
     step_arrays_path,
 )
+from tica.routing import compare_routing
 from tica.verdict import Verdict, VerdictCell
 
 _STEP_FILE = re.compile(r"step_(\d+)\.npz")
@@ -89,6 +90,10 @@ def _recompute(forward_dir: Path, step: ForwardStep, findings: Findings, label: 
     }
     if arrays.decode_logprobs is not None and arrays.decode_mask is not None:
         out["decode_diff"] = n_bitwise_diff(arrays.rollout_logprobs, arrays.decode_logprobs, where=arrays.decode_mask)
+    if arrays.rollout_experts is not None and arrays.trainer_experts is not None:
+        out["routing"] = compare_routing(arrays.seq_lens, arrays.rollout_experts, arrays.trainer_experts,
+                                         arrays.rollout_logprobs, arrays.trainer_logprobs,
+                                         arrays.rollout_gate_weights, arrays.trainer_gate_weights)
     logged = {"max": step.probs_diff_max, "mean": step.probs_diff_mean, "std": step.probs_diff_std,
               "pearson": step.pearson, "k3": step.k3_kl, "n_tokens": step.n_tokens,
               "n_bitwise_diff": step.n_bitwise_diff, "abs_max": step.logprob_abs_diff_max,
@@ -242,14 +247,19 @@ def read_forward(
                     step_f.fail(f"{label}step {s.step}: BI=1 {name} is {v[key]!r}: the logprobs are not bitwise equal")
             if v["decode_diff"]:
                 step_f.fail(f"{label}step {s.step}: {v['decode_diff']} decode logprobs differ from the prefill scoring")
+            routing = v.get("routing")
+            if routing is not None and not routing.identical:  # a route is part of what BI=1 makes bitwise
+                step_f.fail(f"{label}step {s.step}: {routing.sentence()}")
         else:
             _judge_bi0_step(s, mx, mean, bi0_range, grad_norm_required, noise_floor, step_f, label)
         f.extend(step_f)
         reading.rows.append([s.step, s.step_basis, s.checkpoint_version, mx, mean, v["std"], v["pearson"], v["k3"],
                              v["n_tokens"], v["n_bitwise_diff"], v["decode_diff"], s.grad_norm, src,
                              step_f.verdict.value])
+        routing = v.get("routing")
+        shown = {k: v[k] for k in v if k != "routing"} | ({"routing": routing.sentence()} if routing is not None else {})
         reading.steps.append({"step": s.step, "step_basis": s.step_basis, "checkpoint_version": s.checkpoint_version,
-                              "source": src, **{k: v[k] for k in v}, "grad_norm": s.grad_norm,
+                              "source": src, **shown, "grad_norm": s.grad_norm,
                               "verdict": step_f.verdict.value})
     for why in same_content(label, reading.steps):
         f.inconclusive(why)
