@@ -74,6 +74,7 @@ def compare_routing(seq_lens: np.ndarray, rollout_experts: np.ndarray, trainer_e
                     ) -> RoutingComparison:
     """The two sides' routes compared (arrays as tica.receipts.load_step_arrays checked them)."""
     n, layers, k = rollout_experts.shape
+    seq_lens = np.asarray(seq_lens).ravel()  # the arrays' reader checks its sum, not its shape
     r_ex, r_w = _sorted_routes(rollout_experts, rollout_weights)
     t_ex, t_w = _sorted_routes(trainer_experts, trainer_weights)
     flip = (r_ex != t_ex).any(axis=-1)  # tokens x layers
