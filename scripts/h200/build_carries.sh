@@ -19,9 +19,11 @@ head -c 20000000 "$G" > .devstage/q1/smollm2.gguf.part1
 dd if="$G" of=.devstage/q2/smollm2.gguf.part2 bs=1M iflag=skip_bytes,count_bytes skip=20000000 count=58000000 status=none
 tail -c +78000001 "$G" > .devstage/q3/smollm2.gguf.part3
 sha256sum "$G" | cut -d' ' -f1 > .devstage/q3/smollm2.gguf.sha256
+# setproctitle: without it vLLM leaves its EngineCore untitled (set_process_title returns on ImportError),
+# so the throughput producer, which finds the engine by its title, never reads its identity (session 13)
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
-  --platform manylinux2014_x86_64 -d .devstage/q3 gguf==0.19.0 megatron-core==0.16.1
+  --platform manylinux2014_x86_64 -d .devstage/q3 gguf==0.19.0 megatron-core==0.16.1 setproctitle==1.3.8
 # Dagster for the Pipes proof on the GPU box (pipes_gpu_proof.py): dagster and what the image lacks
 # (pydantic comes with the kit's vLLM site); 22 wheels, 8.8 MiB
 rm -rf .devstage/dagster && mkdir -p .devstage/dagster
