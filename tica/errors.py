@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -78,21 +80,39 @@ def _strict_yaml_loader():
     return StrictLoader
 
 
-def input_bytes(path: str | Path, exc_cls: type[InputError] = InputError, max_bytes: int | None = None) -> bytes:
-    """A regular file's bytes (tica.strict_io), at most `max_bytes` where given; failures name the
-    file (exit 4)."""
+@contextmanager
+def _file_named(path: str | Path, exc_cls: type[InputError]) -> Iterator[None]:
+    """A missing, unreadable or refused input file raised as `exc_cls` naming it (exit 4)."""
     from tica import strict_io
 
     try:
-        if max_bytes is not None and os.stat(path).st_size > max_bytes:
-            raise exc_cls(path, "<file>", f"larger than {max_bytes} bytes")
-        return strict_io.regular_file_bytes(path)
+        yield
     except FileNotFoundError:
         raise exc_cls(path, "<file>", "no such file") from None
     except OSError as err:
         raise exc_cls(path, "<file>", f"cannot read: {err.strerror}") from None
     except strict_io.StrictInputError as err:
         raise exc_cls(path, "<file>", str(err)) from None
+
+
+def input_bytes(path: str | Path, exc_cls: type[InputError] = InputError, max_bytes: int | None = None) -> bytes:
+    """A regular file's bytes (tica.strict_io), at most `max_bytes` where given; failures name the
+    file (exit 4)."""
+    from tica import strict_io
+
+    with _file_named(path, exc_cls):
+        if max_bytes is not None and os.stat(path).st_size > max_bytes:
+            raise exc_cls(path, "<file>", f"larger than {max_bytes} bytes")
+        return strict_io.regular_file_bytes(path)
+
+
+def input_lines(path: str | Path, exc_cls: type[InputError] = InputError) -> Iterator[tuple[int, str]]:
+    """A regular file's lines, streamed and numbered (tica.strict_io.regular_file_lines); failures
+    name the file (exit 4)."""
+    from tica import strict_io
+
+    with _file_named(path, exc_cls):
+        yield from strict_io.regular_file_lines(path)
 
 
 def input_text(path: str | Path, exc_cls: type[InputError] = InputError, max_bytes: int | None = None) -> str:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from tica import strict_io
-from tica.errors import InputError, LedgerIntegrityError, input_text
+from tica.errors import InputError, LedgerIntegrityError, input_lines
 from tica.ledger.chain import GENESIS, Head, row_hash
 from tica.ledger.interface import LedgerStore
 from tica.ledger.postgres_store import PostgresLedger
@@ -90,17 +90,6 @@ def _checked_row(path: Path, line: int, data: Any, seq: int, prev: str) -> tuple
 Row = tuple[str, dict[str, Any], dict[str, Any]]
 
 
-def _export_lines(path: Path) -> Iterator[tuple[int, str]]:
-    try:
-        yield from strict_io.regular_file_lines(path)
-    except FileNotFoundError:
-        raise InputError(path, "<file>", "no such file") from None
-    except OSError as err:
-        raise InputError(path, "<file>", f"cannot read: {err.strerror}") from None
-    except strict_io.StrictInputError as err:
-        raise InputError(path, "<file>", str(err)) from None
-
-
 def _header(path: Path, n: int, text: str) -> tuple[dict[str, Any], dict[str, Any]]:
     try:
         header = strict_io.loads(text)
@@ -128,7 +117,7 @@ class ExportRows:
 
     def __iter__(self) -> Iterator[tuple[int, Row]]:
         path = self.path
-        lines = _export_lines(path)
+        lines = input_lines(path)
         first = next(lines, None)
         if first is None:
             raise InputError(path, "<header>", "empty file: not a ledger export")
