@@ -34,7 +34,7 @@ _LEG = {
 _TIERS = "rule: tica/judges/tiers.py: compared between the fast and the slow legs to name the tiers' cause"
 _TELEMETRY = {
     **{k: _TIERS for k in ("samples", "sm_clock_mhz_median", "mem_clock_mhz_median", "power_w_median",
-                           "temperature_c_max", "gpu_util_pct_median", "throttle_reasons", "cpu_load_1m_end",
+                           "temperature_c_max", "gpu_util_pct_median", "throttle_reasons", "cpu_load_1m_end", "cpu_util",
                            "served_before")},
     "source": "informational: which sampler measured; samples (0: nothing measured) is what the rule reads",
     "interval_ms": "informational: the sampling period, shown with the samples",

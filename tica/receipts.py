@@ -13,7 +13,7 @@ import re
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -108,6 +108,9 @@ class LegTelemetry(_Receipt):
     cpu_load_1m_end: float | None = Field(None, ge=0, allow_inf_nan=False)
     served_before: int | None = Field(None, ge=0)
     cuda_graphs: bool | None = None
+    # role (client, api_server, engine_core) -> CPU seconds over wall seconds while the leg ran
+    cpu_util: dict[Literal["client", "api_server", "engine_core"],
+                   Annotated[float, Field(ge=0, le=1024, allow_inf_nan=False)] | None] | None = None
 
 
 class LegMeta(_Receipt):

@@ -10,11 +10,19 @@ from tica.receipts import LegTelemetry
 
 BASE = dict(source="nvidia-smi", samples=40, interval_ms=500, sm_clock_mhz_median=1980.0, mem_clock_mhz_median=3201.0,
             power_w_median=450.0, temperature_c_max=60.0, gpu_util_pct_median=99.0, throttle_reasons=(),
-            cpu_load_1m_start=1.0, cpu_load_1m_end=1.0, served_before=1, cuda_graphs=False)
+            cpu_load_1m_start=1.0, cpu_load_1m_end=1.0, served_before=1, cuda_graphs=False,
+            cpu_util={"engine_core": 0.5, "api_server": 0.3, "client": 0.4})
 
 
 def tel(**over) -> LegTelemetry:
-    return LegTelemetry(**{**BASE, **over})
+    """`cpu_util.<role>=x` sets one role's CPU time per second."""
+    roles = {k.partition(".")[2]: over.pop(k) for k in [k for k in over if k.startswith("cpu_util.")]}
+    return LegTelemetry(**{**BASE, **over, "cpu_util": {**BASE["cpu_util"], **roles}})
+
+
+def base(field: str) -> float:
+    name, _, role = field.partition(".")
+    return BASE[name][role] if role else BASE[name]
 
 
 def test_equal_conditions_name_no_cause():
@@ -23,11 +31,11 @@ def test_equal_conditions_name_no_cause():
 
 @pytest.mark.parametrize("field,what,_unit,rel", SIGNALS)
 def test_each_signal_that_differs_between_the_tiers_is_named(field, what, _unit, rel):
-    slow_value = BASE[field] * (1 - 2 * rel) if BASE[field] else 3.0
+    slow_value = base(field) * (1 - 2 * rel) if base(field) else 3.0
     legs = [(100.0, tel(**{field: slow_value})), (140.0, tel()), (101.0, tel(**{field: slow_value})), (139.0, tel())]
     assert what in tier_cause(legs)
     # the control: a difference inside the signal's tolerance names nothing
-    near = BASE[field] * (1 - rel / 2)
+    near = base(field) * (1 - rel / 2)
     assert "not found" in tier_cause([(100.0, tel(**{field: near})), (140.0, tel())])
 
 
@@ -64,3 +72,42 @@ def test_throttle_bits_are_named_and_unknown_bits_kept():
 
     assert throttle_names(0x8 | 0x4) == ["sw_power_cap", "hw_slowdown"]
     assert throttle_names(0x10000) == ["unknown_0x10000"]
+
+
+def test_a_host_bound_arm_is_said_so_when_nothing_differs():
+    busy = dict(gpu_util_pct_median=45.0, **{"cpu_util.engine_core": 0.97})
+    said = tier_cause([(100.0, tel(**busy)), (140.0, tel(**busy)), (101.0, tel(**busy))])
+    assert "bound by the host" in said and "not found" in said
+    # the controls: a GPU kept busy, or an engine loop with time to spare, is not host-bound
+    assert "bound by the host" not in tier_cause([(100.0, tel(**{**busy, "gpu_util_pct_median": 99.0})), (140.0, tel(**{**busy, "gpu_util_pct_median": 99.0}))])
+    assert "bound by the host" not in tier_cause([(100.0, tel(**{**busy, "cpu_util.engine_core": 0.5})), (140.0, tel(**{**busy, "cpu_util.engine_core": 0.5}))])
+    # an engine whose CPU time was not read is unknown, never host-bound
+    unread = tel(gpu_util_pct_median=45.0, cpu_util={"engine_core": None})
+    assert "bound by the host" not in tier_cause([(100.0, unread), (140.0, unread)])
+
+
+def test_the_sampler_reads_each_roles_cpu_time_and_leaves_an_unread_role_unknown(monkeypatch):
+    import os
+
+    from tica.legs import telemetry
+
+    monkeypatch.setattr(telemetry.shutil, "which", lambda name: None)
+    gone = 2**22 + 12345  # above pid_max's default: no such process
+    with telemetry.Sampler(processes={"client": [os.getpid()], "engine_core": [], "api_server": [gone]}) as s:
+        t = telemetry.time.process_time()
+        while telemetry.time.process_time() - t < 0.05:
+            pass
+    got = LegTelemetry(**s.summary(served_before=0, cuda_graphs=None)).cpu_util
+    assert got["client"] is not None and got["client"] > 0
+    assert got["engine_core"] is None and got["api_server"] is None
+    with telemetry.Sampler() as s:
+        pass
+    assert s.summary(served_before=0, cuda_graphs=None)["cpu_util"] is None
+
+
+@pytest.mark.parametrize("bad", [{"engine_core": -0.1}, {"engine_core": float("nan")}, {"gpu": 0.5}])
+def test_a_cpu_time_out_of_range_or_of_an_unknown_role_is_refused(bad):
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError):
+        LegTelemetry(**{**BASE, "cpu_util": bad})

@@ -484,11 +484,13 @@ def _arm_leg(rnd: Round, arm: str) -> LegCheck | None:
 def _tier_row(c: int, arm: str, number: int, t: float, lc: LegCheck | None) -> list[Any]:
     tel = lc.leg.meta.telemetry if lc and lc.leg.meta else None
     if tel is None:
-        return [c, arm, number, t] + ["unknown"] * 8
+        return [c, arm, number, t] + ["unknown"] * 9
     return [c, arm, number, t, tel.sm_clock_mhz_median, tel.mem_clock_mhz_median, tel.power_w_median,
             tel.temperature_c_max, tel.gpu_util_pct_median,
             "unknown" if tel.throttle_reasons is None else ", ".join(tel.throttle_reasons) or "none",
-            f"{fmt(tel.cpu_load_1m_start)}/{fmt(tel.cpu_load_1m_end)}", tel.served_before]
+            f"{fmt(tel.cpu_load_1m_start)}/{fmt(tel.cpu_load_1m_end)}",
+            "unknown" if tel.cpu_util is None else "/".join(
+                fmt(tel.cpu_util.get(r)) for r in ("engine_core", "api_server", "client")), tel.served_before]
 
 
 def tier_ratio(ts: Sequence[float]) -> float | None:
@@ -828,7 +830,7 @@ def judge_throughput(question: Question, leg_paths: Sequence[str | Path]) -> Ver
     if tier_rows:
         tables["tiers: what each leg ran under"] = md_table(
             ["c", "arm", "round", "throughput", "SM clock MHz", "memory clock MHz", "power W", "peak C", "GPU util %",
-             "throttling", "CPU load start/end", "legs served before"], tier_rows)
+             "throttling", "CPU load start/end", "CPU s/s engine/API/client", "legs served before"], tier_rows)
 
     # One node: crossed rounds compare the arms on one machine; rounds spread over nodes confound
     # the loss with the node, and a node no leg records leaves that unknown.

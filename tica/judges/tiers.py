@@ -2,8 +2,8 @@
 
 Tiers inside one arm (max/min throughput over the question's tier_ratio) keep a concurrency
 inconclusive whatever their cause. This says which recorded condition differs between the fast
-and the slow legs of that arm (GPU clocks, power, temperature, throttling, CPU load, how many
-legs the server ran before), so a person sees the candidate cause; it never changes a verdict.
+and the slow legs of that arm (GPU clocks, power, temperature, throttling, CPU load, the CPU time
+of the engine, the API server and the client, how many legs the server ran before), so a person sees the candidate cause; it never changes a verdict.
 """
 
 from __future__ import annotations
@@ -22,7 +22,18 @@ SIGNALS: tuple[tuple[str, str, str, float], ...] = (
     ("temperature_c_max", "peak temperature", " C", 0.10),
     ("gpu_util_pct_median", "GPU utilisation", "%", 0.10),
     ("cpu_load_1m_end", "CPU load (1 min)", "", 0.5),
+    ("cpu_util.engine_core", "the engine's CPU time per second", "", 0.10),
+    ("cpu_util.api_server", "the API server's CPU time per second", "", 0.10),
+    ("cpu_util.client", "the client's CPU time per second", "", 0.10),
 )
+# an engine loop this busy while the GPU idles this much is bound by the host, not the GPU
+HOST_BOUND_ENGINE_CPU, HOST_BOUND_GPU_UTIL = 0.9, 80.0
+
+
+def _signal(t: LegTelemetry, name: str) -> float | None:
+    field, _, role = name.partition(".")
+    value = getattr(t, field)
+    return (value or {}).get(role) if role else value
 
 
 def _median(xs: Sequence[float | int | None]) -> float | None:
@@ -43,7 +54,7 @@ def tier_cause(legs: Sequence[tuple[float, LegTelemetry | None]]) -> str:
     slow = [t for x, t in legs if x < mid]
     found = []
     for name, what, unit, rel in SIGNALS:
-        f, s = _median([getattr(t, name) for t in fast]), _median([getattr(t, name) for t in slow])
+        f, s = _median([_signal(t, name) for t in fast]), _median([_signal(t, name) for t in slow])
         if f is not None and s is not None and abs(f - s) > rel * max(abs(f), abs(s), 1e-9):
             found.append(f"{what} {f:g}{unit} in the fast legs against {s:g}{unit} in the slow")
     only_slow = sorted({r for t in slow for r in (t.throttle_reasons or ())} - {r for t in fast for r in (t.throttle_reasons or ())})
@@ -54,4 +65,11 @@ def tier_cause(legs: Sequence[tuple[float, LegTelemetry | None]]) -> str:
         found.append("every slow leg was its server's first (warm-up)")
     if found:
         return "tiers coincide with " + "; ".join(found)
-    return "nothing the legs recorded (clocks, power, temperature, throttling, CPU load, legs served before) differs between the tiers, so their cause is not found"
+    engine = [_signal(t, "cpu_util.engine_core") for _, t in legs]
+    gpu = _median([t.gpu_util_pct_median for _, t in legs])
+    if all(e is not None and e >= HOST_BOUND_ENGINE_CPU for e in engine) and gpu is not None and gpu < HOST_BOUND_GPU_UTIL:
+        return (f"the arm is bound by the host (its engine's loop kept a core at least {HOST_BOUND_ENGINE_CPU:g} busy "
+                f"while the GPU's median utilisation was {gpu:g}%), and nothing recorded differs between the tiers, "
+                "so their cause is not found")
+    return ("nothing the legs recorded (clocks, power, temperature, throttling, CPU load and CPU time, legs served "
+            "before) differs between the tiers, so their cause is not found")

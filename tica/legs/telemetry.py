@@ -2,7 +2,10 @@
 
 `Sampler` polls `nvidia-smi` (clocks, power, temperature, utilisation, throttle reasons) every
 half second in one child process and reads the CPU's load average at the start and the end; it
-never changes a GPU setting. `summary()` is the `telemetry` section of leg.json
+never changes a GPU setting. Given the processes that serve the leg (by role), it also reads the
+CPU time each role used while the leg ran, as a share of one core: a small model's throughput is
+bound by the host (the engine's scheduling loop, the API server, the client) rather than the GPU,
+and GPU telemetry alone cannot explain its tiers. `summary()` is the `telemetry` section of leg.json
 (tica.receipts.LegTelemetry). A field nothing measured is None (unknown), never 0.
 """
 
@@ -10,10 +13,13 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 import statistics
 import subprocess
 import threading
 from typing import Any
+
+import psutil
 
 QUERY = ("clocks.sm", "clocks.mem", "power.draw", "temperature.gpu", "utilization.gpu", "clocks_throttle_reasons.active")
 # nvidia-smi's clocks_throttle_reasons bits (nvml.h: nvmlClocksEventReasons)
@@ -40,7 +46,11 @@ def _num(text: str) -> float | None:
 class Sampler:
     """`with Sampler(gpu_index) as s: ...; s.summary(served_before=n)`."""
 
-    def __init__(self, gpu_index: str | None = None) -> None:
+    def __init__(self, gpu_index: str | None = None, processes: dict[str, list[int]] | None = None) -> None:
+        self.processes = processes or {}  # role -> pids whose CPU time this leg reads
+        self._cpu_start: dict[str, float | None] = {}
+        self._wall_start = 0.0
+        self.cpu_util: dict[str, float | None] = {}
         self.gpu_index = gpu_index if gpu_index is not None else (os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0]
         self.rows: list[tuple[float | None, ...]] = []
         self.masks: list[int] = []
@@ -52,6 +62,8 @@ class Sampler:
 
     def __enter__(self) -> "Sampler":
         self.load_start = os.getloadavg()[0]
+        self._cpu_start = {role: cpu_seconds(pids) for role, pids in self.processes.items()}
+        self._wall_start = time.monotonic()
         smi = shutil.which("nvidia-smi")
         if smi is None:
             self.error = "no nvidia-smi on this machine"
@@ -77,6 +89,11 @@ class Sampler:
 
     def __exit__(self, *exc) -> None:
         self.load_end = os.getloadavg()[0]
+        wall = time.monotonic() - self._wall_start
+        for role, pids in self.processes.items():
+            end, start = cpu_seconds(pids), self._cpu_start.get(role)
+            self.cpu_util[role] = round((end - start) / wall, 3) if end is not None and start is not None \
+                and wall > 0 and end >= start else None
         if self._proc is not None:
             self._proc.terminate()
             try:
@@ -110,4 +127,19 @@ class Sampler:
             "cpu_load_1m_start": round(self.load_start, 2) if self.load_start is not None else None,
             "cpu_load_1m_end": round(self.load_end, 2) if self.load_end is not None else None,
             "served_before": served_before, "cuda_graphs": cuda_graphs,
+            # CPU time per role over the leg's wall time (1.0 = one core busy throughout); None: unread
+            "cpu_util": dict(sorted(self.cpu_util.items())) if self.processes else None,
         }
+
+
+def cpu_seconds(pids: list[int]) -> float | None:
+    """User plus system CPU seconds of these processes (None where any cannot be read: a role whose
+    time is partly unread is unknown, not smaller)."""
+    total = 0.0
+    for pid in pids:
+        try:
+            t = psutil.Process(pid).cpu_times()
+        except psutil.Error:
+            return None
+        total += t.user + t.system
+    return total if pids else None

@@ -102,7 +102,10 @@ def cmd_throughput(a) -> int:
     run_plan = plan if ready else []
     spec.write_text(json.dumps({"plan": run_plan, "ports": ports, "model": str(model), "tokenizer": str(model),
                                 "in": in_len, "out": out_len, "deadline": deadline, "results": str(work / "bench"),
-                                "cuda_graphs": production}))  # as the servers run (resolved_config)
+                                "cuda_graphs": production,  # as the servers run (resolved_config)
+                                # whose CPU time each leg reads (tica.legs.telemetry): an engine not found is unread
+                                "processes": {arm: {"api_server": [s.proc.pid], "engine_core": list(s.engine_pids)}
+                                              for arm, s in servers.items()}}))
     client_rc, client_pid, client_identity = None, None, {}
     if run_plan:
         clog = open(work / "client.log", "wb")
@@ -241,7 +244,8 @@ def cmd_bench_client(a) -> int:
         add_cli_args(parser)
         t = time.time()
         started_at = legio.now()
-        with Sampler() as sampler:
+        roles = {"client": [os.getpid()], **spec.get("processes", {}).get(leg["arm"], {})}
+        with Sampler(processes=roles) as sampler:
             try:
                 main(parser.parse_args(argv))
                 log(f"{name}: {time.time() - t:.1f}s")
