@@ -127,7 +127,8 @@ def _parsed(parse: Callable[[str | None], Any]) -> BeforeValidator:
 
 
 class _Base(BaseSettings):
-    model_config = SettingsConfigDict(case_sensitive=True, extra="ignore", frozen=True)
+    # enable_decoding off: a dict, set or tuple field gets its variable's text (our parsers), not JSON
+    model_config = SettingsConfigDict(case_sensitive=True, extra="ignore", frozen=True, enable_decoding=False)
 
 
 class TicaSettings(_Base):

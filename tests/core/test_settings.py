@@ -143,3 +143,22 @@ def test_the_ray_runner_needs_its_address():
         Settings.from_env({"TICA_LEG_RUNNER": "ray", "TICA_RAY_SHARED_DIR": "/shared"})
     s = Settings.from_env({"TICA_LEG_RUNNER": "ray", "TICA_RAY_ADDRESS": "http://h:8265", "TICA_RAY_SHARED_DIR": "/s"})
     assert (s.leg_runner, s.ray_address, s.ray_shared_dir) == ("ray", "http://h:8265", "/s")
+
+
+def test_the_environment_is_read_as_text_not_json(monkeypatch):
+    monkeypatch.setenv("TICA_REPLAY", "a=x,*=y")
+    monkeypatch.setenv("TICA_GPU_TRACKS", "a, b")
+    monkeypatch.setenv("TICA_OVERLAY_PARTS", "rmsnorm")
+    s = settings()
+    assert (s.replay, s.gpu_tracks, s.overlay_parts) == ({"a": Path("x"), "*": Path("y")}, {"a", "b"}, ("rmsnorm",))
+
+
+def test_tica_leg_runner_ray_makes_the_shared_runner_a_ray_runner():
+    pytest.importorskip("dagster_ray")
+    from tica_assets.definitions import shared_runner
+    from tica_assets.settings import Settings
+
+    env = {"TICA_LEG_RUNNER": "ray", "TICA_RAY_ADDRESS": "http://h:8265", "TICA_RAY_SHARED_DIR": "/s"}
+    runner = shared_runner(Settings.from_env(env))
+    assert type(runner).__name__ == "RayLegRunner" and (runner.address, runner.shared_dir) == ("http://h:8265", "/s")
+    assert type(shared_runner(Settings.from_env({}))).__name__ == "CpuLegRunner"
