@@ -29,9 +29,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from dagster import AssetExecutionContext, Failure, MetadataValue, PipesSubprocessClient
-from dagster._core.errors import DagsterPipesExecutionError
 from pydantic import BaseModel, Field
 
+from resources.dagster_compat import DagsterPipesExecutionError
 from resources.legs import PROJECT_ROOT, LegRequest, LegRunner
 from tica.evidence import EvidenceItem
 from tica.gpu_pool import (

@@ -64,10 +64,10 @@ from pathlib import Path
 from typing import Any
 
 from dagster import AssetExecutionContext, Failure, MetadataValue
-from dagster._core.pipes.utils import _join_thread
 from dagster_ray.core.pipes import PipesRayJobMessageReader
 from pydantic import Field
 
+from resources.dagster_compat import DagsterPipesExecutionError
 from resources.legs import PROJECT_ROOT, LegRequest, LegRunner, LegSpec, leg_params, plan_legs, sealed_leg_dirs
 from tica.evidence import EvidenceItem
 from tica.seal import SEAL_FILE, seal_leg
@@ -77,6 +77,7 @@ RECORD_VERSION = "1"
 # The environment variables a leg is given to record its node (TICA_* are recorded by every producer).
 NODE_ENV = ("TICA_NODE", "TICA_NODE_ID", "TICA_NODE_IP")
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
+THREAD_WAIT_TIMEOUT_S = 120.0  # dagster's THREAD_WAIT_TIMEOUT for a Pipes reader's thread
 LOST_GRACE_S = 30.0  # how long a running job on a lost node may take to be failed by Ray
 
 
@@ -93,7 +94,10 @@ class _LegLogReader(PipesRayJobMessageReader):
         if self.abandon:
             self._thread.join(timeout=1.0)  # a daemon thread: left to end with the job
         else:
-            _join_thread(self._thread, "ray job logs tailing")
+            # as dagster's own readers wait for their thread (dagster._core.pipes.utils._join_thread)
+            self._thread.join(timeout=THREAD_WAIT_TIMEOUT_S)
+            if self._thread.is_alive():
+                raise DagsterPipesExecutionError("Timed out waiting for ray job logs tailing thread to finish.")
 
 
 @dataclass(frozen=True)
@@ -271,7 +275,7 @@ class RayLegRunner(LegRunner):
         job pending on a node that is gone (stop_job leaves a pending job pending) for its
         15-minute start timeout."""
         from dagster import PipesEnvContextInjector, open_pipes_session
-        from dagster._core.errors import DagsterExecutionInterruptedError
+        from dagster import DagsterExecutionInterruptedError
         from dagster_ray.core.pipes import PIPES_LAUNCHED_EXTRAS_RAY_ADDRESS_KEY, PIPES_LAUNCHED_EXTRAS_RAY_JOB_ID_KEY
 
         spec, node = job.spec, job.node

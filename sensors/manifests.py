@@ -25,8 +25,8 @@ from dagster import (
     SkipReason,
     sensor,
 )
-from dagster._core.definitions.data_version import DATA_VERSION_TAG
 
+from resources.dagster_compat import DATA_VERSION_TAG
 from tica.errors import ManifestError
 from tica.evidence import Component, EvidenceItem, invalidated_by
 from tica.ledger import Ledger

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import blake3
 
+from tica import leg_settings
 from tica.progress import Progress
 
 PREFIX = "blake3:"
@@ -38,8 +39,7 @@ RACY_WINDOW_NS = 2_000_000_000
 
 
 def default_cache_path() -> Path:
-    root = os.environ.get("TICA_CACHE_DIR") or Path.home() / ".cache" / "tica"
-    return Path(root) / "fingerprints.json"
+    return leg_settings.cache_dir() / "fingerprints.json"
 
 
 def hash_file(path: str | Path, progress: Progress | None = None) -> str:

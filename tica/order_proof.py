@@ -17,7 +17,6 @@ says why; it never makes a freeze earlier.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,7 +51,9 @@ class FreezeProof:
 def trusted_keys(folder: str | Path | None = None) -> dict[str, Ed25519PublicKey]:
     """The public keys this deployment trusts to sign a freeze, by key id: every *.pem in
     `folder` (default $TICA_TRUSTED_KEYS; none set: no key is trusted)."""
-    where = folder if folder is not None else os.environ.get(TRUSTED_KEYS_ENV)
+    from tica.settings import setting
+
+    where = folder if folder is not None else setting("trusted_keys")
     if not where:
         return {}
     path = Path(where)

@@ -10,24 +10,23 @@ Standard library only: seal.py and fingerprint.py, which producers on GPU nodes 
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 import time
 from typing import TextIO
 
-ENV = "TICA_PROGRESS"
+from tica import leg_settings
+
+ENV = leg_settings.PROGRESS
 DELAY_S = 0.5
 REFRESH_S = 0.1
 
 
 def enabled(stream: TextIO) -> bool | None:
     """True: shown at once (forced); None: shown after DELAY_S (a terminal); False: never."""
-    forced = os.environ.get(ENV, "").strip().lower()
-    if forced in ("1", "true", "yes", "on"):
-        return True
-    if forced in ("0", "false", "no", "off"):
-        return False
+    forced = leg_settings.progress()
+    if forced is not None:
+        return forced
     try:
         return None if stream.isatty() else False
     except (AttributeError, ValueError):  # a closed or stand-in stream

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import lzma
-import os
 import shutil
 import tarfile
 import tempfile
@@ -33,8 +32,10 @@ def is_archive(path: Path) -> bool:
 
 def default_cache() -> Path:
     """$TICA_RECEIPTS_CACHE, else ~/.cache/tica/receipts."""
-    env = os.environ.get(CACHE_ENV)
-    return Path(env) if env else Path.home() / ".cache" / "tica" / "receipts"
+    from tica.settings import setting
+
+    cache: Path = setting("receipts_cache")
+    return cache
 
 
 def _sha256(path: Path) -> str:

@@ -20,7 +20,6 @@ from dagster import (
     multi_observable_source_asset,
 )
 
-from dagster._core.definitions.data_version import extract_data_version_from_entry
 
 from tica.acceptance import record_candidate_change
 from tica.candidate import CandidateIdentity, identify
@@ -65,8 +64,8 @@ def observed_version(instance: DagsterInstance, key: AssetKey) -> str | None:
     record = instance.get_latest_data_version_record(key, is_source=True)
     if record is None:
         return None
-    version = extract_data_version_from_entry(record.event_log_entry)
-    return version.value if version else None
+    observation = record.event_log_entry.asset_observation
+    return observation.data_version if observation else None
 
 
 def record_change(track: Track, loaded: LoadedManifest, identity: CandidateIdentity, instance: DagsterInstance,

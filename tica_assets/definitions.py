@@ -8,10 +8,12 @@
 Per track (one manifest in TICA_CANDIDATES_DIR): `<track>/candidate/<component>` (observable,
 data version = fingerprint), `<track>/evidence/<item>` (one per evidence item, deps from the
 invalidation matrix), `<track>/report`; jobs `<track>_evidence` and `<track>_report`; the
-`tica_manifest_sensor`. Other variables: tica_assets/settings.py.
+`tica_manifest_sensor`. Every variable: docs/settings.md.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from dagster import Definitions
 
@@ -26,13 +28,23 @@ from tica_assets.settings import Settings
 from tica_assets.tracks import discover_tracks
 
 
+def shared_runner(settings: Settings) -> Any:
+    """The runner of every track that neither replays nor runs on this machine's GPUs
+    (TICA_LEG_RUNNER): the CPU runner, or legs as jobs on a Ray cluster."""
+    if settings.leg_runner == "ray":
+        from resources.ray_legs import RayLegRunner  # the scale extra: dagster-ray
+
+        return RayLegRunner(address=str(settings.ray_address), shared_dir=str(settings.ray_shared_dir))
+    return CpuLegRunner()
+
+
 def build_defs(settings: Settings | None = None, resources: dict | None = None) -> Definitions:
     """The whole code location for the tracks in the candidates folder; `resources` replaces
     resources by key (tests, or a GPU leg runner in a deployment)."""
     settings = settings or Settings.from_env()
     overrides = resources or {}
     tracks = discover_tracks(settings.candidates_dir)
-    resources = {"ledger": LedgerResource(path=str(settings.ledger_path)), "leg_runner": CpuLegRunner()}
+    resources = {"ledger": LedgerResource(path=str(settings.ledger_path)), "leg_runner": shared_runner(settings)}
     per_track: list[Definitions] = []
     for track in tracks:
         replay = settings.replay_folder(track.name)

@@ -1,18 +1,6 @@
-"""Where the code location finds its inputs and writes its outputs: one helper, read from the
-environment once, so no asset or sensor reads `os.environ` itself.
-
-| variable | default | meaning |
-| --- | --- | --- |
-| TICA_CANDIDATES_DIR | demo/candidates | folder of candidate manifests, one YAML file per track |
-| TICA_QUESTIONS_DIR | demo/questions | frozen questions: `<dir>/<track>/*.yaml` first, then `<dir>/*.yaml` |
-| TICA_LEDGER | data/ledger.duckdb | the ledger: a DuckDB file, or a `postgresql://` address (tica/ledger/postgres_store.py) |
-| TICA_DATA_DIR | data | legs written by the CPU runner, plots, fingerprint cache |
-| TICA_REPLAY | (none) | `track=folder[,track=folder]`: tracks whose legs replay committed sealed receipts (a folder, or a .tar.xz/.tgz of one); `*=folder` for every track |
-| TICA_RECEIPTS_CACHE | ~/.cache/tica/receipts | where a replayed archive of receipts is unpacked, once per archive digest |
-| TICA_TRUSTED_KEYS | (none) | folder of Ed25519 public keys (PEM) whose signed ledger chains, carried with replayed receipts in `frozen/`, may show a question frozen before the run (tica/order_proof.py) |
-| TICA_GPU_TRACKS | (none) | `track[,track]` or `*`: tracks whose legs run on this machine's GPUs (LocalGpuLegRunner: the H200 producers through Dagster Pipes, one GPU pool); replay wins where both name a track |
-| TICA_AUTORUN_TRACKS | (none) | `track[,track]` or `*`: tracks whose evidence re-materializes by itself when a component changes |
-| TICA_SENSOR_INTERVAL_S | 15 | manifest sensor interval |
+"""Where the code location finds its inputs and writes its outputs, and which runner makes each
+track's legs: read from the environment once, through the core's settings model (tica/settings.py),
+so no asset or sensor reads `os.environ` itself. The variables: docs/settings.md.
 
 Relative paths resolve against the project root (the folder holding `workspace.yaml`), not the
 process's working directory: `dagster dev`, its daemon and its code servers agree on them.
@@ -20,40 +8,23 @@ process's working directory: `dagster dev`, its daemon and its code servers agre
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+from tica.settings import PROJECT_ROOT, SettingsError, project_path, settings_of
+
+__all__ = ["PROJECT_ROOT", "Settings"]
+
+FIELDS = ("ledger", "candidates_dir", "questions_dir", "data_dir", "replay", "autorun_tracks", "gpu_tracks",
+          "sensor_interval_s", "leg_runner", "ray_address", "ray_shared_dir")
 
 
-def _path(value: str | None, default: str) -> Path:
-    p = Path(value or default).expanduser()
-    return p if p.is_absolute() else (PROJECT_ROOT / p)
-
-
-def _ledger_target(value: str | None, default: str) -> Path | str:
+def _ledger_target(value: str) -> Path | str:
     """A DuckDB file (a path, resolved as the others) or a postgresql:// address (kept as text)."""
     from tica.ledger import is_postgres
 
-    return value if value and is_postgres(value) else _path(value, default)
-
-
-def _mapping(value: str | None, var: str) -> dict[str, Path]:
-    out: dict[str, Path] = {}
-    for part in (value or "").split(","):
-        part = part.strip()
-        if not part:
-            continue
-        track, sep, folder = part.partition("=")
-        if not sep or not track.strip() or not folder.strip():
-            raise ValueError(f"{var}: {part!r} is not track=folder")
-        out[track.strip()] = _path(folder.strip(), folder.strip())
-    return out
-
-
-def _tracks(value: str | None) -> frozenset[str]:
-    return frozenset(t.strip() for t in (value or "").split(",") if t.strip())
+    return value if is_postgres(value) else project_path(value)
 
 
 @dataclass(frozen=True)
@@ -66,19 +37,29 @@ class Settings:
     autorun: frozenset[str] = frozenset()
     gpu: frozenset[str] = frozenset()
     sensor_interval_s: int = 15
+    leg_runner: str = "cpu"  # the shared runner: "cpu" (CpuLegRunner) or "ray" (RayLegRunner)
+    ray_address: str | None = None
+    ray_shared_dir: str | None = None
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> "Settings":
-        env = dict(os.environ if env is None else env)
+        s: dict[str, Any] = settings_of(FIELDS, env)
+        if s["leg_runner"] == "ray":
+            for name, var in (("ray_address", "TICA_RAY_ADDRESS"), ("ray_shared_dir", "TICA_RAY_SHARED_DIR")):
+                if not s[name]:
+                    raise SettingsError(var, "is unset, and TICA_LEG_RUNNER=ray needs it")
         return cls(
-            candidates_dir=_path(env.get("TICA_CANDIDATES_DIR"), "demo/candidates"),
-            questions_dir=_path(env.get("TICA_QUESTIONS_DIR"), "demo/questions"),
-            ledger_path=_ledger_target(env.get("TICA_LEDGER"), "data/ledger.duckdb"),
-            data_dir=_path(env.get("TICA_DATA_DIR"), "data"),
-            replay=_mapping(env.get("TICA_REPLAY"), "TICA_REPLAY"),
-            autorun=_tracks(env.get("TICA_AUTORUN_TRACKS")),
-            gpu=_tracks(env.get("TICA_GPU_TRACKS")),
-            sensor_interval_s=int(env.get("TICA_SENSOR_INTERVAL_S", "15")),
+            candidates_dir=project_path(s["candidates_dir"]),
+            questions_dir=project_path(s["questions_dir"]),
+            ledger_path=_ledger_target(s["ledger"]),
+            data_dir=project_path(s["data_dir"]),
+            replay={track: project_path(folder) for track, folder in s["replay"].items()},
+            autorun=s["autorun_tracks"],
+            gpu=s["gpu_tracks"],
+            sensor_interval_s=s["sensor_interval_s"],
+            leg_runner=s["leg_runner"],
+            ray_address=s["ray_address"],
+            ray_shared_dir=s["ray_shared_dir"],
         )
 
     @property

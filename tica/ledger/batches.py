@@ -19,7 +19,6 @@ ranges that do not meet, and the caller verifies row by row instead, whose repor
 from __future__ import annotations
 
 import functools
-import os
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import closing, contextmanager
@@ -44,14 +43,10 @@ Columns = Sequence[Sequence[Any]]  # a batch: seq, prev_hash, row_hash, recorded
 
 
 def batches_enabled() -> bool:
-    env = os.environ.get(BATCH_ENV, "").strip()
-    if env in ("", "1"):
-        return True
-    if env == "0":
-        return False
-    from tica.errors import InputError
+    from tica.settings import setting
 
-    raise InputError(BATCH_ENV, "<env>", f"{env!r} is not 0 or 1")
+    enabled: bool = setting("verify_batches")
+    return enabled
 
 
 def text_class(values: Sequence[Any]) -> str | None:

@@ -12,7 +12,6 @@ exactly as the code defines them, and calls every function by its builtin's qual
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 from collections.abc import Callable
 
@@ -34,16 +33,10 @@ def in_db_enabled(in_db: bool | None = None, default: bool = IN_DB_DEFAULT) -> b
     yes, 0: no), else the store's `default`. Both paths give the same report."""
     if in_db is not None:
         return in_db
-    env = os.environ.get(IN_DB_ENV, "").strip()
-    if not env:
-        return default
-    if env == "1":
-        return True
-    if env == "0":
-        return False
-    from tica.errors import InputError
+    from tica.settings import setting
 
-    raise InputError(IN_DB_ENV, "<env>", f"{env!r} is not 0 or 1")
+    env: bool | None = setting("verify_in_db")
+    return default if env is None else env
 
 
 class DuckDBSql:

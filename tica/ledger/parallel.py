@@ -40,14 +40,11 @@ READ_TIMEOUT_S = 30.0  # a range's wait for the DuckDB file, as a Ledger's reade
 def workers_for(rows: int) -> int:
     """How many processes verify `rows` chain rows: TICA_VERIFY_WORKERS if set (1: serial), else one
     per CPU (at most MAX_WORKERS) once the chain holds PARALLEL_MIN_ROWS rows."""
-    env = os.environ.get("TICA_VERIFY_WORKERS", "").strip()
-    if env:
-        try:
-            return max(1, int(env))
-        except ValueError:
-            from tica.errors import InputError
+    from tica.settings import setting
 
-            raise InputError("TICA_VERIFY_WORKERS", "<env>", f"{env!r} is not a number of processes") from None
+    chosen: int | None = setting("verify_workers")
+    if chosen is not None:
+        return chosen
     if rows < PARALLEL_MIN_ROWS:
         return 1
     return max(1, min(MAX_WORKERS, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else

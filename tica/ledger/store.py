@@ -4,7 +4,6 @@ The CLI (`--ledger`), the Dagster resource, the settings and the demo all ask he
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from tica.ledger.duckdb_store import Ledger
@@ -37,4 +36,6 @@ def open_ledger(target: str | Path, lock_timeout_s: float = 30.0, create: bool =
 
 
 def default_ledger_path() -> Path:
-    return Path(os.environ.get("TICA_LEDGER", "data/ledger.duckdb"))
+    from tica.settings import setting
+
+    return Path(setting("ledger"))

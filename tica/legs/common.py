@@ -31,6 +31,7 @@ from pathlib import Path
 
 import psutil
 
+from tica import leg_settings
 from tica.seal import seal_leg
 
 LEG_SCHEMA = "tica.leg/1"
@@ -38,7 +39,7 @@ PRODUCER_VERSION = "1"
 LOG_FILE = "producer.log"
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 REPOSITORY = "tica"
-IMAGE_DIGEST_ENV = "TICA_IMAGE_DIGEST"
+IMAGE_DIGEST_ENV = leg_settings.IMAGE_DIGEST
 
 # The arm switch. Everything else a producer sets in its own environment is recorded beside it.
 ARM_ENV: dict[str, dict[str, str]] = {
@@ -172,7 +173,7 @@ def source_record(env: Mapping[str, str] | None = None) -> dict[str, str | None]
 
 def image_digest() -> str | None:
     """The image the leg ran in, as its launcher names it (TICA_IMAGE_DIGEST); None when unset."""
-    return os.environ.get(IMAGE_DIGEST_ENV) or None
+    return leg_settings.image_digest()
 
 
 def recorded_env() -> dict[str, str]:

@@ -16,12 +16,12 @@ def gguf_path() -> Path:
     """The package's GGUF, or TICA_SMOLLM2_GGUF's (a machine where the package cannot be installed,
     e.g. the GPU box the file was carried to)."""
     import importlib.util
-    import os
 
-    if env := os.environ.get("TICA_SMOLLM2_GGUF"):
-        p = Path(env)
+    from tica import leg_settings
+
+    if (p := leg_settings.smollm2_gguf()) is not None:
         if not p.is_file():
-            raise SystemExit(f"TICA_SMOLLM2_GGUF={env}: no such file")
+            raise SystemExit(f"{leg_settings.SMOLLM2_GGUF}={p}: no such file")
         return p
 
     # find_spec, not import: the package's __init__ imports the `llm` CLI it plugs into

@@ -27,9 +27,10 @@ records this file and the parts (``overlay_record``).
 from __future__ import annotations
 
 import hashlib
-import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+
+from tica import leg_settings
 
 NAME = "tica_rmsnorm_bi"
 ENTRY_POINT = "tica.legs.vllm_kernels.overlay:register"
@@ -58,8 +59,8 @@ def fa_pin_tile(*args, **kw):
 
 
 def parts_wanted() -> tuple[str, ...]:
-    raw = os.environ.get("TICA_OVERLAY_PARTS")
-    want = tuple(x for x in (raw.split(",") if raw is not None else PARTS) if x)
+    named = leg_settings.overlay_parts()
+    want = PARTS if named is None else named
     unknown = sorted(set(want) - set(PARTS))
     if unknown:
         raise ValueError(f"TICA_OVERLAY_PARTS: unknown part(s) {unknown}; known: {list(PARTS)}")

@@ -17,8 +17,9 @@ matched vLLM 0.26.0 bitwise on an H200 (0/1563 prefill, 0/64 decode tokens, mid 
 from __future__ import annotations
 
 import inspect
-import os
 from pathlib import Path
+
+from tica import leg_settings
 
 from . import VLLM_PINNED
 
@@ -131,7 +132,7 @@ def installed_version(root: Path | None = None) -> str | None:
 def check_version(version: str | None) -> None:
     if version == VLLM_PINNED:
         return
-    if os.environ.get("TICA_VLLM_KERNELS_ALLOW_VERSION") == "1":
+    if leg_settings.allow_vllm_version():
         return
     raise VllmInternalsMoved(
         f"tica.legs.vllm_kernels is pinned to vLLM {VLLM_PINNED} and found vLLM {version!r}. "

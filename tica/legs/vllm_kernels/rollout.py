@@ -6,9 +6,10 @@ offline engine in this process (``VllmRollout``) or, in CPU dry runs, the refere
 
 from __future__ import annotations
 
-import os
 import random
 from pathlib import Path
+
+from tica import leg_settings
 
 FORWARD_CFG = dict(dtype="bfloat16", enforce_eager=True, enable_prefix_caching=False, seed=0,
                    gpu_memory_utilization=0.3, max_model_len=4096, attention_backend="FLASH_ATTN",
@@ -25,7 +26,7 @@ ACCEPT_CFG = dict(enforce_eager=False, enable_prefix_caching=True, enable_chunke
 # which no trainer on vLLM's kernels reproduces (the accept run's first call: every token differed)
 GRAPHS_CFG = dict(ACCEPT_CFG, compilation_config={"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"})
 ENGINES: dict[str, dict] = {"eager": {}, "production": ACCEPT_CFG, "graphs": GRAPHS_CFG}
-N_STEPS = int(os.environ.get("TICA_N_STEPS", "5"))  # 5 on the device; smaller only in CPU smoke runs
+N_STEPS = leg_settings.n_steps()  # 5 on the device; smaller only in CPU smoke runs
 SCHEDULE_SEED = 20261129
 
 
