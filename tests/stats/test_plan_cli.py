@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from tests.stats.pilots import throughput_question, write_pilot
-from tica.judges import judge_criteria
 from tica.cli.plan import build_parser, run
+from tica.judges import judge_criteria
 from tica.question import load_question
 from tica.receipts import load_bench_leg
 from tica.stats import throughput as tstats
