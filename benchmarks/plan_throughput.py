@@ -25,7 +25,7 @@ import yaml  # noqa: E402
 
 from tica.canaries import build_throughput, default_questions, scale_throughput  # noqa: E402
 from tica.evidence import EvidenceItem  # noqa: E402
-from tica.plan_cli import build_parser, run  # noqa: E402
+from tica.cli.plan import build_parser, run  # noqa: E402
 import tica.stats.plan  # noqa: E402,F401  (what `tica plan` imports when it runs: scipy.stats)
 from tica.question import parse_question  # noqa: E402
 

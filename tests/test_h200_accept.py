@@ -22,7 +22,7 @@ import pytest
 from resources.legs import LegRequest, ReplayLegRunner
 from tica.acceptance import materialize, report
 from tica.candidate import identify
-from tica.cli import questions_in_force
+from tica.cli.report import questions_in_force
 from tica.evidence import COVERS, EvidenceItem
 from tica.ledger import Ledger
 from tica.manifest import load_manifest

@@ -109,7 +109,7 @@ def track_reports(settings, tracks) -> list:
     """Each track's acceptance report, as the report asset reads it: the candidate its manifest
     names now and the questions it asks now."""
     from tica.acceptance import report
-    from tica.cli import questions_in_force
+    from tica.cli.report import questions_in_force
     from tica.errors import ManifestError
     from tica.ledger import open_ledger
     from tica_assets.candidates import load_track
@@ -129,7 +129,7 @@ def track_reports(settings, tracks) -> list:
 
 def print_report(settings, home: Path, tracks) -> None:
     """The answer per track (its first line, then one row per item), and the same as one page."""
-    from tica.cli import report_text
+    from tica.cli.report import report_text
     from tica.report_html import render
 
     reports = track_reports(settings, tracks)

@@ -85,6 +85,41 @@ def test_the_cli_module_imports_nothing_heavy():
     assert "duckdb" in run("tica.ledger")  # negative control: the probe sees a heavy import
 
 
+HELP_PROBE = """
+import contextlib, io, json, sys
+from tica.cli import build_parser, main, walk
+for path, _ in walk(build_parser()):
+    if path in {skip}:
+        continue
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):
+        main([*path, "--help"])
+print(json.dumps(sorted(m for m in ("duckdb", "pydantic", "torch", "scipy", "numpy") if m in sys.modules)))
+"""
+
+
+def test_every_verb_help_imports_nothing_heavy():
+    """`tica --help` and `tica <verb> --help`, run through `main`, import neither DuckDB nor pydantic
+    nor torch: each verb module imports what its handler uses. `tica ledger query --help` (it lists
+    the views) and `tica judge --help` (the judges' own exit codes) read the heavy modules on purpose."""
+    import subprocess
+    import sys
+
+    run = lambda skip: json.loads(subprocess.run([sys.executable, "-c", HELP_PROBE.format(skip=skip)],  # noqa: E731
+                                                 capture_output=True, text=True, check=True).stdout)
+    assert run({("ledger", "query"), ("judge",)}) == []
+    assert "duckdb" in run(set())  # negative control: the probe sees the views' import
+
+
+def test_python_m_tica_cli_is_the_tica_command():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "tica.cli", "--help"], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.startswith("usage: tica ")
+    bad = subprocess.run([sys.executable, "-m", "tica.cli", "frobnicate"], capture_output=True, text=True)
+    assert bad.returncode == 4 and "invalid choice" in bad.stderr
+
+
 def test_every_core_verb_speaks_json(tmp_path, capsys):
     """--json on candidate, question and ledger verbs: the output parses, and names what the
     text output names."""

@@ -1,6 +1,7 @@
 """The layers hold (pyproject.toml's [tool.importlinter] contracts, checked by import-linter over
 every import statement, those inside functions included): the core imports no Dagster, resources
-sit under assets and sensors, judging runs nothing, the ledger's modules import downwards only."""
+sit under assets and sensors, judging runs nothing, the core never imports its command line, the
+ledger's modules import downwards only."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ def _lint(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
 def test_the_projects_import_contracts_are_kept():
     out = _lint(ROOT)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
-    assert "5 kept, 0 broken" in out.stdout
+    assert "7 kept, 0 broken" in out.stdout
 
 
 def test_an_import_inside_a_function_breaks_a_contract(tmp_path):
@@ -45,12 +46,13 @@ def test_an_import_inside_a_function_breaks_a_contract(tmp_path):
     assert "core imports no layer BROKEN" in out.stdout and "core.rules -> layer.assets" in out.stdout
 
 
-def _ledger_contracts() -> str:
-    """The project's own ledger contracts, as a configuration over the `tica` package alone."""
+def _ledger_contracts(*prefixes: str) -> str:
+    """The project's own ledger contracts (or those named so), as a configuration over the `tica`
+    package alone."""
     contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
     lines = ["[tool.importlinter]", 'root_packages = ["tica"]']
     for contract in contracts:
-        if contract["name"].startswith("the ledger's"):
+        if contract["name"].startswith(prefixes or ("the ledger's",)):
             lines += ["", "[[tool.importlinter.contracts]]", *(f"{k} = {json.dumps(v)}" for k, v in contract.items())]
     return "\n".join(lines) + "\n"
 
@@ -76,6 +78,27 @@ def test_a_ledger_module_importing_upwards_breaks_a_contract(tmp_path, importer,
     assert kept.returncode == 0 and "2 kept, 0 broken" in kept.stdout, kept.stdout[-3000:] + kept.stderr[-2000:]
     module = tmp_path / "tica" / "ledger" / f"{importer}.py"
     module.write_text(module.read_text() + f"\n\ndef _upwards():\n    {imported}\n")
+    out = _lint(tmp_path, "--config", "contracts.toml")
+    assert out.returncode == 1, out.stdout
+    assert f"{broken} BROKEN" in out.stdout and named in out.stdout, out.stdout[-3000:]
+
+
+CLI_CONTRACTS = ("the core never imports its command line", "the library face never imports the command line")
+
+
+@pytest.mark.parametrize("importer,broken,named", [
+    ("tica/evidence.py", CLI_CONTRACTS[0], "tica.evidence -> tica.cli.report (l."),
+    ("tica/__init__.py", CLI_CONTRACTS[1], "tica -> tica.cli.report (l."),
+])
+def test_the_core_importing_its_command_line_breaks_a_contract(tmp_path, importer, broken, named):
+    """Negative controls, in a copy of `tica` under the project's CLI contracts: a core module, or the
+    library face, that reaches a verb from inside a function is caught and named."""
+    shutil.copytree(ROOT / "tica", tmp_path / "tica", ignore=_python_only)
+    (tmp_path / "contracts.toml").write_text(_ledger_contracts(*CLI_CONTRACTS))
+    kept = _lint(tmp_path, "--config", "contracts.toml")
+    assert kept.returncode == 0 and "2 kept, 0 broken" in kept.stdout, kept.stdout[-3000:] + kept.stderr[-2000:]
+    module = tmp_path / importer
+    module.write_text(module.read_text() + "\n\ndef _upwards():\n    from tica.cli.report import report_text\n")
     out = _lint(tmp_path, "--config", "contracts.toml")
     assert out.returncode == 1, out.stdout
     assert f"{broken} BROKEN" in out.stdout and named in out.stdout, out.stdout[-3000:]

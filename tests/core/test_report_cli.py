@@ -24,7 +24,8 @@ from tests.false_pass import conftest as fp
 from tests.false_pass.test_acceptance import IN_FORCE, TRACK, Track, _materialize, baseline  # noqa: F401 (fixture)
 from tica.acceptance import Report, report
 from tica.candidate import CandidateIdentity, identify
-from tica.cli import EXIT_NO, EXIT_OK, EXIT_OTHER, HELP, build_parser, main, questions_in_force, walk
+from tica.cli import EXIT_NO, EXIT_OK, EXIT_OTHER, HELP, build_parser, main, walk
+from tica.cli.report import questions_in_force
 from tica.errors import EXIT_BAD_INPUT
 from tica.evidence import EvidenceItem
 from tica.ledger import VIEWS, Ledger

@@ -13,13 +13,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tica import schema_cli, schemas
+from tica import schemas
+from tica.cli import schema as schema_cli
 from tica.errors import EXIT_BAD_INPUT, UsageParser
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs" / "schemas"
 FIXTURES = ROOT / "tests" / "fixtures"
-REGENERATE = "tica schema --out docs/schemas  (or: .venv/bin/python -m tica.schema_cli --out docs/schemas)"
+REGENERATE = "tica schema --out docs/schemas  (or: .venv/bin/python -m tica.cli.schema --out docs/schemas)"
 STEP_SCHEMA = {"forward": "forward-step", "backward": "backward-step", "update": "update-step"}
 
 jsonschema = pytest.importorskip("jsonschema")

@@ -10,7 +10,7 @@ import pytest
 
 from tica.errors import InputError
 from tica.ingest import SOURCE_FILE, ingest_bench, ingest_problems, ingest_verl_metrics
-from tica.ingest_cli import main
+from tica.cli.ingest import main
 from tica.judges.forward import judge_forward
 from tica.judges.throughput import judge_throughput
 from tica.question import WORKLOAD_FIELDS, load_question, parse_question

@@ -12,7 +12,7 @@ import pytest
 
 from tica.errors import InputError
 from tica.ingest import ingest_bench, leg_unknowns
-from tica.ingest_cli import main as ingest_main
+from tica.cli.ingest import main as ingest_main
 from tica.leg_run import LegRunSpec, leg_node, read_command
 from tica.legs import common
 from tica.legs.common import Leg, this_node

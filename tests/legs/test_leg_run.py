@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tica import leg_run, leg_run_cli
+from tica import leg_run
+from tica.cli import leg as leg_run_cli
 from tica.judges import judge_criteria
 from tica.question import ThroughputCriteria, parse_question
 from tica.receipts import load_bench_leg, load_leg

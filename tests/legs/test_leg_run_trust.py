@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tica import leg_run, leg_run_cli
+from tica import leg_run
+from tica.cli import leg as leg_run_cli
 from tica.judges import judge_criteria
 from tica.judges.clean_exit import exit_problem, exit_problems
 from tica.question import parse_question

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import yaml
 
-from tica.ingest_cli import main as ingest
+from tica.cli.ingest import main as ingest
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent

@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from tests.stats.pilots import throughput_question, write_pilot
+from tica.cli.plan import build_parser, run
 from tica.judges import judge_criteria
-from tica.plan_cli import build_parser, run
 from tica.question import load_question
 from tica.receipts import load_bench_leg
 from tica.stats import throughput as tstats
@@ -192,7 +192,7 @@ def test_the_h200_quality_pilot_over_its_threshold_plans_nothing(tmp_path):
 
 def test_add_parser_wires_plan_into_a_tica_parser_and_usage_errors_exit_4():
     from tica.errors import UsageParser
-    from tica.plan_cli import add_parser
+    from tica.cli.plan import add_parser
 
     parser = UsageParser(prog="tica")
     add_parser(parser.add_subparsers(dest="command", required=True))

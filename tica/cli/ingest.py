@@ -31,9 +31,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tica.cli._common import BAD, EXIT_OK, OTHER, Help, Verb
 from tica.errors import EXIT_BAD_INPUT, InputError, UsageParser
 
 SOURCES = ("bench", "verl-metrics", "verl-mlflow", "verl-wandb", "problems", "lm-eval")
+
+HELP: dict[Verb, Help] = {
+    ("leg", "ingest"): Help(((EXIT_OK, "the leg is written and sealed"), BAD, OTHER),
+                            examples=("tica leg ingest bench bench.json --out LEG --arm bi1 --round 1 --slot 1",)),
+}
 
 
 def _leg_subparsers(subparsers: Any) -> Any:
@@ -127,7 +133,7 @@ def run(args: argparse.Namespace, out=None) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """A parser holding only `leg ingest`, for `python -m tica.ingest_cli` before it is wired."""
+    """A parser holding only `leg ingest`, for `python -m tica.cli.ingest`."""
     parser = UsageParser(prog="tica")
     add_parser(parser.add_subparsers(dest="command_name", required=True))
     return parser

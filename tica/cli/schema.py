@@ -15,9 +15,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tica.cli._common import BAD, DONE, Help, Verb
 from tica.errors import EXIT_BAD_INPUT, InputError, UsageParser
 
 CLI = "<command line>"
+
+HELP: dict[Verb, Help] = {
+    ("schema",): Help((DONE, BAD), examples=("tica schema --list", "tica schema manifest",
+                                              "tica schema --out docs/schemas")),
+}
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -77,7 +83,7 @@ def run(args: argparse.Namespace, out=None) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """A parser holding only `schema`, for `python -m tica.schema_cli` before `tica schema` is wired."""
+    """A parser holding only `schema`, for `python -m tica.cli.schema`."""
     parser = UsageParser(prog="tica")
     add_parser(parser.add_subparsers(dest="command", required=True))
     return parser

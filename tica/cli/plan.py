@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tica.cli._common import BAD, EXIT_NO, EXIT_OK, OTHER, Help, Verb
 from tica.errors import EXIT_BAD_INPUT, InputError, QuestionError
 
 if TYPE_CHECKING:
@@ -26,6 +27,14 @@ if TYPE_CHECKING:
 
 CLI = "<command line>"
 NOTHING_PLANNED = 1
+
+HELP: dict[Verb, Help] = {
+    ("plan",): Help(((EXIT_OK, "plan and draft written"), (EXIT_NO, "the pilot plans nothing (no draft written)"),
+                     BAD, OTHER), examples=("tica plan throughput --help", "tica plan quality --help")),
+}
+for _verb in ("throughput", "quality"):
+    HELP[("plan", _verb)] = Help(HELP[("plan",)].codes, examples=(
+        f"tica plan {_verb} PILOT_LEGS... -q demo/questions/{_verb}.yaml --out draft.yaml",))
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -63,7 +72,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """A stand-alone `tica` parser holding only `plan` (tests, and running this module)."""
+    """A stand-alone `tica` parser holding only `plan` (tests, and `python -m tica.cli.plan`)."""
     from tica.errors import UsageParser
 
     parser = UsageParser(prog="tica", description=__doc__)

@@ -34,9 +34,20 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tica.cli._common import BAD, EXIT_NO, EXIT_OK, OTHER, Help, Verb
 from tica.errors import EXIT_BAD_INPUT, InputError, UsageParser
 
 CLI = "<command line>"
+
+HELP: dict[Verb, Help] = {
+    ("leg",): Help(((EXIT_OK, "the leg is written and sealed (run: every recorded process exited 0)"),
+                    (EXIT_NO, "run: the leg is sealed, but the command or the server did not end cleanly"), BAD, OTHER),
+                   examples=("tica leg run --help", "tica leg ingest --help")),
+    ("leg", "run"): Help(((EXIT_OK, "the leg is sealed and every recorded process exited 0"),
+                          (EXIT_NO, "the leg is sealed, but the command or the server did not end cleanly, or "
+                                    "something named was not collected"), BAD, OTHER),
+                         examples=("tica leg run --out LEG --item forward --arm bi1 -- python train.py",)),
+}
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -109,7 +120,7 @@ def spec_from(args: argparse.Namespace):
 
 
 def _bad_input(err: InputError, as_json: bool, out) -> int:
-    from tica.ingest_cli import error_json
+    from tica.cli.ingest import error_json
 
     print(f"tica: error: {err}", file=sys.stderr)
     if as_json:
@@ -152,7 +163,7 @@ def run(args: argparse.Namespace, out=None) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """A parser holding only `leg run`, for `python -m tica.leg_run_cli` before `tica leg` is wired."""
+    """A parser holding only `leg run`, for `python -m tica.cli.leg`."""
     parser = UsageParser(prog="tica")
     add_parser(parser.add_subparsers(dest="command_name", required=True))
     return parser

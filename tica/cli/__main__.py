@@ -1,0 +1,5 @@
+"""`python -m tica.cli`: the `tica` command."""
+
+from tica.cli import main
+
+raise SystemExit(main())
