@@ -73,8 +73,6 @@ def test_no_module_but_the_settings_reads_a_tica_variable_itself():
             if rel in SETTINGS_MODULES or rel in PASS_THROUGH:
                 continue
             found += [f"{rel}:{line}: {key}" for line, key in _environ_reads(ast.parse(path.read_text()))]
-    # the command line is moving into a package (issue 30); its reads are listed there
-    found = [f for f in found if not re.match(r"tica/(cli|\w+_cli)\.py:", f)]
     assert found == []
 
 

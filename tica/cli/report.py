@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -62,6 +61,7 @@ def _report_args(args: argparse.Namespace):
     from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
     from tica.errors import pydantic_errors
+    from tica.settings import setting
 
     class ReportArgs(BaseModel):
         model_config = ConfigDict(extra="forbid", frozen=True)
@@ -73,7 +73,7 @@ def _report_args(args: argparse.Namespace):
 
     try:
         return ReportArgs(tracks=list(dict.fromkeys(args.tracks)), manifests=args.manifest or [],
-                          questions=args.questions or os.environ.get("TICA_QUESTIONS_DIR") or "demo/questions",
+                          questions=args.questions or str(setting("questions_dir")),
                           html=args.html)
     except ValidationError as err:
         raise pydantic_errors(InputError, CLI, err) from None
