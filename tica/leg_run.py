@@ -641,6 +641,11 @@ def read_environ(pid: int, proc: Path = Path("/proc")) -> tuple[dict[str, str] |
             argv = b""
         if not argv:
             return None, f"/proc/{pid}/environ and cmdline are empty: the process was still in exec"
+        # the kernel publishes cmdline a moment before environ (the loop that lays out envp runs
+        # between the two): an empty environ beside a cmdline is only believed once it stays empty
+        raw = _environ_after_exec(proc / str(pid) / "environ")
+        if raw is None:
+            return None, f"/proc/{pid}/environ: the process exited while it was read"
     items = raw.decode(errors="replace").split("\0")
     if items and items[-1] == "":
         items.pop()  # the terminating NUL
@@ -648,6 +653,23 @@ def read_environ(pid: int, proc: Path = Path("/proc")) -> tuple[dict[str, str] |
         return None, (f"/proc/{pid}/environ was overwritten (not KEY=VALUE strings only: the process rewrote its "
                       "argv/environ memory, as setproctitle does): its environment is not readable there")
     return dict(item.split("=", 1) for item in items), ""
+
+
+EMPTY_ENVIRON_SETTLE_S = 0.2
+
+
+def _environ_after_exec(path: Path) -> bytes | None:
+    """environ re-read every 10 ms for EMPTY_ENVIRON_SETTLE_S: what it holds once it is not empty,
+    b"" if it stays so (a process exec'd with no environment), None if it is gone."""
+    deadline = time.monotonic() + EMPTY_ENVIRON_SETTLE_S
+    while True:
+        try:
+            raw = path.read_bytes()
+        except OSError:
+            return None
+        if raw or time.monotonic() >= deadline:
+            return raw
+        time.sleep(0.01)
 
 
 def environ_record(pid: int, role: str, passed: dict[str, str] | None = None

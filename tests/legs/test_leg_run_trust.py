@@ -536,6 +536,20 @@ def test_a_process_read_while_still_in_exec_is_unknown_not_a_process_without_the
     assert env is None and "still in exec" in why
 
 
+def test_an_environ_the_kernel_fills_a_moment_after_the_cmdline_is_read_not_taken_for_empty(tmp_path):
+    """Exec publishes cmdline a moment before environ (CI read an honest bi1 command as "switch
+    unset" in that moment): an empty environ beside a cmdline is read again until it settles."""
+    import threading
+
+    proc = _fake_proc(tmp_path, b"", b"python\0graceful.py\0")
+    late = threading.Timer(0.05, (proc / str(os.getpid()) / "environ").write_bytes,
+                           [b"VLLM_BATCH_INVARIANT=1\0PATH=/bin\0"])
+    late.start()
+    env, why = leg_run.read_environ(os.getpid(), proc)
+    late.join()
+    assert env == {"VLLM_BATCH_INVARIANT": "1", "PATH": "/bin"} and why == ""
+
+
 def test_a_process_execd_with_no_environment_is_read_as_such_and_is_an_error(tmp_path):
     """The negative control: `env -i cmd` leaves a cmdline and an empty environ: read, switch
     unset, and the leg's environ check names it."""
