@@ -488,13 +488,8 @@ def _gpus(text: str, columns: list[str], visible: str | None) -> dict[str, Any]:
 def _cpu_device(why: str) -> dict[str, Any]:
     out: dict[str, Any] = {"kind": "cpu", "probe": why, "machine": platform.machine(), "platform": platform.platform(),
                            "cpu_count": os.cpu_count()}
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                out["cpu_model"] = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    if model := common.cpu_model():
+        out["cpu_model"] = model
     return out
 
 
@@ -582,35 +577,18 @@ def probe_versions(python: Path, env: dict[str, str], cwd: Path) -> tuple[dict[s
 # ------------------------------------------------------------------ processes
 
 
-def _stat_fields(pid: int) -> list[str] | None:
+def zombie_exit_code(pid: int) -> int | None:
+    """A zombie's exit status from /proc/<pid>/stat (field 52, which psutil does not expose), as
+    subprocess reports it (negative: signal); None unless the process is an unreaped zombie."""
     try:
         text = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    return text[text.rfind(")") + 2:].split()  # fields from the 3rd (state) on
-
-
-def process_start_ticks(pid: int) -> str | None:
-    fields = _stat_fields(pid)
-    return fields[19] if fields and len(fields) > 19 else None  # field 22: starttime
-
-
-def zombie_exit_code(pid: int) -> int | None:
-    """A zombie's exit status from /proc (field 52), as subprocess reports it (negative: signal);
-    None unless the process is a zombie its parent has not reaped yet."""
-    fields = _stat_fields(pid)
+    fields = text[text.rfind(")") + 2:].split()  # fields from the 3rd (state) on
     if not fields or fields[0] != "Z" or len(fields) < 50:
         return None
     status = int(fields[49])
     return -(status & 0x7F) if status & 0x7F else (status >> 8) & 0xFF
-
-
-def read_proc_cmdline(pid: int) -> list[str] | None:
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return None
-    return [x for x in raw.decode(errors="replace").split("\0") if x] or None
 
 
 # ------------------------------------------------------------------ the environment processes ran with
@@ -713,7 +691,7 @@ class EnvironWatch:
     def __init__(self, pid: int, role: str, passed: dict[str, str] | None = None) -> None:
         self.pid, self.role, self.passed = pid, role, passed
         self.t0 = time.monotonic()
-        self._ticks = process_start_ticks(pid)
+        self._started = common.process_started(pid)
         self._seen: list[dict[str, Any]] = []
         self._last: dict[int, tuple] = {}
         self._lock = threading.Lock()
@@ -723,7 +701,7 @@ class EnvironWatch:
         self._thread.start()
 
     def _sample(self, tree: bool) -> bool:
-        if self._ticks is None or process_start_ticks(self.pid) != self._ticks:
+        if self._started is None or common.process_started(self.pid) != self._started:
             return False  # it ended and was reaped (its pid may be another process's now)
         children = common.process_tree(self.pid, MAX_ENVIRON_RECORDS) if tree else []
         pids = [(self.pid, self.role)] + [(p, f"{self.role} child") for p in children]
@@ -925,10 +903,10 @@ class RunningServer:
 
     def __init__(self, pid: int, log: Path | None) -> None:
         self.pid = pid
-        self.start_ticks = process_start_ticks(pid)
-        if self.start_ticks is None or not common.pid_alive(pid):
+        self.started = common.process_started(pid)
+        if self.started is None or not common.pid_alive(pid):
             raise LegRunError("--server-pid", f"no running process {pid}")
-        self.argv = read_proc_cmdline(pid)
+        self.argv = common.process_cmdline(pid)
         self.environ_records, self.environ = observe_environ(pid, "server")
         self.name = common.process_name(pid)
         self.log = log
@@ -936,13 +914,10 @@ class RunningServer:
         self.engine_pids, self.worker_pids, self.names = _engine_processes(pid)
         self.identities = common.ProcessIdentities()  # read now, while they run
         self.identities.see(pid, *self.engine_pids, *self.worker_pids)
-        try:
-            self.cwd = Path(os.readlink(f"/proc/{pid}/cwd"))
-        except OSError:
-            self.cwd = None
+        self.cwd = common.process_cwd(pid)
 
     def _same_process_alive(self) -> bool:
-        return common.pid_alive(self.pid) and process_start_ticks(self.pid) == self.start_ticks
+        return common.pid_alive(self.pid) and common.process_started(self.pid) == self.started
 
     def log_text(self, whole: bool = False) -> str:
         if self.log is None or not self.log.is_file():
@@ -957,7 +932,7 @@ class RunningServer:
             code, state = None, {"alive": True}
             ev = "still running when the command ended (not started by tica leg run, not stopped by it)"
         else:
-            code = zombie_exit_code(self.pid) if process_start_ticks(self.pid) == self.start_ticks else None
+            code = zombie_exit_code(self.pid) if common.process_started(self.pid) == self.started else None
             state = {}
             ev = ("ended during the leg; exit status read from its unreaped zombie" if code is not None else
                   "ended during the leg; not tica leg run's child, so its exit code cannot be observed")

@@ -249,15 +249,19 @@ def device_info() -> dict:
         pass
     if info is not None:
         return info
-    name = platform.processor() or platform.machine()
+    name = cpu_model() or platform.processor() or platform.machine()
+    return {"kind": "cpu", "name": name, "driver": None, "capability": None, "count": os.cpu_count()}
+
+
+def cpu_model() -> str | None:
+    """The CPU's model name as the kernel reports it (psutil does not read it; None where unknown)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-                break
+                return line.split(":", 1)[1].strip() or None
     except OSError:
         pass
-    return {"kind": "cpu", "name": name, "driver": None, "capability": None, "count": os.cpu_count()}
+    return None
 
 
 def children_of(pid: int) -> list[int]:
@@ -288,6 +292,28 @@ def process_name(pid: int) -> str | None:
     try:
         return psutil.Process(pid).name() or None
     except psutil.Error:
+        return None
+
+
+def process_started(pid: int) -> float | None:
+    """When `pid` started (None: no such process): the same pid with another start is another process."""
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
+
+
+def process_cmdline(pid: int) -> list[str] | None:
+    try:
+        return psutil.Process(pid).cmdline() or None
+    except psutil.Error:
+        return None
+
+
+def process_cwd(pid: int) -> Path | None:
+    try:
+        return Path(psutil.Process(pid).cwd())
+    except (psutil.Error, OSError):
         return None
 
 
