@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tica.leg_choices import ITEMS, ROLES, TRAINERS
 from tica.legs import common
 from tica.seal import SEAL_FILE, seal_leg
 
@@ -46,11 +47,8 @@ COMMAND_LOG = "command.log"
 SERVER_LOG = "server.log"
 BENCH_FILE = "bench.json"
 RESERVED_NAMES = (LEG_FILE, SEAL_FILE, COMMAND_LOG, SERVER_LOG)
-ITEMS = ("forward", "backward", "update", "quality", "throughput", "clean_exit")
-ROLES = ("client", "trainer")
 # The command is a client of a server for these items, a trainer for the others (--role overrides).
 CLIENT_ITEMS = ("quality", "throughput", "clean_exit")
-TRAINERS = ("vllm_kernels", "vllm_engine", "transformers", "megatron", "external")
 # Distributions whose versions a leg records, each under its first name found (None: not installed
 # in the interpreter the command runs: a recorded fact, not an unknown).
 VERSION_PACKAGES: dict[str, tuple[str, ...]] = {

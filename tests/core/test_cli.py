@@ -85,6 +85,28 @@ def test_the_cli_module_imports_nothing_heavy():
     assert "duckdb" in run("tica.ledger")  # negative control: the probe sees a heavy import
 
 
+FINGERPRINT_PROBE = """
+import contextlib, io, json, sys
+from tica.cli import main
+with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+    main({argv})
+print(json.dumps(sorted(m for m in ("duckdb", "numpy", "torch", "tica.leg_run", "tica.ledger") if m in sys.modules)))
+"""
+
+
+def test_a_fingerprint_imports_neither_the_ledger_nor_the_leg_runner(tmp_path):
+    """`tica candidate fingerprint` is run before every materialization and by scripts that compare
+    trees: its start-up is its cost on an unchanged tree (benchmarks/fingerprint_startup.py)."""
+    import subprocess
+    import sys
+
+    run = lambda argv: json.loads(subprocess.run([sys.executable, "-c", FINGERPRINT_PROBE.format(argv=argv)],  # noqa: E731
+                                                 capture_output=True, text=True, check=True).stdout)
+    assert run(["candidate", "fingerprint", str(tmp_path / "absent.yaml")]) == []
+    # negative control: a verb that opens the ledger is seen importing it
+    assert "tica.ledger" in run(["--ledger", str(tmp_path / "absent.duckdb"), "ledger", "head"])
+
+
 HELP_PROBE = """
 import contextlib, io, json, sys
 from tica.cli import build_parser, main, walk

@@ -78,6 +78,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _ledger_missing(err: TicaError) -> bool:
+    """A missing ledger is bad input. Only a verb that opened the ledger can raise it, so a verb that
+    never imported the ledger (fingerprint, judge) does not pay for importing it here."""
+    interface = sys.modules.get("tica.ledger.interface")
+    return interface is not None and isinstance(err, interface.LedgerMissing)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from tica.cli import judge
 
@@ -88,16 +95,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return judge.refuse_misplaced()
     args = build_parser().parse_args(argv)
     from tica.errors import FrozenQuestionError
-    from tica.ledger import LedgerMissing
 
     try:
         return args.func(args)
-    except FrozenQuestionError as err:
-        print(f"tica: error: {err}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except (InputError, LedgerMissing) as err:
+    except (FrozenQuestionError, InputError) as err:
         print(f"tica: error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except TicaError as err:  # a lock held too long, an unreadable ledger: not a verdict, not bad input
         print(f"tica: error: {err}", file=sys.stderr)
-        return EXIT_OTHER
+        return EXIT_BAD_INPUT if _ledger_missing(err) else EXIT_OTHER

@@ -52,7 +52,7 @@ HELP: dict[Verb, Help] = {
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add `leg run` to a `tica` subparsers object."""
-    from tica.leg_run import ITEMS, ROLES, TRAINERS
+    from tica.leg_choices import ITEMS, ROLES, TRAINERS
 
     leg = subparsers.add_parser("leg", help="legs: tica leg run ... -- COMMAND (any command as a sealed leg)")
     sub = leg.add_subparsers(dest="leg_command", required=True)
