@@ -39,7 +39,7 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 LEG_FILE = "leg.json"
 
 # A round's pairing order names which arm runs first: A is the question's arm_a (BI=1 unless a
-# throughput question freezes another), B the other; Question.round_arms reads it, once.
+# throughput question freezes another), B the other; tica.pairing defines it, Question.round_arms reads it.
 
 
 @dataclass(frozen=True)

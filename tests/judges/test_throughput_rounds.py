@@ -25,7 +25,7 @@ import pytest
 import tica.judges.throughput as tput_judge
 from tica.canaries import edit_json, edit_meta, scale_throughput, tput_leg
 from tica.judges import judge_criteria
-from tica.judges.throughput import expected_order
+from tica.pairing import round_order as expected_order
 from tica.verdict import Verdict
 
 from .conftest import throughput_question

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tica.canaries import crossed_order
 from tica.evidence import EvidenceItem
+from tica.pairing import crossed
 from tica.question import Question
 from tica.seal import seal_leg
 
@@ -175,7 +175,7 @@ def _copy_rounds(plan: dict[int, list[tuple[int, int]]]) -> Fn:
 def _fill_rounds(question: Question, rounds: dict[int, list[int]]) -> dict[int, list[tuple[int, int]]]:
     """Copies that bring every c to the frozen repeats, each from an earlier round of the same
     frozen order (AB from AB), so the copies are in the frozen crossed order."""
-    order = list(question.pairing_order) or crossed_order(question.repeats)
+    order = list(question.pairing_order) or crossed(question.repeats)
     plan: dict[int, list[tuple[int, int]]] = {}
     for c, present in rounds.items():
         top = max(present)

@@ -9,7 +9,7 @@ from pathlib import Path
 from tica.canaries import build_throughput, default_questions, scale_throughput
 from tica.evidence import EvidenceItem
 from tica.question import Question, parse_question
-from tica.stats.plan import crossed
+from tica.pairing import crossed
 
 _NAME = re.compile(r"tput_c(\d+)_r(\d+)_s\d_(bi[01])$")
 
@@ -18,7 +18,7 @@ def throughput_question(rounds: int, **criteria_over) -> Question:
     """The canaries' throughput question over `rounds` crossed rounds, without its statistical
     basis (a pilot's question: `tica plan` writes the basis; criteria overridable)."""
     data = default_questions()[EvidenceItem.THROUGHPUT].model_dump(mode="json")
-    data.update(repeats=rounds, pairing_order=crossed("AB", rounds))
+    data.update(repeats=rounds, pairing_order=crossed(rounds))
     data["criteria"]["statistical_basis"] = None
     data["criteria"].update(criteria_over)
     return parse_question(data)

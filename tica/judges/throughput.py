@@ -55,7 +55,6 @@ from tica.judges.confounders import confounder_markdown, confounder_table, requi
 from tica.judges.tiers import tier_cause
 from tica.messages import digest
 from tica.question import WORKLOAD_FIELDS, Question, ThroughputCriteria, ThroughputFormula
-from tica.question import round_order as expected_order
 from tica.receipts import (BENCH_FILE, LEG_FILE, BenchLeg, BenchResult, is_unknown, load_bench_leg, load_leg_meta,
                            read_receipt, recorded_value)
 from tica.seal import sha256_file

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from tica.legs import ARMS, ITEMS
 from tica.legs.common import ALIGNED_ENV, ARM_ENV
+from tica.pairing import round_arms
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -84,8 +85,8 @@ def throughput_leg_dirs(round_arm_dir: Path) -> list[Path]:
 
 
 def crossed_order(rounds: int) -> list[tuple[str, str]]:
-    """AB, BA, AB ... with A = bi1, B = bi0."""
-    return [("bi1", "bi0") if r % 2 == 0 else ("bi0", "bi1") for r in range(rounds)]
+    """AB, BA, AB ... with A = bi1, B = bi0 (the demo question's order), as arms in slot order."""
+    return [round_arms(("AB",), "bi1", r) for r in range(1, rounds + 1)]
 
 
 def prepare_model(model: str | Path, models_root: Path) -> Path:

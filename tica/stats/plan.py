@@ -25,6 +25,7 @@ from tica.stats._scipy import stats
 from tica.errors import ReceiptError
 from tica.judges import judge_criteria
 from tica.judges.throughput import check_workload, not_run_legs, pair_rounds, tier_ratio
+from tica.pairing import crossed
 from tica.question import QualityCriteria, Question, ThroughputCriteria, ThroughputFormula, parse_question
 from tica.receipts import load_bench_leg
 from tica.stats import quality as qstats
@@ -39,12 +40,6 @@ DRAFT_HEADER = """\
 # (`tica question freeze`). The pilot legs are named by their sealed digests in
 # criteria.statistical_basis.pilot_digests; docs/statistics.md says what the test promises.
 """
-
-
-def crossed(first: str, n: int) -> list[str]:
-    """AB/BA/AB ... of length n, starting with `first`."""
-    other = "BA" if first == "AB" else "AB"
-    return [first if i % 2 == 0 else other for i in range(n)]
 
 
 # ---------------------------------------------------------------- throughput
@@ -227,7 +222,7 @@ def throughput_draft(question: Question, plan: ThroughputPlan, budgets: Mapping[
     data = question.model_dump(mode="json")
     data["name"] = f"{question.name}-planned"
     data["repeats"] = basis.rounds
-    data["pairing_order"] = crossed(question.pairing_order[0], basis.rounds)
+    data["pairing_order"] = crossed(basis.rounds, question.pairing_order[0])
     data["pass_line"] = (f"the one-sided {1 - plan.alpha:g} upper bound of the median per-round paired loss (exact "
                          "sign test) is under the budget at every target c")
     data["criteria"]["formula"] = ThroughputFormula.MEDIAN_PER_ROUND_PAIRED_LOSS.value
@@ -362,5 +357,5 @@ def draft_yaml(question: Question, item: str) -> str:
 
 
 __all__ = ["Pilot", "PilotConcurrency", "PilotError", "QualityPlan", "ThroughputPlan", "ThroughputPlanRow",
-           "crossed", "draft_yaml", "plan_quality", "plan_throughput", "quality_draft", "read_pilot",
+           "draft_yaml", "plan_quality", "plan_throughput", "quality_draft", "read_pilot",
            "throughput_draft"]

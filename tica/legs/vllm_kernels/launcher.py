@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from tica.legs.common import SHUTDOWN_TIMEOUT_S, process_identity
+from tica.pairing import is_crossed
 
 from .bi1 import cmd_bi1
 from .forward_leg import FAULTS, cmd_bi0, cmd_bi0_megatron
@@ -23,7 +24,7 @@ from .overlay import CANDIDATE_PARTS, candidate_env, write_plugin_dist
 from .rollout import ENGINES
 from .matrix import CANDIDATES, DEFAULT_LOADS, MATRIX_SHAPES, cmd_matrix, cmd_matrix_cell
 from .seeded_model import SHAPES, make_model
-from .server import CONCURRENCIES, STOP_MARGIN_S, cmd_bench_client, cmd_throughput
+from .server import ARM_A, CONCURRENCIES, PAIRING_ORDER, STOP_MARGIN_S, cmd_bench_client, cmd_throughput
 
 
 def cmd_all(a) -> int:
@@ -147,6 +148,7 @@ def cmd_all(a) -> int:
                                               deadline=deadline - 50 - a.shutdown_timeout - STOP_MARGIN_S, input_len=a.input_len,
                                               output_len=a.output_len, rounds=a.rounds, util=0.4, prompts_mult=1,
                                               shrink_note=a.shrink_note, concurrencies=a.concurrencies, first_round=a.first_round,
+                                              arm_a=a.arm_a, pairing_order=a.pairing_order,
                                               shutdown_timeout=a.shutdown_timeout, engine=a.engine,
                                               arm_env={"bi0": base_env, "bi1": base_env}, candidate=a.candidate,
                                               model_shape=a.shape if not a.model_dir else Path(a.model_dir).name))
@@ -179,6 +181,13 @@ def _concurrencies(text: str) -> tuple[int, ...]:
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError(f"positive integers, comma-separated: {text!r}")
     return values
+
+
+def _pairing_order(text: str) -> tuple[str, ...]:
+    order = tuple(x.strip() for x in text.split(",") if x.strip())
+    if not order or set(order) - {"AB", "BA"} or not is_crossed(order):
+        raise argparse.ArgumentTypeError(f"a crossed order of AB and BA, comma-separated: {text!r}")
+    return order
 
 
 def main(argv=None) -> int:
@@ -241,6 +250,11 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--first-round", type=int, default=1,
                    help="throughput: number the rounds from here (continuing an earlier call's rounds on the same machine)")
+    p.add_argument("--arm-a", choices=("bi0", "bi1"), default=ARM_A,
+                   help="throughput: the question's arm_a, the arm an AB round runs first (default %(default)s)")
+    p.add_argument("--pairing-order", type=_pairing_order, default=PAIRING_ORDER,
+                   help="throughput: the question's frozen pairing_order, comma-separated; rounds past it keep "
+                        "alternating (default AB: odd rounds A first)")
     p.add_argument("--concurrencies", type=_concurrencies, default=CONCURRENCIES,
                    help="throughput: comma-separated, e.g. 1,64 (default %(default)s)")
     p.add_argument("--shutdown-timeout", type=int, default=SHUTDOWN_TIMEOUT_S,

@@ -1,7 +1,7 @@
 """The throughput legs (``producers throughput``, run by ``all --throughput``): vLLM's API server BI=0
 and BI=1 side by side on one GPU (``tica.legs.api_server``, with the recipe's ``--shutdown-timeout``,
 so the EngineCore's exit code is reported), one client process running every leg's `vllm bench
-serve` in the crossed order AB/BA/AB (``producers bench-client``) until the device-time deadline,
+serve` in the question's crossed order (``producers bench-client``) until the device-time deadline,
 the servers stopped with SIGTERM and their ends recorded; legs past the deadline are written as
 not run, with why.
 """
@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 # the core fingerprint of a model folder, as the manifest's checkpoint.path hashes (no cache file)
@@ -21,6 +22,7 @@ from tica.models.hashing import weights_hash
 
 from tica.legs.common import SHUTDOWN_TIMEOUT_S, process_identity
 from tica.legs.engine import served_engine_kernels
+from tica.pairing import Arm, round_arms
 
 from .legio import log
 
@@ -36,13 +38,20 @@ def _server_extra(attention_backend: str | None) -> list[str]:
     return ["--dtype", "bfloat16", *backend, "--served-model-name", "tput"]
 
 
-def _plan(rounds: int, concurrencies: tuple[int, ...], prompts_mult: int, first_round: int = 1) -> list[dict]:
-    """The crossed order AB/BA/AB...: odd rounds BI=0 first, even rounds BI=1 first. first_round > 1
-    continues a run whose earlier rounds an earlier call on the same machine ran."""
+# The H200 throughput questions freeze A = BI=0 and a crossed order starting AB: odd rounds BI=0
+# first. These defaults are the plan every committed throughput receipt ran under.
+ARM_A: Arm = "bi0"
+PAIRING_ORDER: tuple[str, ...] = ("AB",)
+
+
+def _plan(rounds: int, concurrencies: tuple[int, ...], prompts_mult: int, first_round: int = 1,
+          arm_a: Arm = ARM_A, pairing_order: Sequence[str] = PAIRING_ORDER) -> list[dict]:
+    """Every leg of rounds first_round, first_round + 1, ..., each round's arms in slot order under the
+    frozen order with A = arm_a (tica.pairing). first_round > 1 continues a run whose earlier rounds
+    an earlier call on the same machine ran."""
     plan = []
     for r in range(first_round, first_round + rounds):
-        order = ["bi0", "bi1"] if r % 2 == 1 else ["bi1", "bi0"]
-        for slot, arm in enumerate(order, 1):
+        for slot, arm in enumerate(round_arms(pairing_order, arm_a, r), 1):
             for c in concurrencies:
                 plan.append({"arm": arm, "round": r, "slot": slot, "c": c, "num_prompts": max(2, c) * prompts_mult,
                              "num_warmups": 1})
@@ -68,7 +77,8 @@ def cmd_throughput(a) -> int:
     healthy: dict[str, bool] = {}
     start_s: dict[str, float] = {}
     ports = {"bi0": 8100, "bi1": 8101}
-    plan = _plan(a.rounds, concurrencies, a.prompts_mult, int(getattr(a, "first_round", 1)))
+    plan = _plan(a.rounds, concurrencies, a.prompts_mult, int(getattr(a, "first_round", 1)),
+                 getattr(a, "arm_a", ARM_A), tuple(getattr(a, "pairing_order", PAIRING_ORDER)))
     summary = {"plan": plan, "servers": {}, "legs": [], "not_run": [], "shutdown_timeout": shutdown_timeout}
     # servers one after the other (two starting at once confuse each other's memory profiling); each
     # through tica.legs.api_server (vLLM's server, unchanged) so the EngineCore's exit code is reported
