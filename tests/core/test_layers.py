@@ -1,7 +1,8 @@
 """The layers hold (pyproject.toml's [tool.importlinter] contracts, checked by import-linter over
 every import statement, those inside functions included): the core imports no Dagster, resources
-sit under assets and sensors, judging runs nothing, the core never imports its command line, the
-ledger's modules import downwards only."""
+sit under assets and sensors, judging runs nothing, no evidence item's room imports another or
+anything but the core, the core never imports its command line, the ledger's modules import
+downwards only."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ def _lint(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
 def test_the_projects_import_contracts_are_kept():
     out = _lint(ROOT)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
-    assert "7 kept, 0 broken" in out.stdout
+    assert "9 kept, 0 broken" in out.stdout
 
 
 def test_an_import_inside_a_function_breaks_a_contract(tmp_path):
@@ -99,6 +100,34 @@ def test_the_core_importing_its_command_line_breaks_a_contract(tmp_path, importe
     assert kept.returncode == 0 and "2 kept, 0 broken" in kept.stdout, kept.stdout[-3000:] + kept.stderr[-2000:]
     module = tmp_path / importer
     module.write_text(module.read_text() + "\n\ndef _upwards():\n    from tica.cli.report import report_text\n")
+    out = _lint(tmp_path, "--config", "contracts.toml")
+    assert out.returncode == 1, out.stdout
+    assert f"{broken} BROKEN" in out.stdout and named in out.stdout, out.stdout[-3000:]
+
+
+ROOM_CONTRACTS = ("no evidence item's room imports another", "a room imports only the core")
+
+
+@pytest.mark.parametrize("room,module,imported,broken,named", [
+    # a second room reaching into the first (through its criteria), from inside a function
+    ("quality", "judge.py", "from tica.items.clean_exit.criteria import CleanExitCriteria", ROOM_CONTRACTS[0],
+     "tica.items.quality.judge -> tica.items.clean_exit.criteria (l."),
+    # a room reading another item's older judge module instead of a core helper
+    ("clean_exit", "judge.py", "from tica.judges.throughput import judge_throughput", ROOM_CONTRACTS[1],
+     "tica.items.clean_exit.judge -> tica.judges.throughput (l."),
+])
+def test_a_room_importing_another_item_breaks_a_contract(tmp_path, room, module, imported, broken, named):
+    """Negative controls, in a copy of `tica` under the project's room contracts: a room that
+    imports another room, or another item's module, is caught and named; the unchanged copy keeps them."""
+    shutil.copytree(ROOT / "tica", tmp_path / "tica", ignore=_python_only)
+    (tmp_path / "contracts.toml").write_text(_ledger_contracts(*ROOM_CONTRACTS))
+    kept = _lint(tmp_path, "--config", "contracts.toml")
+    assert kept.returncode == 0 and "2 kept, 0 broken" in kept.stdout, kept.stdout[-3000:] + kept.stderr[-2000:]
+    folder = tmp_path / "tica" / "items" / room
+    folder.mkdir(exist_ok=True)
+    (folder / "__init__.py").touch()
+    path = folder / module
+    path.write_text((path.read_text() if path.is_file() else "") + f"\n\ndef _elsewhere():\n    {imported}\n")
     out = _lint(tmp_path, "--config", "contracts.toml")
     assert out.returncode == 1, out.stdout
     assert f"{broken} BROKEN" in out.stdout and named in out.stdout, out.stdout[-3000:]
