@@ -30,6 +30,7 @@ from pydantic import Field, field_validator
 from tica.acceptance import LegBatch
 from tica.errors import ReceiptError
 from tica.evidence import EvidenceItem
+from tica.items.registry import resolve, room
 from tica.manifest import LoadedManifest
 from tica.question import Question, ThroughputCriteria
 from tica.receipt_archive import is_archive, unpacked
@@ -84,6 +85,8 @@ def plan_legs(item: EvidenceItem, question: Question) -> list[LegSpec]:
     """
     if item is EvidenceItem.ARTIFACTS:
         return []
+    if (own := room(item).leg_plan) is not None:  # an item in a room of its own plans its legs there
+        return [LegSpec(item, arm, slot=slot) for arm, slot in resolve(own)(question)]
     if isinstance(question.criteria, ThroughputCriteria):
         return [
             LegSpec(item, arm, round=r, slot=slot)

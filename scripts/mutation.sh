@@ -32,7 +32,7 @@ tests_for() {
     tica/unknowns.py) echo tests/judges/test_unknowns.py tests/judges/test_receipts.py \
                            tests/false_pass/test_content_classes.py tests/core/test_receipt_fields.py ;;
     tica/digests.py) echo tests/false_pass/test_content_classes.py ;;
-    tica/judges/clean_exit.py) echo tests/judges/test_clean_exit.py ;;
+    tica/process_exits.py|tica/items/clean_exit/judge.py) echo tests/judges/test_clean_exit.py ;;
     *) echo tests/judges tests/false_pass ;;
   esac
 }

@@ -14,19 +14,27 @@ import math
 import shutil
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
+from tica.canary_legs import FAIL, INCONCLUSIVE, NOT_PASS, Canary, edit_meta
+from tica.canary_legs import synthetic_identity  # noqa: F401 (tests read it here)
+from tica.canary_legs import dump_json as _dump
+from tica.canary_legs import leg_meta as _meta
+from tica.canary_legs import load_json as _load
+from tica.canary_legs import proc as _proc
+from tica.canary_legs import write_leg as _write_leg
 from tica.evidence import EvidenceItem
+from tica.items.clean_exit.canaries import arm_roles_missing as _arm_roles_missing  # noqa: F401 (tests read them here)
+from tica.items.clean_exit.canaries import build_clean_exit, process_exit  # noqa: F401
+from tica.items.registry import resolve, room, rooms
 from tica.messages import without_prefix
 from tica.metrics import forward_metrics, step_content_digest
 from tica.pairing import crossed
 from tica.question import (
-    CleanExitCriteria,
     ForwardCriteria,
     QualityCriteria,
     Question,
@@ -38,10 +46,6 @@ from tica.seal import seal_leg
 from tica.verdict import Verdict
 
 E = EvidenceItem
-WEIGHTS = "blake3:" + "5e1f" * 16
-IMAGE_VERSIONS = {"python": "3.12.3", "torch": "2.11.0+cu130", "vllm": "0.26.0", "transformers": "4.57.1"}
-DEVICE = {"kind": "cuda", "name": "NVIDIA H200", "driver": "580.95.05", "capability": "9.0", "count": 1}
-NODE = "h200-node-a (boot 6f1c2a9e-0b7d-4e55-9a3c-2d8e5b1f7c40)"  # resolved_config.node, as tica.legs.common.this_node
 DEFAULT_PROMPTS = {1: 8, 8: 32, 32: 128, 64: 256}
 # Output tok/s of BI=0 at each concurrency on one H200 (8192 in / 1024 out), for realistic fixtures.
 _BASE_TPUT = {1: 151.2, 8: 1013.5, 32: 2871.4, 64: 4102.9}
@@ -101,63 +105,16 @@ def default_questions() -> dict[EvidenceItem, Question]:
                                     "formula": "median_per_round_paired_loss",
                                     "budget": {1: 0.10, 8: 0.10, 32: 0.15, 64: 0.15},
                                     "statistical_basis": sign_test_basis(DEFAULT_ROUNDS)}},
-        E.CLEAN_EXIT: {"name": "clean-exit", "compared": "exit code and end state of every process",
-                       "computation": "leg receipts", "pass_line": "every process exited 0",
-                       "criteria": {"item": "clean_exit"}},
         E.ARTIFACTS: {"name": "immutable-artifacts", "compared": "seals and weight names",
                       "computation": "re-hash every sealed file", "pass_line": "all sealed, weights by content hash",
                       "criteria": {"item": "artifacts"}},
     }
+    # an item in a room of its own brings the question its canaries run under (tica.items.registry)
+    raw = {item: raw[item] if item in raw else resolve(room(item).canary_question) for item in EvidenceItem}
     return {item: parse_question({"item": item.value, **common, **q}) for item, q in raw.items()}
 
 
 # ---------------------------------------------------------------- writing legs
-
-
-def _meta(item: str, arm: str, **over: Any) -> dict[str, Any]:
-    meta: dict[str, Any] = {
-        "schema": "tica.leg/1", "item": item, "arm": arm, "round": None, "slot": None, "concurrency": None,
-        "producer": f"tica.legs.{item}", "producer_version": "1",
-        "trainer": None,
-        "env": {"VLLM_BATCH_INVARIANT": "1" if arm == "bi1" else "0", "VLLM_USE_FLASHINFER_SAMPLER": "0"},
-        "versions": dict(IMAGE_VERSIONS), "device": dict(DEVICE),
-        "kernels": {"attention": "FLASH_ATTN"},
-        "resolved_config": {"model": "/ckpt/qwen3-8b", "weights_hash": WEIGHTS, "max_model_len": 12288,
-                            "enforce_eager": False, "enable_prefix_caching": False, "enable_chunked_prefill": False,
-                            "tensor_parallel_size": 1, "gpu_memory_utilization": 0.85, "node": NODE},
-        "profiled": False, "started_at": "2026-11-29T10:00:00+00:00", "ended_at": "2026-11-29T10:05:00+00:00",
-        "processes": [], "not_run_reason": None,
-    }
-    meta.update(over)
-    for proc in meta["processes"]:  # what a producer reads from each process while it lives (synthetic here)
-        proc.setdefault("identity", synthetic_identity(proc["role"], proc["pid"], arm))
-    return meta
-
-
-_NAMES = {"engine_core": "VLLM::EngineCore", "worker": "VLLM::Worker_TP0", "trainer_engine_core": "VLLM::EngineCore",
-          "trainer_worker": "VLLM::Worker_TP0"}
-
-
-def synthetic_identity(role: str, pid: int, arm: str) -> dict[str, Any]:
-    """A synthetic process identity: a create time apart for every pid and arm (an hour before the
-    leg's start), the OS's name for the role's process."""
-    return {"create_time": round(1795942800.0 + pid * 0.1 + (0.05 if arm == "bi0" else 0.0), 2),
-            "name": _NAMES.get(role, "python3")}
-
-
-def _proc(role: str, pid: int) -> dict[str, Any]:
-    return {"role": role, "pid": pid, "exit_code": 0, "end_state": "exited", "signal": None, "evidence": None}
-
-
-def _write_leg(leg_dir: Path, meta: dict[str, Any], files: Mapping[str, str | bytes]) -> Path:
-    leg_dir.mkdir(parents=True, exist_ok=True)
-    (leg_dir / "leg.json").write_text(json.dumps(meta, indent=1))
-    for rel, content in files.items():
-        p = leg_dir / rel
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_bytes(content) if isinstance(content, bytes) else p.write_text(content)
-    seal_leg(leg_dir)
-    return leg_dir
 
 
 def _jsonl(rows: Sequence[Mapping[str, Any]]) -> str:
@@ -340,16 +297,6 @@ def build_throughput(question: Question, dest: Path, loss: Mapping[int, float] |
     return legs
 
 
-def build_clean_exit(question: Question, dest: Path) -> list[Path]:
-    c: CleanExitCriteria = question.criteria  # type: ignore[assignment]
-    legs = []
-    for i, arm in enumerate(("bi1", "bi0")):
-        roles = list(dict.fromkeys([*c.required_roles, "client", "api_server", "engine_core", "worker"]))
-        procs = [_proc(role, 9000 + 10 * i + k) for k, role in enumerate(roles)]
-        legs.append(_write_leg(dest / f"exit_{arm}", _meta("clean_exit", arm, processes=procs), {}))
-    return legs
-
-
 def build_artifacts(question: Question, dest: Path) -> list[Path]:
     fq = default_questions()[E.FORWARD]
     return build_forward(fq, dest) + build_update(default_questions()[E.UPDATE], dest)
@@ -384,21 +331,16 @@ def build_recipe(dest: Path) -> Path:
     return path
 
 
-BUILDERS: dict[EvidenceItem, Callable[[Question, Path], list[Path]]] = {
+_OLD_LAYOUT: dict[EvidenceItem, Callable[[Question, Path], list[Path]]] = {
     E.FORWARD: build_forward, E.BACKWARD: build_backward, E.UPDATE: build_update, E.QUALITY: build_quality,
-    E.THROUGHPUT: build_throughput, E.CLEAN_EXIT: build_clean_exit, E.ARTIFACTS: build_artifacts,
+    E.THROUGHPUT: build_throughput, E.ARTIFACTS: build_artifacts,
 }
+# An item in a room of its own brings its builder (tica.items.registry); the others' are above.
+BUILDERS: dict[EvidenceItem, Callable[[Question, Path], list[Path]]] = {
+    item: _OLD_LAYOUT[item] if item in _OLD_LAYOUT else room(item).builder() for item in EvidenceItem}
 
 
 # ---------------------------------------------------------------- mutations (planted errors)
-
-
-def _load(p: Path) -> Any:
-    return json.loads(p.read_text())
-
-
-def _dump(p: Path, data: Any) -> None:
-    p.write_text(json.dumps(data, indent=1))
 
 
 def _leg(legs: Sequence[Path], **want: Any) -> Path:
@@ -407,13 +349,6 @@ def _leg(legs: Sequence[Path], **want: Any) -> Path:
         if all(meta.get(k) == v for k, v in want.items()):
             return leg
     raise LookupError(f"no leg with {want}")
-
-
-def edit_meta(leg: Path, fn: Callable[[dict[str, Any]], None]) -> None:
-    meta = _load(leg / "leg.json")
-    fn(meta)
-    _dump(leg / "leg.json", meta)
-    seal_leg(leg)
 
 
 def edit_jsonl(path: Path, fn: Callable[[list[dict[str, Any]]], list[dict[str, Any]] | None], reseal: Path) -> None:
@@ -579,18 +514,6 @@ def contract_item(key: str, value: Any) -> Callable[[Question, list[Path]], None
     return mutate
 
 
-def process_exit(role: str, **kv: Any) -> Callable[[Question, list[Path]], None]:
-    def mutate(q: Question, legs: list[Path]) -> None:
-        leg = legs[0]
-        def f(m: dict[str, Any]) -> None:
-            for p in m["processes"]:
-                if p["role"] == role:
-                    p.update(kv)
-                    return
-        edit_meta(leg, f)
-    return mutate
-
-
 def _tamper(q: Question, legs: list[Path]) -> None:
     # A receipt edited after sealing, without resealing: exactly what the seal exists to catch.
     p = legs[0] / "metrics.jsonl"
@@ -712,9 +635,6 @@ def swap_work_times(q: Question, legs: list[Path]) -> None:
     edit_meta(b, lambda m: m.update(started_at=ma["started_at"], ended_at=ma["ended_at"]))
 
 
-Mutation = Callable[[Any, list[Path]], None]
-
-
 def _needs_bi0_reference(question: Question | None) -> str | None:
     c = getattr(question, "criteria", None)
     if isinstance(c, ForwardCriteria) and c.bi0_reference_mean is None:
@@ -727,20 +647,6 @@ def _needs_budget(question: Question | None) -> str | None:
     if isinstance(c, ThroughputCriteria) and (not c.budget or c.formula is None):
         return "the question freezes no budget and formula: no concurrency can be over a budget"
     return None
-
-
-@dataclass(frozen=True)
-class Canary:
-    name: str
-    item: EvidenceItem | None  # None: the recipe-identity gate
-    rule: str
-    expect: frozenset[Verdict]
-    mutate: Mutation
-
-
-FAIL = frozenset({Verdict.FAIL})
-INCONCLUSIVE = frozenset({Verdict.INCONCLUSIVE})
-NOT_PASS = frozenset({Verdict.FAIL, Verdict.INCONCLUSIVE})
 
 
 def _first_step_dropped(q: Question, legs: Sequence[Path]) -> None:
@@ -836,14 +742,6 @@ def _node_unrecorded(q: Question, legs: Sequence[Path]) -> None:
     """Legs that do not say which machine they ran on (as receipts of another tool may not)."""
     for leg in legs:
         edit_meta(leg, lambda m: m["resolved_config"].pop("node", None))
-
-
-def _arm_roles_missing(q: Question, legs: Sequence[Path]) -> None:
-    """One arm's legs record no EngineCore exit (as a lost or killed engine leaves them)."""
-    arm = _load(legs[0] / "leg.json")["arm"]
-    for leg in legs:
-        if _load(leg / "leg.json")["arm"] == arm:
-            edit_meta(leg, lambda m: m.update(processes=[p for p in m["processes"] if p["role"] != "engine_core"]))
 
 
 def _nothing_ran(q: Question, legs: Sequence[Path]) -> None:
@@ -994,22 +892,14 @@ CANARIES: tuple[Canary, ...] = (
            INCONCLUSIVE, _throttled_baseline),
     Canary("throughput.stale_result", E.THROUGHPUT, "a result dated outside its leg's work is another run's",
            INCONCLUSIVE, _stale_result),
-    # clean exit
-    Canary("clean_exit.force_killed", E.CLEAN_EXIT, "vLLM's force kill of EngineCore is not clean", FAIL,
-           process_exit("engine_core", evidence="Force killing remaining process EngineCore (pid 9002)")),
-    Canary("clean_exit.client", E.CLEAN_EXIT, "the client exits normally", FAIL, process_exit("client", exit_code=1)),
-    Canary("clean_exit.worker", E.CLEAN_EXIT, "every worker ends normally", FAIL,
-           process_exit("worker", end_state="signalled", exit_code=None, signal="SIGKILL")),
-    Canary("clean_exit.api_server", E.CLEAN_EXIT, "the API server ends", FAIL,
-           process_exit("api_server", end_state="running", exit_code=None)),
-    Canary("clean_exit.each_arm", E.CLEAN_EXIT, "each arm's exits verified on its own: the other's never cover it",
-           INCONCLUSIVE, _arm_roles_missing),
     # artifacts
     Canary("artifacts.sealed", E.ARTIFACTS, "receipts immutable: a file changed after sealing", FAIL, _tamper),
     Canary("artifacts.weights_by_hash", E.ARTIFACTS, "weights named by content hash", FAIL,
            lambda q, legs: edit_meta(legs[0], lambda m: m["resolved_config"].update(weights_hash="Qwen3-8B"))),
     Canary("artifacts.something_ran", E.ARTIFACTS, "legs that did not run name no artifact", frozenset({Verdict.NOT_RUN}),
            _nothing_ran),
+    # the items in rooms of their own: their planted errors (tica/items/<item>/canaries.py)
+    *(c for r in rooms() for c in r.room_canaries()),
     # every item: the fields the question requires are recorded
     *(Canary(f"{item.value}.must_record", item, "a field the question requires is recorded (unknown is no pass)",
              INCONCLUSIVE, unrecord) for item in EvidenceItem),

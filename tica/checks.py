@@ -16,6 +16,7 @@ from typing import Any
 
 from tica import strict_io
 from tica.evidence import EvidenceItem
+from tica.items.registry import room
 from tica.messages import clip, digest, in_leg, relative, without_prefix
 from tica.question import Question, QualityCriteria, ThroughputCriteria
 from tica.receipts import LEG_FILE, RESULTS_FILE, read_receipt
@@ -30,10 +31,10 @@ QUALITY_SUMS = "quality_sums"
 WORKLOAD = "workload_receipts"
 # The checks each item's verdict must carry, each passed, before it can be accepted: a verdict
 # without one of them is not, and one that failed blocks whatever its own row says. Every item:
-# canaries, receipts, frozen before run; quality also its 2x2 sums, throughput its workload receipts.
+# canaries, receipts, frozen before run; beyond them, those the registry names for the item
+# (quality its 2x2 sums, throughput its workload receipts).
 REQUIRED: dict[EvidenceItem, tuple[str, ...]] = {
-    item: (CANARIES, RECEIPTS, FROZEN) + {E.QUALITY: (QUALITY_SUMS,), E.THROUGHPUT: (WORKLOAD,)}.get(item, ())
-    for item in EvidenceItem
+    item: (CANARIES, RECEIPTS, FROZEN) + room(item).extra_checks for item in EvidenceItem
 }
 
 
@@ -71,7 +72,7 @@ def _meta(leg: Path) -> dict[str, Any]:
 # receipts; a track's materialization asks for it once per item and a process (Dagster's
 # in-process executor, the test suite) asks again for every track it materializes.
 _CANARY_RESULTS: dict[tuple, list] = {}
-_JUDGING_MODULES = ("tica.canaries", "tica.judges", "tica.binding", "tica.receipts", "tica.seal", "tica.metrics")
+_JUDGING_MODULES = ("tica.canaries", "tica.canary_legs", "tica.items", "tica.judges", "tica.process_exits", "tica.binding", "tica.receipts", "tica.seal", "tica.metrics")
 
 
 def _judging_code() -> int:

@@ -28,19 +28,16 @@ from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 
 from tica import pairing
 from tica.errors import QuestionError, pydantic_errors, read_file_bytes, yaml_mapping_of
 from tica.evidence import EvidenceItem
+from tica.items.clean_exit.criteria import CleanExitCriteria
 from tica.pairing import Arm, Order
 from tica.receipts import LegMeta
 from tica.stats.bases import QUALITY_TESTS, THROUGHPUT_TESTS, QualityBasis, ThroughputBasis
-
-
-class _Strict(BaseModel):
-    # A NaN budget can never fail and an infinite one never be exceeded: numbers are finite.
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+from tica.strict import Strict as _Strict
 
 
 class ThroughputFormula(str, Enum):
@@ -203,11 +200,6 @@ class ThroughputCriteria(_Strict):
             if missing:
                 raise ValueError(f"num_prompts lacks concurrencies {missing}")
         return self
-
-
-class CleanExitCriteria(_Strict):
-    item: Literal[EvidenceItem.CLEAN_EXIT] = EvidenceItem.CLEAN_EXIT
-    required_roles: tuple[str, ...] = ("client", "api_server", "engine_core")
 
 
 class ArtifactsCriteria(_Strict):

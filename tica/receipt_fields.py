@@ -26,8 +26,8 @@ _LEG = {
     "image_digest": "rule: tica/binding.py: the image by digest",
     "started_at": "rule: tica/leg_times.py: a leg's times never contradict themselves",
     "ended_at": "rule: tica/leg_times.py: a leg's times never contradict themselves",
-    "processes": "rule: tica/judges/clean_exit.py: every process's exit",
-    "not_run_reason": "rule: tica/judges/clean_exit.py: a leg that did not run is no evidence",
+    "processes": "rule: tica/items/clean_exit/judge.py: every process's exit",
+    "not_run_reason": "rule: tica/items/clean_exit/judge.py: a leg that did not run is no evidence",
     "errors": "rule: tica/judges/__init__.py: a leg whose producer caught errors is incomplete",
     "telemetry": "rule: tica/judges/throughput.py: what each leg of a tiered arm ran under, in the tiers table",
 }
@@ -43,20 +43,20 @@ _TELEMETRY = {
     "cuda_graphs": "informational: these servers run eager (resolved_config.enforce_eager binds it)",
 }
 _EXIT = {
-    "role": "rule: tica/judges/clean_exit.py: each role verified on its own",
+    "role": "rule: tica/items/clean_exit/judge.py: each role verified on its own",
     "pid": "informational: names the process in the table; pids are reused, never an identity",
-    "exit_code": "rule: tica/judges/clean_exit.py: an exit code other than 0 is not clean",
-    "end_state": "rule: tica/judges/clean_exit.py: only `exited` can be clean",
-    "signal": "rule: tica/judges/clean_exit.py: an exit that names a signal is not clean",
-    "evidence": "rule: tica/judges/clean_exit.py: vLLM's force-kill line is not clean",
+    "exit_code": "rule: tica/process_exits.py: an exit code other than 0 is not clean",
+    "end_state": "rule: tica/process_exits.py: only `exited` can be clean",
+    "signal": "rule: tica/process_exits.py: an exit that names a signal is not clean",
+    "evidence": "rule: tica/process_exits.py: vLLM's force-kill line is not clean",
     "name": "informational: the OS's process name, shown beside the role",
     "command": "informational: the command line, shown; the role decides what is required",
-    "identity": "rule: tica/judges/clean_exit.py: a process counts once by content, whatever its role and pid",
+    "identity": "rule: tica/items/clean_exit/judge.py: a process counts once by content, whatever its role and pid",
 }
 _PROCESS_IDENTITY = {
-    "create_time": "rule: tica/judges/clean_exit.py: exits of one create time, name and command line are one process",
-    "name": "rule: tica/judges/clean_exit.py: exits of one create time, name and command line are one process",
-    "cmdline": "rule: tica/judges/clean_exit.py: exits of one create time, name and command line are one process",
+    "create_time": "rule: tica/items/clean_exit/judge.py: exits of one create time, name and command line are one process",
+    "name": "rule: tica/items/clean_exit/judge.py: exits of one create time, name and command line are one process",
+    "cmdline": "rule: tica/items/clean_exit/judge.py: exits of one create time, name and command line are one process",
 }
 _STEP = {
     "step": "rule: tica/judges/forward.py: every step present, none numbered 0",

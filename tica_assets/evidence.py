@@ -37,6 +37,7 @@ from tica.candidate import CandidateIdentity
 from tica.checks import FROZEN
 from tica.errors import FrozenQuestionError, ManifestError, QuestionError
 from tica.evidence import COVERS, LEG_ITEMS, EvidenceItem, sensitive_components  # noqa: F401 (re-exported)
+from tica.items.registry import rooms
 from tica.messages import sentence
 from tica.seal import seal_digest
 from tica.verdict import Verdict
@@ -279,5 +280,5 @@ def evidence_asset(track: Track, item: EvidenceItem, settings: Settings, runner_
 
 def evidence_defs(track: Track, settings: Settings) -> Definitions:
     runner_key = leg_runner_key(track.name, settings.own_runner(track.name))
-    return Definitions(assets=[evidence_asset(track, item, settings, runner_key) for item in EvidenceItem])
+    return Definitions(assets=[evidence_asset(track, r.item, settings, runner_key) for r in rooms()])
 

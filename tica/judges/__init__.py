@@ -19,14 +19,14 @@ from tica.binding import BindingProblem, Candidate, bind_legs, unbound_pins, wor
 from tica.errors import InputError, ReceiptError, UsageParser
 from tica.evidence import EvidenceItem
 from tica.judges._common import JUDGE_VERSION, Findings, cell, criteria_alone, prefixed, shown, without_pass
-from tica.judges.artifacts import judge_artifacts
-from tica.judges.backward import judge_backward
-from tica.judges.clean_exit import judge_clean_exit
-from tica.judges.forward import judge_forward
-from tica.judges.quality import judge_quality
+from tica.items.registry import item_names, rooms
+from tica.judges.artifacts import judge_artifacts  # noqa: F401 (the older layout's judges, read here too)
+from tica.judges.backward import judge_backward  # noqa: F401
+from tica.judges.forward import judge_forward  # noqa: F401
+from tica.judges.quality import judge_quality  # noqa: F401
 from tica.judges.recipe_identity import RecipeIdentityResult, judge_recipe_identity
-from tica.judges.throughput import judge_throughput
-from tica.judges.update import judge_update
+from tica.judges.throughput import judge_throughput  # noqa: F401
+from tica.judges.update import judge_update  # noqa: F401
 from tica.messages import clip, without_prefix
 from tica.question import Question, ThroughputCriteria, load_question
 from tica.receipts import LEG_FILE, read_receipt
@@ -38,15 +38,8 @@ __all__ = ["JUDGE_VERSION", "JUDGES", "judge", "judge_criteria", "judge_recipe_i
 
 Judge = Callable[[Question, Sequence[Path]], VerdictCell]
 
-JUDGES: dict[EvidenceItem, Judge] = {
-    EvidenceItem.FORWARD: judge_forward,
-    EvidenceItem.BACKWARD: judge_backward,
-    EvidenceItem.UPDATE: judge_update,
-    EvidenceItem.QUALITY: judge_quality,
-    EvidenceItem.THROUGHPUT: judge_throughput,
-    EvidenceItem.CLEAN_EXIT: judge_clean_exit,
-    EvidenceItem.ARTIFACTS: judge_artifacts,
-}
+# Each item's judge, where the registry says it lives (its room, or tica/judges/<item>.py).
+JUDGES: dict[EvidenceItem, Judge] = {r.item: r.judge_fn() for r in rooms()}
 
 _ALIASES = {"exit": EvidenceItem.CLEAN_EXIT, "clean-exit": EvidenceItem.CLEAN_EXIT}
 
@@ -259,7 +252,8 @@ def cli_judge(argv: Sequence[str] | None = None, out=None) -> int:
     """
     out = out or sys.stdout
     parser = UsageParser(prog="tica judge", description="Judge sealed receipts under a frozen question.")
-    parser.add_argument("item", help="forward|backward|update|quality|throughput|clean_exit (exit)|artifacts|recipe")
+    parser.add_argument("item", help="|".join(n + (" (exit)" if n == EvidenceItem.CLEAN_EXIT.value else "")
+                                              for n in item_names()) + "|recipe")
     parser.add_argument("legs", nargs="*", help="leg directories or bench JSON files (recipe: the dry-run receipt)")
     parser.add_argument("--question", "-q", help="frozen question YAML")
     parser.add_argument("--manifest", "-m", help="the candidate manifest the receipts must be bound to "

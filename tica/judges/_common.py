@@ -18,7 +18,7 @@ from tica.verdict import Verdict, VerdictCell
 # module and, transitively, every `tica` module they import (metrics, seals, questions ...), found
 # by reading their import statements. A change anywhere a judge reads is a new version by
 # construction, and old cells keep the version they were judged under.
-_ROOTS = ("judges/*.py", "binding.py")
+_ROOTS = ("judges/*.py", "items/registry.py", "items/*/judge.py", "binding.py")
 
 
 def _tica_imports(path: Path, root: Path) -> set[Path]:

@@ -50,10 +50,10 @@ import tica.stats.throughput as budget_test
 from tica import leg_times
 from tica.evidence import EvidenceItem
 from tica.judges._common import Findings, cell, did_not_run, fmt, led, md_table, wrong_question
-from tica.judges.clean_exit import exit_problems
 from tica.judges.confounders import confounder_markdown, confounder_table, require_recorded, unquantified
 from tica.judges.tiers import tier_cause
 from tica.messages import digest
+from tica.process_exits import exit_problems
 from tica.question import WORKLOAD_FIELDS, Question, ThroughputCriteria, ThroughputFormula
 from tica.receipts import (BENCH_FILE, LEG_FILE, BenchLeg, BenchResult, is_unknown, load_bench_leg, load_leg_meta,
                            read_receipt, recorded_value)

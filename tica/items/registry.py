@@ -1,0 +1,91 @@
+"""One registry of the evidence items: for each, where its criteria model, judge, canaries, leg
+plan and extra checks live. The judges' entry point (tica.judges.JUDGES), the canary table
+(tica.canaries), the checks an accepted verdict carries (tica.checks.REQUIRED), the leg plan
+(resources/legs.py), the command line and the Dagster assets read it.
+
+An item with a room (`folder`) holds its pieces in tica/items/<item>/; the others still live in
+the older layout (tica/question.py, tica/judges/<item>.py, tica/canaries.py, resources/legs.py),
+named here so that every reader asks one place. Pieces are named as "module:attribute" and
+imported on first use: the registry itself imports only the item enum, so any module may read it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib import import_module
+from typing import Any
+
+from tica.evidence import EvidenceItem
+
+E = EvidenceItem
+
+
+def resolve(ref: str) -> Any:
+    """The object a "module:attribute" reference names."""
+    module, _, name = ref.partition(":")
+    return getattr(import_module(module), name)
+
+
+@dataclass(frozen=True)
+class ItemRoom:
+    item: EvidenceItem
+    folder: str | None  # its room, relative to the repository; None: the older layout
+    criteria: str  # its criteria model, one arm of tica.question.Criteria
+    judge: str  # (question, leg paths) -> VerdictCell
+    canary_builder: str  # (question, dest) -> the passing receipt set its canaries mutate
+    own_canaries: str | None = None  # its planted errors, in its room; None: its rows of tica.canaries.CANARIES
+    canary_question: str | None = None  # the question its canaries run under (raw); None: tica.canaries' own
+    leg_plan: str | None = None  # question -> [(arm, slot)]; None: resources/legs.py's plan_legs decides
+    extra_checks: tuple[str, ...] = ()  # checks beyond those every verdict carries (names in tica.checks)
+
+    def judge_fn(self) -> Any:
+        return resolve(self.judge)
+
+    def criteria_model(self) -> Any:
+        return resolve(self.criteria)
+
+    def builder(self) -> Any:
+        return resolve(self.canary_builder)
+
+    def room_canaries(self) -> tuple[Any, ...]:
+        return tuple(resolve(self.own_canaries)) if self.own_canaries else ()
+
+    def canaries(self) -> tuple[Any, ...]:
+        """Every canary run for this item (tica.canaries.CANARIES, its room's included)."""
+        return tuple(c for c in resolve("tica.canaries:CANARIES") if c.item is self.item)
+
+
+def _old(item: EvidenceItem, criteria: str, **kw: Any) -> ItemRoom:
+    return ItemRoom(item, None, f"tica.question:{criteria}", f"tica.judges.{item.value}:judge_{item.value}",
+                    f"tica.canaries:build_{item.value}", **kw)
+
+
+ROOMS: dict[EvidenceItem, ItemRoom] = {
+    E.FORWARD: _old(E.FORWARD, "ForwardCriteria"),
+    E.BACKWARD: _old(E.BACKWARD, "BackwardCriteria"),
+    E.UPDATE: _old(E.UPDATE, "UpdateCriteria"),
+    E.QUALITY: _old(E.QUALITY, "QualityCriteria", extra_checks=("quality_sums",)),
+    E.THROUGHPUT: _old(E.THROUGHPUT, "ThroughputCriteria", extra_checks=("workload_receipts",)),
+    E.CLEAN_EXIT: ItemRoom(
+        E.CLEAN_EXIT, "tica/items/clean_exit",
+        criteria="tica.items.clean_exit.criteria:CleanExitCriteria",
+        judge="tica.items.clean_exit.judge:judge_clean_exit",
+        canary_builder="tica.items.clean_exit.canaries:build_clean_exit",
+        own_canaries="tica.items.clean_exit.canaries:CANARIES",
+        canary_question="tica.items.clean_exit.canaries:QUESTION",
+        leg_plan="tica.items.clean_exit.legs:plan_arms"),
+    E.ARTIFACTS: _old(E.ARTIFACTS, "ArtifactsCriteria"),
+}
+assert tuple(ROOMS) == tuple(EvidenceItem), "one entry per evidence item, in the enum's order"
+
+
+def room(item: EvidenceItem | str) -> ItemRoom:
+    return ROOMS[EvidenceItem(item)]
+
+
+def rooms() -> tuple[ItemRoom, ...]:
+    return tuple(ROOMS.values())
+
+
+def item_names() -> tuple[str, ...]:
+    return tuple(r.item.value for r in rooms())
