@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import mmap
 import os
-import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -119,6 +118,8 @@ class FingerprintCache:
         return digest
 
     def save(self) -> None:
+        import tempfile  # only a cache that learned something writes
+
         if self.path is None:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -220,8 +221,8 @@ def fingerprint_checkpoint(root: str | Path, cache: FingerprintCache | None = No
     total = sum(p.stat().st_size for _, p in files)
     with Progress(f"fingerprint {root}", total, unit="B") as bar, ThreadPoolExecutor(max_workers=workers) as pool:
         digests = list(pool.map(lambda nf: cache.digest(nf[1], bar), files))
-    if own_cache:
-        cache.save()
+    if own_cache and cache.misses:
+        cache.save()  # an unchanged tree reads the cache and writes nothing
     h = blake3.blake3()
     for (name, path), digest in zip(files, digests):
         h.update(f"{name}\0{path.stat().st_size}\0{digest}\n".encode())

@@ -65,6 +65,25 @@ def test_unchanged_old_files_come_from_the_cache(tmp_path):
     assert (reread.hits, reread.misses) == (2, 0)
 
 
+def test_an_unchanged_tree_writes_no_cache_and_a_changed_one_does(tmp_path, monkeypatch):
+    """A fingerprint of an unchanged tree only reads the shared cache (it runs before every
+    materialization); the control: a changed file is hashed and the cache learns it."""
+    root = tmp_path / "ckpt"
+    _write(root, {"a.safetensors": b"x" * 1000})
+    old = (os.stat(root / "a.safetensors").st_mtime_ns - 2 * RACY_WINDOW_NS) / 1e9
+    os.utime(root / "a.safetensors", (old, old))
+    monkeypatch.setenv("TICA_CACHE_DIR", str(tmp_path / "cache"))
+    first = fingerprint_checkpoint(root)
+    cache_file = next((tmp_path / "cache").rglob("*.json"))
+    inode = cache_file.stat().st_ino  # a save replaces the file: a new inode
+    assert fingerprint_checkpoint(root) == first
+    assert cache_file.stat().st_ino == inode
+    (root / "a.safetensors").write_bytes(b"y" * 1000)
+    os.utime(root / "a.safetensors", (old, old))
+    assert fingerprint_checkpoint(root) != first
+    assert next((tmp_path / "cache").rglob("*.json")).stat().st_ino != inode
+
+
 def test_a_file_rewritten_within_the_racy_window_is_hashed_again(tmp_path):
     """Negative control for the cache: same size and mtime, fresh entry -> must not be trusted."""
     root = tmp_path / "ckpt"
