@@ -2,7 +2,7 @@
 pytest-xdist (`TICA_TEST_WORKERS=2 bash scripts/test.sh`: two workers, `--dist loadgroup`) each file stays on one
 worker, so its module fixtures are made once, and the files that share an expensive session
 fixture share a worker too: the demo leg set (about ten minutes of real vLLM legs) is produced
-once, and one Ray test cluster runs at a time."""
+once, the accepted track (`baseline`) is materialized once, and one Ray test cluster runs at a time."""
 
 from __future__ import annotations
 
@@ -12,7 +12,17 @@ import pytest
 
 from tests.long import FULL, SKIP_REASON
 
-SHARED = {"demo_legs": "demo-legs", "ray_cluster": "ray"}  # session fixture -> the group of every file using it
+# session fixture -> the group of every file using it
+SHARED = {"demo_legs": "demo-legs", "ray_cluster": "ray", "baseline": "accepted-track"}
+
+
+@pytest.fixture(scope="session")
+def baseline(tmp_path_factory):
+    """The false-pass suite's accepted track (tests/false_pass/test_acceptance.py), materialized once
+    per session for every file that starts from it; each test works on a copy of its ledger."""
+    from tests.false_pass.test_acceptance import accepted_track
+
+    return accepted_track(tmp_path_factory)
 
 
 def pytest_configure(config):
@@ -27,7 +37,9 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
         if "postgres_server" in item.fixturenames:
             item.add_marker(pytest.mark.postgres)
-    if not getattr(config.option, "numprocesses", None):
+    # the groups matter where the tests run: in the workers, whose options say numprocesses=None
+    # (pytest-xdist resets it there) and whose config carries `workerinput`
+    if not (getattr(config.option, "numprocesses", None) or hasattr(config, "workerinput")):
         return
     group_of: dict[str, str] = {}
     for item in items:
@@ -35,5 +47,11 @@ def pytest_collection_modifyitems(config, items):
         shared = [g for f, g in SHARED.items() if f in item.fixturenames]
         if shared or path not in group_of:
             group_of[path] = shared[0] if shared else group_of.get(path, path)
+    suffix = hasattr(config, "workerinput") and config.getvalue("loadgroup")
     for item in items:
-        item.add_marker(pytest.mark.xdist_group(group_of[str(Path(str(item.fspath)))]))
+        group = group_of[str(Path(str(item.fspath)))]
+        item.add_marker(pytest.mark.xdist_group(group))
+        if suffix and not item.nodeid.endswith(f"@{group}"):
+            # what pytest-xdist's worker does with the mark, by which the controller keeps a group on
+            # one worker; its own hook ran before this one here, and left every test ungrouped
+            item._nodeid = f"{item.nodeid}@{group}"
