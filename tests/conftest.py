@@ -37,9 +37,12 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
         if "postgres_server" in item.fixturenames:
             item.add_marker(pytest.mark.postgres)
-    # the groups matter where the tests run: in the workers, whose options say numprocesses=None
-    # (pytest-xdist resets it there) and whose config carries `workerinput`
-    if not (getattr(config.option, "numprocesses", None) or hasattr(config, "workerinput")):
+    # NOTE (issue 30): under pytest 9.2 these groups reach no scheduler. pytest-xdist 3.8 reads a
+    # group from a suffix its worker appends to `item._nodeid`, which pytest 9 no longer reads
+    # (nodeid comes from `item._id`), and this hook returns early in the workers (numprocesses=None
+    # there): --dist loadgroup spreads every file's tests over the workers. Module and session
+    # fixtures are then built once per worker that runs a test of theirs.
+    if not getattr(config.option, "numprocesses", None):
         return
     group_of: dict[str, str] = {}
     for item in items:
@@ -47,11 +50,5 @@ def pytest_collection_modifyitems(config, items):
         shared = [g for f, g in SHARED.items() if f in item.fixturenames]
         if shared or path not in group_of:
             group_of[path] = shared[0] if shared else group_of.get(path, path)
-    suffix = hasattr(config, "workerinput") and config.getvalue("loadgroup")
     for item in items:
-        group = group_of[str(Path(str(item.fspath)))]
-        item.add_marker(pytest.mark.xdist_group(group))
-        if suffix and not item.nodeid.endswith(f"@{group}"):
-            # what pytest-xdist's worker does with the mark, by which the controller keeps a group on
-            # one worker; its own hook ran before this one here, and left every test ungrouped
-            item._nodeid = f"{item.nodeid}@{group}"
+        item.add_marker(pytest.mark.xdist_group(group_of[str(Path(str(item.fspath)))]))
