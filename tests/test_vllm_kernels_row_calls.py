@@ -11,6 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.long import size
+
 torch = pytest.importorskip("torch")
 pytest.importorskip("vllm._custom_ops")
 
@@ -20,7 +22,8 @@ from tica.legs.vllm_kernels.kernels import ROW_CALL_ELEMS, VllmKernels, row_chun
 C = torch.ops._C
 
 
-@settings(max_examples=200, deadline=None)
+# up to 10^7 one-row ranges per example: the default runs a 50-example slice, TICA_TESTS=full all 200 (tests/long.py)
+@settings(max_examples=size(50, 200), deadline=None)
 @given(n=st.integers(1, 10**7), width=st.integers(1, 1 << 20), limit=st.integers(1, ROW_CALL_ELEMS))
 def test_row_ranges_cover_every_row_once_within_the_bound(n, width, limit):
     calls = row_chunks(n, width, limit)

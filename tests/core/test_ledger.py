@@ -48,6 +48,7 @@ def test_unknown_columns_and_tables_are_refused(tmp_path):
     assert ledger.verify().rows == 0
 
 
+@pytest.mark.processes
 def test_four_processes_appending_at_once_lose_no_row_and_leave_a_valid_chain(tmp_path):
     """4 x 500 rows under TICA_TESTS=full, 4 x 60 by default (tests/long.py): each append locks,
     connects and commits on its own, so the four processes interleave either way."""

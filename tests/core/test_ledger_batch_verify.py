@@ -33,6 +33,12 @@ from tica.ledger.chain import _now, _quote
 from tica.ledger.parallel import even_cuts
 
 
+def in_processes(*values):
+    """A parameter set that verifies in range processes of their own (TICA_VERIFY_WORKERS > 1):
+    marked `processes`, which `scripts/test.sh --fast` leaves to the full run."""
+    return pytest.param(*values, marks=pytest.mark.processes)
+
+
 # ----------------------------------------------------------------------------------- plain text
 def test_plain_is_exactly_where_json_dumps_writes_the_text_as_it_is():
     for code in range(sys.maxunicode + 1):
@@ -146,7 +152,7 @@ def _both(ledger, expect, monkeypatch):
     return on, off
 
 
-@pytest.mark.parametrize("workers", ["1", "3"])
+@pytest.mark.parametrize("workers", ["1", in_processes("3")])
 def test_an_intact_ledger_in_batches_gets_the_row_by_row_report(tmp_path, monkeypatch, python_paths, workers):
     monkeypatch.setenv("TICA_VERIFY_WORKERS", workers)
     ledger = _filled(tmp_path)
@@ -169,7 +175,7 @@ def test_an_empty_ledger_verifies_the_same_in_batches(tmp_path, monkeypatch, pyt
 
 
 # in processes: an edited row, a broken link, a row inserted at a seq another table holds
-_IN_PROCESSES = [(e, "1") for e in _EDITS] + [(_EDITS[k], "3") for k in (0, 5, 8)]
+_IN_PROCESSES = [(e, "1") for e in _EDITS] + [in_processes(_EDITS[k], "3") for k in (0, 5, 8)]
 
 
 @pytest.mark.parametrize("edit,workers", _IN_PROCESSES)
@@ -249,7 +255,7 @@ def test_ranges_that_do_not_meet_are_not_joined():
     assert join_or_none([a, b], None, []).ok
 
 
-@pytest.mark.parametrize("workers", ["2", "3"])
+@pytest.mark.parametrize("workers", [in_processes("2"), in_processes("3")])
 def test_a_chain_relinked_over_a_row_deleted_below_a_cut_is_verified_row_by_row(tmp_path, monkeypatch, python_paths,
                                                                                  workers):
     monkeypatch.setenv("TICA_VERIFY_WORKERS", workers)

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.core.ledger_templates import copied
 from tica.ledger import FAST_BODIES, TABLES, Head, Ledger, verify_entries
 from tica.ledger.chain import _body, _now
 
@@ -137,8 +138,7 @@ def _tamper(path, *sql: str) -> None:
 ])
 @pytest.mark.parametrize("in_db", [True, False], ids=["in-db", "python"])
 def test_a_tampered_ledger_is_named_exactly_as_before(tmp_path, edit, in_db):
-    ledger = Ledger(tmp_path / "l.duckdb")
-    _every_kind(ledger)
+    ledger = copied(tmp_path / "l.duckdb", "every-kind", _every_kind)  # tests/core/ledger_templates.py
     head = ledger.verify().head
     _tamper(ledger.path, *edit)
     for expect in (None, head, Head(seq=0, row_hash="genesis", recorded_at=""), Head(seq=3, row_hash="0" * 64, recorded_at="")):

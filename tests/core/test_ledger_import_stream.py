@@ -43,6 +43,7 @@ def _peak_of_check(path: Path) -> tuple[list[str], float]:
     return out, int(kib) / 1024
 
 
+@pytest.mark.processes
 def test_an_export_larger_than_any_input_file_imports_row_for_row(big_export, tmp_path):
     path, rows, head = big_export
     target = tmp_path / "target.duckdb"
@@ -53,6 +54,7 @@ def test_an_export_larger_than_any_input_file_imports_row_for_row(big_export, tm
     assert report.ok and (report.rows, report.head_seq, report.head_hash) == (rows, rows, head)
 
 
+@pytest.mark.processes
 def test_checking_an_export_holds_one_row_at_a_time(big_export):
     """The checking pass over a file larger than 256 MiB peaks far below the file's size (a
     whole-file read alone would take the file's size)."""

@@ -19,6 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.core.ledger_templates import copied
 from tests.core.test_ledger_fast_verify import _every_kind, _reference, _tamper
 from tests.postgres_server import pg_dsn, postgres_server  # noqa: F401  (fixtures)
 from tica.ledger import (GENESIS, TABLES, DuckDBSql, Head, Ledger, PostgresLedger, PostgresSql, body_sql,
@@ -75,9 +76,12 @@ def pg_con(postgres_server):  # noqa: F811
 
 
 _STORES = [("duckdb", DuckDBSql(), "?"), ("postgres", PostgresSql(), "%s")]
+# the Postgres variant starts the session's Postgres server: marked as the postgres_server fixture's users are
+# (tests/conftest.py), so `scripts/test.sh --fast` leaves it to the full run
+_STORE_PARAMS = [pytest.param(*s, id=s[0], marks=[pytest.mark.postgres] if s[0] == "postgres" else []) for s in _STORES]
 
 
-@pytest.mark.parametrize("store,sql,placeholder", _STORES, ids=[s[0] for s in _STORES])
+@pytest.mark.parametrize("store,sql,placeholder", _STORE_PARAMS)
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(table=st.sampled_from(sorted(TABLES)), seq=st.one_of(st.integers(0, 2**63 - 1), st.integers(-(2**63), -1)),
        at=_at, data=st.data())
@@ -88,7 +92,7 @@ def test_the_sql_body_is_body_byte_for_byte_for_printable_rows(request, store, s
     assert _sql_body(con, sql, placeholder, table, seq, at, values) == want
 
 
-@pytest.mark.parametrize("store,sql,placeholder", _STORES, ids=[s[0] for s in _STORES])
+@pytest.mark.parametrize("store,sql,placeholder", _STORE_PARAMS)
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(table=st.sampled_from(sorted(TABLES)), data=st.data())
 def test_the_sql_body_is_null_for_a_row_with_any_other_text(request, store, sql, placeholder, table, data):
@@ -124,13 +128,16 @@ def test_the_sql_for_every_table_calls_builtins_by_their_qualified_names():
 
 
 # ----------------------------------------------------------------------------------- DuckDB
-def _filled(tmp_path) -> Ledger:
-    ledger = Ledger(tmp_path / "l.duckdb")
+def _fill(ledger: Ledger) -> None:
     for _ in range(2):
         _every_kind(ledger)  # text beyond ASCII and control characters: rows Python hashes
     ledger.append_many([("reruns", {"rerun_id": f"r{i}", "original_kind": "leg", "original_id": "a",
                                     "new_id": 'b "quoted" \\ back', "reason": ""}) for i in range(5)])
-    return ledger
+
+
+def _filled(tmp_path) -> Ledger:
+    """A copy of the filled ledger at tmp_path/l.duckdb (tests/core/ledger_templates.py: filled once)."""
+    return copied(tmp_path / "l.duckdb", "in-db-filled", _fill)
 
 
 def _duck_fast(ledger: Ledger, expect: Head | None = None):
@@ -265,6 +272,7 @@ def test_a_table_not_defined_as_the_code_defines_it_is_verified_in_python(tmp_pa
     assert fooled is not None and fooled.ok
 
 
+@pytest.mark.processes
 def test_a_chain_the_sql_declines_is_verified_by_the_parallel_path_when_that_is_on(tmp_path, monkeypatch):
     ledger = _filled(tmp_path)
     head = ledger.verify().head

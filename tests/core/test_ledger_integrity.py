@@ -35,6 +35,7 @@ def _freeze(path: str, question_file: str, out: str) -> None:
         Path(out).write_text(f"refused: {err}")
 
 
+@pytest.mark.processes
 def test_one_question_name_is_frozen_to_exactly_one_hash_under_four_racing_processes(tmp_path):
     path = str(tmp_path / "l.duckdb")
     Ledger(path).init()
@@ -328,6 +329,7 @@ def _append_during(path: str, n: int, out) -> None:
         out.put(f"{type(err).__name__}: {err}")
 
 
+@pytest.mark.processes
 def test_a_typed_query_never_holds_a_writer_out_and_is_interrupted(tmp_path, capsys, monkeypatch):
     """Issue 32: a long typed scan held the DuckDB file and a verdict produced meanwhile was not
     recorded. Typed SQL runs on a copy: every write lands, and the scan is interrupted at its bound."""

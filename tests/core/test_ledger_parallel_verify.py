@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.core.ledger_templates import copied
 from tests.core.test_ledger_fast_verify import _every_kind, _reference, _tamper
 from tica.ledger import GENESIS, Head, Ledger, check_segment, join_segments
 from tica.ledger.parallel import cut_points, ranges_of, workers_for
@@ -14,10 +15,11 @@ from tica.ledger.parallel import cut_points, ranges_of, workers_for
 
 @pytest.fixture
 def ledger(tmp_path) -> Ledger:
-    led = Ledger(tmp_path / "l.duckdb")
-    for _ in range(3):
-        _every_kind(led)
-    return led
+    """Every kind of row three times, on a copy for this test (tests/core/ledger_templates.py)."""
+    def fill(led: Ledger) -> None:
+        for _ in range(3):
+            _every_kind(led)
+    return copied(tmp_path / "l.duckdb", "every-kind-x3", fill)
 
 
 @pytest.fixture
@@ -49,6 +51,7 @@ def test_the_number_of_processes_follows_the_chain_and_the_variable(monkeypatch)
         workers_for(10)
 
 
+@pytest.mark.processes
 def test_an_intact_ledger_verifies_in_parallel_as_it_does_serially(ledger, parallel):
     got, want = ledger.verify(), _reference(ledger)
     assert got.ok and got == want
@@ -65,6 +68,7 @@ def test_an_intact_ledger_verifies_in_parallel_as_it_does_serially(ledger, paral
      "INSERT INTO reruns (seq, prev_hash, row_hash, recorded_at, rerun_id) VALUES (0, 'p', 'h', 't', 'r0')"],
     ["INSERT INTO components (seq, prev_hash, row_hash, recorded_at) VALUES (1000, 'p', 'h', 't')"],
 ])
+@pytest.mark.processes
 def test_a_tampered_ledger_is_named_in_parallel_exactly_as_serially(ledger, parallel, edit):
     head = ledger.verify().head
     _tamper(ledger.path, *edit)

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.false_pass import conftest as fp
-from tests.false_pass.test_acceptance import IN_FORCE, TRACK, Track, _materialize, baseline  # noqa: F401 (fixture)
+from tests.false_pass.test_acceptance import IN_FORCE, TRACK, Track, _materialize  # `baseline`: tests/conftest.py
 from tica.acceptance import Report, report
 from tica.candidate import CandidateIdentity, identify
 from tica.cli import EXIT_NO, EXIT_OK, EXIT_OTHER, HELP, build_parser, main, walk
@@ -69,7 +69,7 @@ def _record_as(ledger: Ledger, identity: CandidateIdentity, t: Track, item: Evid
 
 
 @pytest.fixture(scope="module")
-def two_tracks(baseline, tmp_path_factory) -> TwoTracks:  # noqa: F811 (the fixture imported above)
+def two_tracks(baseline, tmp_path_factory) -> TwoTracks:
     root = tmp_path_factory.mktemp("report-cli")
     for src in baseline.ledger_path.parent.glob(baseline.ledger_path.name + "*"):
         if not src.name.endswith(".lock"):

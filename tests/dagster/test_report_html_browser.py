@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 from dagster_browser import CHROMIUM, CHROMIUM_FLAGS
 
-from tests.core.test_report_cli import REFUSED, TwoTracks, baseline, two_tracks  # noqa: F401 (fixtures)
+from tests.core.test_report_cli import REFUSED, TwoTracks, two_tracks  # noqa: F401 (fixtures; `baseline`: tests/conftest.py)
 from tests.false_pass.test_acceptance import TRACK
 from tica.acceptance import TITLES
 from tica.cli import EXIT_NO, main

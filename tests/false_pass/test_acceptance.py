@@ -73,8 +73,10 @@ def write_questions(folder: Path) -> dict[EvidenceItem, Path]:
     return out
 
 
-@pytest.fixture(scope="module")
-def baseline(tmp_path_factory) -> Track:
+def accepted_track(tmp_path_factory) -> Track:
+    """The accepted track, materialized once per session: tests/conftest.py's `baseline` fixture,
+    shared by this module, test_acceptance_trust.py and tests/core/test_report_cli.py (each test
+    works on a copy of its ledger)."""
     root = tmp_path_factory.mktemp("accepted-track")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TICA_CACHE_DIR", str(root / "fingerprint-cache"))

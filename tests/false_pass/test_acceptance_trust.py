@@ -43,7 +43,7 @@ from tica.seal import seal_leg
 from tica.verdict import Verdict
 
 from .conftest import E, manifest_data, write_manifest
-from .test_acceptance import IN_FORCE, TRACK, Track, baseline, cell_of, track  # noqa: F401 (fixtures)
+from .test_acceptance import IN_FORCE, TRACK, Track, cell_of, track  # noqa: F401 (fixtures; `baseline`: tests/conftest.py)
 
 _n = itertools.count()
 
