@@ -4,9 +4,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export TICA_CACHE_DIR=${TICA_CACHE_DIR:-$PWD/.tica/cache}
-# TICA_TEST_WORKERS=2 runs two pytest-xdist workers (tests/conftest.py keeps each file, and the
-# files sharing the demo leg set or the Ray cluster, on one worker). Not the default: with both
-# cores busy, tests that time a signal or a deadline against a loaded machine failed there.
+# TICA_TEST_WORKERS=2 runs two pytest-xdist workers, each file on one worker (--dist loadfile: its
+# module fixtures are made once; a session fixture such as the demo leg set, once per worker that
+# needs it). Not the default: with both cores busy, tests that time a signal or a deadline against a
+# loaded machine failed there.
 # --fast: the everyday tier (pure core, judges, false-pass and fuzz slices; no vLLM, no browser,
 # no Dagster instance, no Postgres server, no test that starts OS processes of its own), on two
 # workers unless TICA_TEST_WORKERS says otherwise; about 3 minutes on two cores (README).
@@ -20,6 +21,6 @@ if [ "${1:-}" = "--fast" ]; then
 fi
 workers=${TICA_TEST_WORKERS:-$default_workers}
 if [ "$workers" != 0 ]; then
-  set -- -n "$workers" --dist loadgroup "$@"
+  set -- -n "$workers" --dist loadfile "$@"
 fi
 exec .venv/bin/python -m pytest -q --durations=30 "$@"
