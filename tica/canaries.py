@@ -28,6 +28,7 @@ from tica.canary_legs import load_json as _load
 from tica.canary_legs import proc as _proc
 from tica.canary_legs import write_leg as _write_leg
 from tica.evidence import EvidenceItem
+from tica.items.artifacts.canaries import nothing_ran as _nothing_ran  # noqa: F401 (tests read it here)
 from tica.items.clean_exit.canaries import arm_roles_missing as _arm_roles_missing  # noqa: F401 (tests read them here)
 from tica.items.clean_exit.canaries import build_clean_exit, process_exit  # noqa: F401
 from tica.items.registry import resolve, room, rooms
@@ -105,9 +106,6 @@ def default_questions() -> dict[EvidenceItem, Question]:
                                     "formula": "median_per_round_paired_loss",
                                     "budget": {1: 0.10, 8: 0.10, 32: 0.15, 64: 0.15},
                                     "statistical_basis": sign_test_basis(DEFAULT_ROUNDS)}},
-        E.ARTIFACTS: {"name": "immutable-artifacts", "compared": "seals and weight names",
-                      "computation": "re-hash every sealed file", "pass_line": "all sealed, weights by content hash",
-                      "criteria": {"item": "artifacts"}},
     }
     # an item in a room of its own brings the question its canaries run under (tica.items.registry)
     raw = {item: raw[item] if item in raw else resolve(room(item).canary_question) for item in EvidenceItem}
@@ -297,11 +295,6 @@ def build_throughput(question: Question, dest: Path, loss: Mapping[int, float] |
     return legs
 
 
-def build_artifacts(question: Question, dest: Path) -> list[Path]:
-    fq = default_questions()[E.FORWARD]
-    return build_forward(fq, dest) + build_update(default_questions()[E.UPDATE], dest)
-
-
 def recipe_dry_runs(optimizers: Sequence[str] = ("adamw", "muon")) -> dict[str, Any]:
     """A passing recipe-identity receipt: BI=1 unchanged, BI=0 differs only by names, paths, new switches."""
     combos = []
@@ -333,7 +326,7 @@ def build_recipe(dest: Path) -> Path:
 
 _OLD_LAYOUT: dict[EvidenceItem, Callable[[Question, Path], list[Path]]] = {
     E.FORWARD: build_forward, E.BACKWARD: build_backward, E.UPDATE: build_update, E.QUALITY: build_quality,
-    E.THROUGHPUT: build_throughput, E.ARTIFACTS: build_artifacts,
+    E.THROUGHPUT: build_throughput,
 }
 # An item in a room of its own brings its builder (tica.items.registry); the others' are above.
 BUILDERS: dict[EvidenceItem, Callable[[Question, Path], list[Path]]] = {
@@ -512,12 +505,6 @@ def contract_item(key: str, value: Any) -> Callable[[Question, list[Path]], None
                 d[key] = value
         edit_json(leg / "contract.json", f, leg)
     return mutate
-
-
-def _tamper(q: Question, legs: list[Path]) -> None:
-    # A receipt edited after sealing, without resealing: exactly what the seal exists to catch.
-    p = legs[0] / "metrics.jsonl"
-    p.write_text(p.read_text().replace('"step": 1,', '"step": 1, "edited": true,', 1))
 
 
 def _recipe_edit(fn: Callable[[dict[str, Any]], None]) -> Callable[[Question | None, list[Path]], None]:
@@ -744,11 +731,6 @@ def _node_unrecorded(q: Question, legs: Sequence[Path]) -> None:
         edit_meta(leg, lambda m: m["resolved_config"].pop("node", None))
 
 
-def _nothing_ran(q: Question, legs: Sequence[Path]) -> None:
-    for leg in legs:
-        edit_meta(leg, lambda m: m.update(not_run_reason="planted: the producer did not run this leg"))
-
-
 def _sampling_unrecorded(q: Question, legs: Sequence[Path]) -> None:
     """Neither arm's contract records its stop tokens: unknown, never vLLM's default."""
     for leg in legs:
@@ -892,12 +874,6 @@ CANARIES: tuple[Canary, ...] = (
            INCONCLUSIVE, _throttled_baseline),
     Canary("throughput.stale_result", E.THROUGHPUT, "a result dated outside its leg's work is another run's",
            INCONCLUSIVE, _stale_result),
-    # artifacts
-    Canary("artifacts.sealed", E.ARTIFACTS, "receipts immutable: a file changed after sealing", FAIL, _tamper),
-    Canary("artifacts.weights_by_hash", E.ARTIFACTS, "weights named by content hash", FAIL,
-           lambda q, legs: edit_meta(legs[0], lambda m: m["resolved_config"].update(weights_hash="Qwen3-8B"))),
-    Canary("artifacts.something_ran", E.ARTIFACTS, "legs that did not run name no artifact", frozenset({Verdict.NOT_RUN}),
-           _nothing_ran),
     # the items in rooms of their own: their planted errors (tica/items/<item>/canaries.py)
     *(c for r in rooms() for c in r.room_canaries()),
     # every item: the fields the question requires are recorded

@@ -33,6 +33,7 @@ from pydantic import Field, ValidationError, model_validator
 from tica import pairing
 from tica.errors import QuestionError, pydantic_errors, read_file_bytes, yaml_mapping_of
 from tica.evidence import EvidenceItem
+from tica.items.artifacts.criteria import ArtifactsCriteria
 from tica.items.clean_exit.criteria import CleanExitCriteria
 from tica.pairing import Arm, Order
 from tica.receipts import LegMeta
@@ -200,11 +201,6 @@ class ThroughputCriteria(_Strict):
             if missing:
                 raise ValueError(f"num_prompts lacks concurrencies {missing}")
         return self
-
-
-class ArtifactsCriteria(_Strict):
-    item: Literal[EvidenceItem.ARTIFACTS] = EvidenceItem.ARTIFACTS
-    require_weights_hash: bool = True
 
 
 # What every leg of an item must record (dotted leg.json keys); an unknown one makes the cell

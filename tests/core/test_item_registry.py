@@ -74,11 +74,11 @@ def test_each_entry_resolves_to_what_its_readers_use(item):
 
 
 def test_the_rooms_that_exist_are_named():
-    """Honest about the layout: clean exit has its room; the other six are reached through the
-    registry in the older layout (docs/architecture.md)."""
-    assert [r.item for r in rooms() if r.folder] == [EvidenceItem.CLEAN_EXIT]
+    """Honest about the layout: clean exit and the artifacts have their rooms; the other five are
+    reached through the registry in the older layout (docs/architecture.md)."""
+    assert [r.item for r in rooms() if r.folder] == [EvidenceItem.CLEAN_EXIT, EvidenceItem.ARTIFACTS]
     on_disk = sorted(p.name for p in (ROOT / "tica" / "items").iterdir() if (p / "__init__.py").is_file())
-    assert on_disk == [r.item.value for r in rooms() if r.folder]
+    assert on_disk == sorted(r.item.value for r in rooms() if r.folder)
 
 
 def test_a_room_judges_through_the_entry_point(tmp_path):
@@ -90,6 +90,20 @@ def test_a_room_judges_through_the_entry_point(tmp_path):
     force_killed = next(c for c in room(EvidenceItem.CLEAN_EXIT).room_canaries() if c.name.endswith("force_killed"))
     force_killed.mutate(q, legs)
     assert judge_criteria("exit", q, legs).verdict is Verdict.FAIL
+
+
+def test_the_artifacts_room_judges_through_the_entry_point(tmp_path):
+    """The artifacts' builder (the forward and update builders, read through the registry) gives
+    a pass; a receipt edited after sealing fails; the room runs no legs of its own."""
+    from resources.legs import plan_legs
+
+    q = canaries.default_questions()[EvidenceItem.ARTIFACTS]
+    legs = room(EvidenceItem.ARTIFACTS).builder()(q, tmp_path / "base")
+    assert judge_criteria("artifacts", q, legs).verdict is Verdict.PASS
+    sealed = next(c for c in room(EvidenceItem.ARTIFACTS).room_canaries() if c.name == "artifacts.sealed")
+    sealed.mutate(q, legs)
+    assert judge_criteria("artifacts", q, legs).verdict is Verdict.FAIL
+    assert plan_legs(EvidenceItem.ARTIFACTS, q) == []
 
 
 def test_the_rooms_leg_plan_is_the_plan_it_replaced():

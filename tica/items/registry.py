@@ -74,7 +74,14 @@ ROOMS: dict[EvidenceItem, ItemRoom] = {
         own_canaries="tica.items.clean_exit.canaries:CANARIES",
         canary_question="tica.items.clean_exit.canaries:QUESTION",
         leg_plan="tica.items.clean_exit.legs:plan_arms"),
-    E.ARTIFACTS: _old(E.ARTIFACTS, "ArtifactsCriteria"),
+    E.ARTIFACTS: ItemRoom(
+        E.ARTIFACTS, "tica/items/artifacts",
+        criteria="tica.items.artifacts.criteria:ArtifactsCriteria",
+        judge="tica.items.artifacts.judge:judge_artifacts",
+        canary_builder="tica.items.artifacts.canaries:build_artifacts",
+        own_canaries="tica.items.artifacts.canaries:CANARIES",
+        canary_question="tica.items.artifacts.canaries:QUESTION",
+        leg_plan="tica.items.artifacts.legs:plan_arms"),
 }
 assert tuple(ROOMS) == tuple(EvidenceItem), "one entry per evidence item, in the enum's order"
 
