@@ -63,7 +63,14 @@ def _old(item: EvidenceItem, criteria: str, **kw: Any) -> ItemRoom:
 ROOMS: dict[EvidenceItem, ItemRoom] = {
     E.FORWARD: _old(E.FORWARD, "ForwardCriteria"),
     E.BACKWARD: _old(E.BACKWARD, "BackwardCriteria"),
-    E.UPDATE: _old(E.UPDATE, "UpdateCriteria"),
+    E.UPDATE: ItemRoom(
+        E.UPDATE, "tica/items/update",
+        criteria="tica.items.update.criteria:UpdateCriteria",
+        judge="tica.items.update.judge:judge_update",
+        canary_builder="tica.items.update.canaries:build_update",
+        own_canaries="tica.items.update.canaries:CANARIES",
+        canary_question="tica.items.update.canaries:QUESTION",
+        leg_plan="tica.items.update.legs:plan_arms"),
     E.QUALITY: _old(E.QUALITY, "QualityCriteria", extra_checks=("quality_sums",)),
     E.THROUGHPUT: _old(E.THROUGHPUT, "ThroughputCriteria", extra_checks=("workload_receipts",)),
     E.CLEAN_EXIT: ItemRoom(

@@ -25,7 +25,6 @@ from tica.judges.forward import judge_forward  # noqa: F401
 from tica.judges.quality import judge_quality  # noqa: F401
 from tica.judges.recipe_identity import RecipeIdentityResult, judge_recipe_identity
 from tica.judges.throughput import judge_throughput  # noqa: F401
-from tica.judges.update import judge_update  # noqa: F401
 from tica.messages import clip, without_prefix
 from tica.question import Question, ThroughputCriteria, load_question
 from tica.receipts import LEG_FILE, read_receipt
