@@ -81,10 +81,8 @@ def plan_legs(item: EvidenceItem, question: Question) -> list[LegSpec]:
     Throughput: per round, the round's pair in its pairing order; each leg runs every
     concurrency of the question (one sealed sub-leg per concurrency, each warmed up on its
     own). Other items: one leg per arm, in the first round's order. The final artifacts run no
-    legs of their own.
+    legs of their own (their room's plan, tica/items/artifacts/legs.py).
     """
-    if item is EvidenceItem.ARTIFACTS:
-        return []
     if (own := room(item).leg_plan) is not None:  # an item in a room of its own plans its legs there
         return [LegSpec(item, arm, slot=slot) for arm, slot in resolve(own)(question)]
     if isinstance(question.criteria, ThroughputCriteria):

@@ -27,7 +27,18 @@ from tica.canary_legs import leg_meta as _meta
 from tica.canary_legs import load_json as _load
 from tica.canary_legs import proc as _proc
 from tica.canary_legs import write_leg as _write_leg
+from tica.canary_legs import ckpt as _ckpt
+from tica.canary_legs import edit_jsonl, perturb_arrays  # noqa: F401 (tests read them here)
+from tica.canary_legs import forward_arrays as _arrays  # noqa: F401
+from tica.canary_legs import forward_files as _forward_files
+from tica.canary_legs import grad_rows as _grad_rows
+from tica.canary_legs import jsonl as _jsonl
+from tica.canary_legs import set_row as _set_row
 from tica.evidence import EvidenceItem
+from tica.items.artifacts.canaries import nothing_ran as _nothing_ran  # noqa: F401 (tests read it here)
+from tica.items.update.canaries import as_bi0, drop_post_update_step, shift_post_forward  # noqa: F401 (tests read them here)
+from tica.items.update.canaries import needs_rerun as _needs_rerun
+from tica.items.update.canaries import update_as_bi0 as _update_as_bi0  # noqa: F401
 from tica.items.clean_exit.canaries import arm_roles_missing as _arm_roles_missing  # noqa: F401 (tests read them here)
 from tica.items.clean_exit.canaries import build_clean_exit, process_exit  # noqa: F401
 from tica.items.registry import resolve, room, rooms
@@ -39,7 +50,6 @@ from tica.question import (
     QualityCriteria,
     Question,
     ThroughputCriteria,
-    UpdateCriteria,
     parse_question,
 )
 from tica.seal import seal_leg
@@ -89,10 +99,6 @@ def default_questions() -> dict[EvidenceItem, Question]:
         E.BACKWARD: {"name": "backward-reaches-master", "compared": "grad norm, params with grad",
                      "computation": "one backward per step", "pass_line": "finite grads reaching every master param",
                      "criteria": {"item": "backward"}},
-        E.UPDATE: {"name": "real-update", "compared": "weights changed, post-update forward",
-                   "computation": "one AdamW step, weight sync, forward re-check",
-                   "pass_line": "weights change, rollout reloads, BI=1 forward still bitwise",
-                   "criteria": {"item": "update"}},
         E.QUALITY: {"name": "gsm8k-30-greedy", "compared": "accuracy per problem", "computation": "paired 2x2",
                     "pass_line": "|score diff| <= 3.34 points",
                     "criteria": {"item": "quality", "threshold_points": 3.34, "expected_problems": 30}},
@@ -105,9 +111,6 @@ def default_questions() -> dict[EvidenceItem, Question]:
                                     "formula": "median_per_round_paired_loss",
                                     "budget": {1: 0.10, 8: 0.10, 32: 0.15, 64: 0.15},
                                     "statistical_basis": sign_test_basis(DEFAULT_ROUNDS)}},
-        E.ARTIFACTS: {"name": "immutable-artifacts", "compared": "seals and weight names",
-                      "computation": "re-hash every sealed file", "pass_line": "all sealed, weights by content hash",
-                      "criteria": {"item": "artifacts"}},
     }
     # an item in a room of its own brings the question its canaries run under (tica.items.registry)
     raw = {item: raw[item] if item in raw else resolve(room(item).canary_question) for item in EvidenceItem}
@@ -115,54 +118,6 @@ def default_questions() -> dict[EvidenceItem, Question]:
 
 
 # ---------------------------------------------------------------- writing legs
-
-
-def _jsonl(rows: Sequence[Mapping[str, Any]]) -> str:
-    return "".join(json.dumps(r) + "\n" for r in rows)
-
-
-def _arrays(step: int, arm: str, ref: float, seed: int) -> tuple[bytes, dict[str, Any]]:
-    """One step of a fixed-token forward: 3 sequences, 16 tokens; BI=1 bitwise, BI=0 noisy."""
-    rng = np.random.default_rng(seed * 1000 + step)
-    seq_lens = np.array([5, 7, 4], dtype=np.int32)
-    n = int(seq_lens.sum())
-    token_ids = rng.integers(0, 32000, n, dtype=np.int32)
-    p = rng.uniform(0.2, 0.9, n)
-    trainer = np.log(p).astype(np.float32)
-    if arm == "bi1":
-        rollout = trainer.copy()
-    else:
-        rollout = np.log(np.clip(p + rng.choice([-1.0, 1.0], n) * ref * rng.uniform(0.5, 1.5, n), 1e-6, 1)).astype(np.float32)
-    mask = np.zeros(n, dtype=np.bool_)
-    mask[[3, 4, 9, 10, 11, 15]] = True
-    import io
-
-    buf = io.BytesIO()
-    # a mixture of experts' routes, 2 MoE layers x top-2 of 8 experts, the same on both sides
-    experts = np.stack([rng.permutation(8)[:2] for _ in range(n * 2)]).reshape(n, 2, 2).astype(np.int32)
-    gates = rng.uniform(0.1, 0.9, (n, 2, 2)).astype(np.float32)
-    np.savez(buf, token_ids=token_ids, seq_lens=seq_lens, trainer_logprobs=trainer, rollout_logprobs=rollout,
-             decode_logprobs=rollout.copy(), decode_mask=mask, rollout_experts=experts, trainer_experts=experts.copy(),
-             rollout_gate_weights=gates, trainer_gate_weights=gates.copy())
-    return buf.getvalue(), forward_metrics(trainer, rollout)
-
-
-def _forward_files(arm: str, steps: Sequence[int], ref: float, seed: int, checkpoint: Callable[[int], str],
-                   prefix: str = "") -> dict[str, str | bytes]:
-    files: dict[str, str | bytes] = {}
-    rows = []
-    for s in steps:
-        blob, m = _arrays(s, arm, ref, seed)
-        files[f"{prefix}arrays/step_{s:04d}.npz"] = blob
-        # verl logs the actor's grad norm per training step; BI=0's smoke check reads it.
-        grad = {"actor/grad_norm": 0.5 + 0.1 * s} if arm == "bi0" else {}
-        rows.append({"step": s, "step_basis": "rollout", "checkpoint_version": checkpoint(s), **m, **grad})
-    files[f"{prefix}metrics.jsonl"] = _jsonl(rows)
-    return files
-
-
-def _ckpt(step: int) -> str:
-    return "blake3:" + f"{step:04x}" * 16
 
 
 def build_forward(question: Question, dest: Path) -> list[Path]:
@@ -178,39 +133,12 @@ def build_forward(question: Question, dest: Path) -> list[Path]:
     return legs
 
 
-def _grad_rows(n: int, extra: Callable[[int], dict[str, Any]] = lambda s: {}) -> list[dict[str, Any]]:
-    rows = []
-    for s in range(1, n + 1):
-        rows.append({"step": s, "step_basis": "optimizer", "checkpoint_version": _ckpt(s),
-                     "actor/grad_norm": 0.8 + 0.1 * s, "grad_finite": True, "params_total": 24,
-                     "params_with_grad": 24, "params_nonzero_grad": 24,
-                     "within_group_rewards": [[1.0, 0.0, 1.0, 1.0], [0.0, 0.0, 1.0, 0.0]],
-                     "deployed_bytes_equal": True, **extra(s)})
-    return rows
-
-
 def build_backward(question: Question, dest: Path) -> list[Path]:
     legs = []
     for arm, trainer in (("bi1", "vllm_kernels"), ("bi0", "megatron")):
         meta = _meta("backward", arm, trainer=trainer, processes=[_proc("trainer", 5100)])
         legs.append(_write_leg(dest / f"backward_{arm}", meta, {"metrics.jsonl": _jsonl(_grad_rows(3))}))
     return legs
-
-
-def build_update(question: Question, dest: Path) -> list[Path]:
-    c: UpdateCriteria = question.criteria  # type: ignore[assignment]
-    updated = "blake3:" + "a9d3" * 16
-    # with the rerun an update question may ask for (the same step again: the same grad norm and weights)
-    rows = _grad_rows(1, lambda s: {"optimizer": c.optimizer, "weights_changed_tensors": 24,
-                                    "weights_total_tensors": 24, "updated_weights_hash": updated,
-                                    "reloaded_by_rollout": True,
-                                    "tica/update_rerun": {"grad_norm": 0.8 + 0.1 * s, "updated_weights_hash": updated,
-                                                          "how": "a fresh trainer, the same weights and batch"}})
-    post_steps = list(range(1, c.post_update_steps + 1))
-    files = {"metrics.jsonl": _jsonl(rows),
-             **_forward_files("bi1", post_steps, 0.01, 3, lambda s: updated, "post_forward/")}
-    meta = _meta("update", "bi1", trainer="vllm_kernels", processes=[_proc("trainer", 6100), _proc("engine_core", 6101)])
-    return [_write_leg(dest / "update_bi1", meta, files)]
 
 
 def _contract() -> dict[str, Any]:
@@ -297,11 +225,6 @@ def build_throughput(question: Question, dest: Path, loss: Mapping[int, float] |
     return legs
 
 
-def build_artifacts(question: Question, dest: Path) -> list[Path]:
-    fq = default_questions()[E.FORWARD]
-    return build_forward(fq, dest) + build_update(default_questions()[E.UPDATE], dest)
-
-
 def recipe_dry_runs(optimizers: Sequence[str] = ("adamw", "muon")) -> dict[str, Any]:
     """A passing recipe-identity receipt: BI=1 unchanged, BI=0 differs only by names, paths, new switches."""
     combos = []
@@ -332,8 +255,8 @@ def build_recipe(dest: Path) -> Path:
 
 
 _OLD_LAYOUT: dict[EvidenceItem, Callable[[Question, Path], list[Path]]] = {
-    E.FORWARD: build_forward, E.BACKWARD: build_backward, E.UPDATE: build_update, E.QUALITY: build_quality,
-    E.THROUGHPUT: build_throughput, E.ARTIFACTS: build_artifacts,
+    E.FORWARD: build_forward, E.BACKWARD: build_backward, E.QUALITY: build_quality,
+    E.THROUGHPUT: build_throughput,
 }
 # An item in a room of its own brings its builder (tica.items.registry); the others' are above.
 BUILDERS: dict[EvidenceItem, Callable[[Question, Path], list[Path]]] = {
@@ -351,51 +274,12 @@ def _leg(legs: Sequence[Path], **want: Any) -> Path:
     raise LookupError(f"no leg with {want}")
 
 
-def edit_jsonl(path: Path, fn: Callable[[list[dict[str, Any]]], list[dict[str, Any]] | None], reseal: Path) -> None:
-    rows = [json.loads(l) for l in path.read_text().splitlines() if l.strip()]
-    new = fn(rows)
-    path.write_text(_jsonl(rows if new is None else new))
-    seal_leg(reseal)
-
-
 def edit_json(path: Path, fn: Callable[[dict[str, Any]], None], reseal: Path | None) -> None:
     data = _load(path)
     fn(data)
     _dump(path, data)
     if reseal is not None:
         seal_leg(reseal)
-
-
-def _set_row(i: int, **kv: Any) -> Callable[[list[dict[str, Any]]], None]:
-    def f(rows: list[dict[str, Any]]) -> None:
-        rows[i].update(kv)
-    return f
-
-
-def _set_rerun(**kv: Any) -> Callable[[list[dict[str, Any]]], None]:
-    def f(rows: list[dict[str, Any]]) -> None:
-        rows[0]["tica/update_rerun"].update(kv)
-    return f
-
-
-def _needs_rerun(question: Question | None) -> str | None:
-    if question is not None and getattr(question.criteria, "reproduced_on_rerun", False):
-        return None
-    return "the question does not ask for a reproducible update (criteria.reproduced_on_rerun off)"
-
-
-def perturb_arrays(leg: Path, step: int, prefix: str = "") -> None:
-    """A real mismatch: one rollout logprob off by one ulp, metrics recomputed honestly."""
-    path = leg / prefix / "arrays" / f"step_{step:04d}.npz"
-    with np.load(path) as z:
-        data = {k: z[k] for k in z.files}
-    r = data["rollout_logprobs"].copy()
-    r[4] = np.nextafter(r[4], np.float32(0))
-    data["rollout_logprobs"] = r
-    np.savez(path, **data)
-    m = forward_metrics(data["trainer_logprobs"], r)
-    edit_jsonl(leg / prefix / "metrics.jsonl", lambda rows: [({**row, **m} if row["step"] == step else row)
-                                                              for row in rows], leg)
 
 
 def flip_route(leg: Path, step: int) -> None:
@@ -514,12 +398,6 @@ def contract_item(key: str, value: Any) -> Callable[[Question, list[Path]], None
     return mutate
 
 
-def _tamper(q: Question, legs: list[Path]) -> None:
-    # A receipt edited after sealing, without resealing: exactly what the seal exists to catch.
-    p = legs[0] / "metrics.jsonl"
-    p.write_text(p.read_text().replace('"step": 1,', '"step": 1, "edited": true,', 1))
-
-
 def _recipe_edit(fn: Callable[[dict[str, Any]], None]) -> Callable[[Question | None, list[Path]], None]:
     def mutate(q: Question | None, paths: list[Path]) -> None:
         edit_json(paths[0], fn, None)
@@ -552,39 +430,6 @@ def _gradcheck(passed: bool, caught: bool) -> Callable[[Question, list[Path]], N
         edit_jsonl(leg / "metrics.jsonl", _set_row(0, **{"tica/gradcheck_pass": passed,
                                                          "tica/gradcheck_controls_caught": {op: caught for op in ops}}), leg)
     return mutate
-
-
-def shift_post_forward(leg: Path, delta: float) -> None:
-    """Every post-update rollout logprob off by `delta`, metrics recomputed honestly."""
-    post = leg / "post_forward"
-    rows = []
-    for path in sorted((post / "arrays").glob("step_*.npz")):
-        with np.load(path) as z:
-            data = {k: z[k] for k in z.files}
-        data["rollout_logprobs"] = data["rollout_logprobs"] + np.float32(delta)
-        data["decode_logprobs"] = data["rollout_logprobs"].copy()
-        np.savez(path, **data)
-        rows.append(forward_metrics(data["trainer_logprobs"], data["rollout_logprobs"]))
-    edit_jsonl(post / "metrics.jsonl", lambda rs: [{**r, **m} for r, m in zip(rs, rows)], leg)
-
-
-def as_bi0(leg: Path) -> None:
-    """Relabel a leg as the BI=0 arm (arm, switch and trainer together, as a BI=0 producer writes them)."""
-    edit_meta(leg, lambda m: (m.update(arm="bi0", trainer="megatron"), m["env"].update(VLLM_BATCH_INVARIANT="0")))
-
-
-def _update_as_bi0(q: Question, legs: list[Path]) -> None:
-    """An update leg of the BI=0 arm whose post-update logprobs are off by 0.1: no BI=1 evidence."""
-    shift_post_forward(legs[0], 0.1)
-    as_bi0(legs[0])
-
-
-def drop_post_update_step(q: Question, legs: list[Path]) -> None:
-    leg = legs[0]
-    rows = [json.loads(l) for l in (leg / "post_forward" / "metrics.jsonl").read_text().splitlines() if l.strip()]
-    last = rows[-1]["step"]
-    (leg / "post_forward" / "arrays" / f"step_{last:04d}.npz").unlink(missing_ok=True)
-    edit_jsonl(leg / "post_forward" / "metrics.jsonl", lambda rs: [r for r in rs if r["step"] != last], leg)
 
 
 def _bi0_grad_norm(**kv: Any) -> Callable[[Question, list[Path]], None]:
@@ -744,11 +589,6 @@ def _node_unrecorded(q: Question, legs: Sequence[Path]) -> None:
         edit_meta(leg, lambda m: m["resolved_config"].pop("node", None))
 
 
-def _nothing_ran(q: Question, legs: Sequence[Path]) -> None:
-    for leg in legs:
-        edit_meta(leg, lambda m: m.update(not_run_reason="planted: the producer did not run this leg"))
-
-
 def _sampling_unrecorded(q: Question, legs: Sequence[Path]) -> None:
     """Neither arm's contract records its stop tokens: unknown, never vLLM's default."""
     for leg in legs:
@@ -806,30 +646,6 @@ CANARIES: tuple[Canary, ...] = (
     Canary("backward.gradient_check_controls", E.BACKWARD,
            "a gradient check whose planted errors were not detected is no evidence", INCONCLUSIVE,
            _gradcheck(passed=True, caught=False)),
-    # update
-    Canary("update.weights_change", E.UPDATE, "the optimizer step changes the weights", FAIL,
-           lambda q, legs: edit_jsonl(legs[0] / "metrics.jsonl", _set_row(0, weights_changed_tensors=0), legs[0])),
-    Canary("update.rollout_reloads", E.UPDATE, "weights synced to the rollout engine", FAIL,
-           lambda q, legs: edit_jsonl(legs[0] / "metrics.jsonl", _set_row(0, reloaded_by_rollout=False), legs[0])),
-    Canary("update.post_forward_bitwise", E.UPDATE, "forward re-checked after the update", FAIL,
-           lambda q, legs: perturb_arrays(legs[0], 1, "post_forward")),
-    Canary("update.post_forward_on_new_weights", E.UPDATE, "the re-check reads the updated weights", FAIL,
-           lambda q, legs: edit_jsonl(legs[0] / "post_forward" / "metrics.jsonl",
-                                      _set_row(0, checkpoint_version=_ckpt(1)), legs[0])),
-    Canary("update.post_forward_present", E.UPDATE, "no post-update forward is not a pass", INCONCLUSIVE,
-           lambda q, legs: (shutil.rmtree(legs[0] / "post_forward"), seal_leg(legs[0])) and None),
-    Canary("update.post_update_steps", E.UPDATE, "every one of the frozen post-update steps present", INCONCLUSIVE,
-           drop_post_update_step),
-    Canary("update.rerun_grad_norm", E.UPDATE, "a rerun of the step gives the same grad norm", FAIL,
-           lambda q, legs: edit_jsonl(legs[0] / "metrics.jsonl", _set_rerun(grad_norm=0.9000001), legs[0])),
-    Canary("update.rerun_weights", E.UPDATE, "a rerun of the step gives the same updated weights", FAIL,
-           lambda q, legs: edit_jsonl(legs[0] / "metrics.jsonl",
-                                      _set_rerun(updated_weights_hash="blake3:" + "b7e1" * 16), legs[0])),
-    Canary("update.rerun_recorded", E.UPDATE, "no rerun recorded is not a reproducible update", INCONCLUSIVE,
-           lambda q, legs: edit_jsonl(legs[0] / "metrics.jsonl", lambda rows: rows[0].pop("tica/update_rerun"),
-                                      legs[0])),
-    Canary("update.bi1_leg_ran", E.UPDATE, "a BI=1 update leg ran (a BI=0 re-check is no bitwise evidence)",
-           frozenset({Verdict.NOT_RUN}), _update_as_bi0),
     # quality
     *(Canary(f"quality.contract.{name}", E.QUALITY, f"contract item '{name}' matches", INCONCLUSIVE,
              contract_item(key, value)) for name, key, value in (
@@ -892,12 +708,6 @@ CANARIES: tuple[Canary, ...] = (
            INCONCLUSIVE, _throttled_baseline),
     Canary("throughput.stale_result", E.THROUGHPUT, "a result dated outside its leg's work is another run's",
            INCONCLUSIVE, _stale_result),
-    # artifacts
-    Canary("artifacts.sealed", E.ARTIFACTS, "receipts immutable: a file changed after sealing", FAIL, _tamper),
-    Canary("artifacts.weights_by_hash", E.ARTIFACTS, "weights named by content hash", FAIL,
-           lambda q, legs: edit_meta(legs[0], lambda m: m["resolved_config"].update(weights_hash="Qwen3-8B"))),
-    Canary("artifacts.something_ran", E.ARTIFACTS, "legs that did not run name no artifact", frozenset({Verdict.NOT_RUN}),
-           _nothing_ran),
     # the items in rooms of their own: their planted errors (tica/items/<item>/canaries.py)
     *(c for r in rooms() for c in r.room_canaries()),
     # every item: the fields the question requires are recorded

@@ -6,13 +6,17 @@ not yet in a room), and `tica.canaries` runs them all."""
 
 from __future__ import annotations
 
+import io
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from tica.evidence import EvidenceItem
+from tica.metrics import forward_metrics
 from tica.seal import seal_leg
 from tica.verdict import Verdict
 
@@ -98,3 +102,91 @@ class Canary:
 FAIL = frozenset({Verdict.FAIL})
 INCONCLUSIVE = frozenset({Verdict.INCONCLUSIVE})
 NOT_PASS = frozenset({Verdict.FAIL, Verdict.INCONCLUSIVE})
+
+
+# ---------------------------------------------------------------- forward and gradient receipts
+# (the forward, backward and update canaries build and plant errors in them alike)
+
+
+def jsonl(rows: Sequence[Mapping[str, Any]]) -> str:
+    return "".join(json.dumps(r) + "\n" for r in rows)
+
+
+def forward_arrays(step: int, arm: str, ref: float, seed: int) -> tuple[bytes, dict[str, Any]]:
+    """One step of a fixed-token forward: 3 sequences, 16 tokens; BI=1 bitwise, BI=0 noisy."""
+    rng = np.random.default_rng(seed * 1000 + step)
+    seq_lens = np.array([5, 7, 4], dtype=np.int32)
+    n = int(seq_lens.sum())
+    token_ids = rng.integers(0, 32000, n, dtype=np.int32)
+    p = rng.uniform(0.2, 0.9, n)
+    trainer = np.log(p).astype(np.float32)
+    if arm == "bi1":
+        rollout = trainer.copy()
+    else:
+        rollout = np.log(np.clip(p + rng.choice([-1.0, 1.0], n) * ref * rng.uniform(0.5, 1.5, n), 1e-6, 1)).astype(np.float32)
+    mask = np.zeros(n, dtype=np.bool_)
+    mask[[3, 4, 9, 10, 11, 15]] = True
+    buf = io.BytesIO()
+    # a mixture of experts' routes, 2 MoE layers x top-2 of 8 experts, the same on both sides
+    experts = np.stack([rng.permutation(8)[:2] for _ in range(n * 2)]).reshape(n, 2, 2).astype(np.int32)
+    gates = rng.uniform(0.1, 0.9, (n, 2, 2)).astype(np.float32)
+    np.savez(buf, token_ids=token_ids, seq_lens=seq_lens, trainer_logprobs=trainer, rollout_logprobs=rollout,
+             decode_logprobs=rollout.copy(), decode_mask=mask, rollout_experts=experts, trainer_experts=experts.copy(),
+             rollout_gate_weights=gates, trainer_gate_weights=gates.copy())
+    return buf.getvalue(), forward_metrics(trainer, rollout)
+
+
+def forward_files(arm: str, steps: Sequence[int], ref: float, seed: int, checkpoint: Callable[[int], str],
+                   prefix: str = "") -> dict[str, str | bytes]:
+    files: dict[str, str | bytes] = {}
+    rows = []
+    for s in steps:
+        blob, m = forward_arrays(s, arm, ref, seed)
+        files[f"{prefix}arrays/step_{s:04d}.npz"] = blob
+        # verl logs the actor's grad norm per training step; BI=0's smoke check reads it.
+        grad = {"actor/grad_norm": 0.5 + 0.1 * s} if arm == "bi0" else {}
+        rows.append({"step": s, "step_basis": "rollout", "checkpoint_version": checkpoint(s), **m, **grad})
+    files[f"{prefix}metrics.jsonl"] = jsonl(rows)
+    return files
+
+
+def ckpt(step: int) -> str:
+    return "blake3:" + f"{step:04x}" * 16
+
+
+def grad_rows(n: int, extra: Callable[[int], dict[str, Any]] = lambda s: {}) -> list[dict[str, Any]]:
+    rows = []
+    for s in range(1, n + 1):
+        rows.append({"step": s, "step_basis": "optimizer", "checkpoint_version": ckpt(s),
+                     "actor/grad_norm": 0.8 + 0.1 * s, "grad_finite": True, "params_total": 24,
+                     "params_with_grad": 24, "params_nonzero_grad": 24,
+                     "within_group_rewards": [[1.0, 0.0, 1.0, 1.0], [0.0, 0.0, 1.0, 0.0]],
+                     "deployed_bytes_equal": True, **extra(s)})
+    return rows
+
+
+def edit_jsonl(path: Path, fn: Callable[[list[dict[str, Any]]], list[dict[str, Any]] | None], reseal: Path) -> None:
+    rows = [json.loads(l) for l in path.read_text().splitlines() if l.strip()]
+    new = fn(rows)
+    path.write_text(jsonl(rows if new is None else new))
+    seal_leg(reseal)
+
+
+def set_row(i: int, **kv: Any) -> Callable[[list[dict[str, Any]]], None]:
+    def f(rows: list[dict[str, Any]]) -> None:
+        rows[i].update(kv)
+    return f
+
+
+def perturb_arrays(leg: Path, step: int, prefix: str = "") -> None:
+    """A real mismatch: one rollout logprob off by one ulp, metrics recomputed honestly."""
+    path = leg / prefix / "arrays" / f"step_{step:04d}.npz"
+    with np.load(path) as z:
+        data = {k: z[k] for k in z.files}
+    r = data["rollout_logprobs"].copy()
+    r[4] = np.nextafter(r[4], np.float32(0))
+    data["rollout_logprobs"] = r
+    np.savez(path, **data)
+    m = forward_metrics(data["trainer_logprobs"], r)
+    edit_jsonl(leg / prefix / "metrics.jsonl", lambda rows: [({**row, **m} if row["step"] == step else row)
+                                                              for row in rows], leg)

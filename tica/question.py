@@ -33,9 +33,11 @@ from pydantic import Field, ValidationError, model_validator
 from tica import pairing
 from tica.errors import QuestionError, pydantic_errors, read_file_bytes, yaml_mapping_of
 from tica.evidence import EvidenceItem
+from tica.items.artifacts.criteria import ArtifactsCriteria
 from tica.items.clean_exit.criteria import CleanExitCriteria
+from tica.items.update.criteria import UpdateCriteria
 from tica.pairing import Arm, Order
-from tica.receipts import LegMeta
+from tica.receipts import GRADCHECK_REL_TOL, LegMeta
 from tica.stats.bases import QUALITY_TESTS, THROUGHPUT_TESTS, QualityBasis, ThroughputBasis
 from tica.strict import Strict as _Strict
 
@@ -83,30 +85,12 @@ class ForwardCriteria(_Strict):
         return "bi1" not in self.arms
 
 
-# The gradient check's pass line: max relative error of the analytic backward against float64
-# autograd. A question that leaves it at this value hashes as before the field existed.
-GRADCHECK_REL_TOL = 0.02
 
 
 class BackwardCriteria(_Strict):
     item: Literal[EvidenceItem.BACKWARD] = EvidenceItem.BACKWARD
     min_params_with_grad_fraction: float = Field(1.0, gt=0, le=1)
     require_deployed_bytes_forward: bool = True
-    gradcheck_rel_tol: float = Field(GRADCHECK_REL_TOL, gt=0, le=1, description=(
-        "pass line of a recorded gradient check (relative error against float64 autograd); the receipt's own "
-        "tolerance is never read"))
-
-
-class UpdateCriteria(_Strict):
-    item: Literal[EvidenceItem.UPDATE] = EvidenceItem.UPDATE
-    optimizer: str = "adamw"
-    min_weight_change_fraction: float = Field(0.5, gt=0, le=1, description="share of tensors that must change")
-    recheck_forward_bitwise: bool = True
-    # The committed H200 update (run4 update_bi1) re-checks 5 steps on the updated weights.
-    post_update_steps: int = Field(5, ge=1, description="post-update forward steps that must each be bitwise equal")
-    reproduced_on_rerun: bool = Field(False, description=(
-        "the update run again from the same weights and batch gives the same grad norm and the same updated "
-        "weights hash (the leg's recorded rerun; none recorded is inconclusive)"))
     gradcheck_rel_tol: float = Field(GRADCHECK_REL_TOL, gt=0, le=1, description=(
         "pass line of a recorded gradient check (relative error against float64 autograd); the receipt's own "
         "tolerance is never read"))
@@ -200,11 +184,6 @@ class ThroughputCriteria(_Strict):
             if missing:
                 raise ValueError(f"num_prompts lacks concurrencies {missing}")
         return self
-
-
-class ArtifactsCriteria(_Strict):
-    item: Literal[EvidenceItem.ARTIFACTS] = EvidenceItem.ARTIFACTS
-    require_weights_hash: bool = True
 
 
 # What every leg of an item must record (dotted leg.json keys); an unknown one makes the cell

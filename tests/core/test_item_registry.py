@@ -74,11 +74,11 @@ def test_each_entry_resolves_to_what_its_readers_use(item):
 
 
 def test_the_rooms_that_exist_are_named():
-    """Honest about the layout: clean exit has its room; the other six are reached through the
-    registry in the older layout (docs/architecture.md)."""
-    assert [r.item for r in rooms() if r.folder] == [EvidenceItem.CLEAN_EXIT]
+    """Honest about the layout: the update, clean exit and the artifacts have their rooms; the other
+    four are reached through the registry in the older layout (docs/architecture.md)."""
+    assert [r.item for r in rooms() if r.folder] == [EvidenceItem.UPDATE, EvidenceItem.CLEAN_EXIT, EvidenceItem.ARTIFACTS]
     on_disk = sorted(p.name for p in (ROOT / "tica" / "items").iterdir() if (p / "__init__.py").is_file())
-    assert on_disk == [r.item.value for r in rooms() if r.folder]
+    assert on_disk == sorted(r.item.value for r in rooms() if r.folder)
 
 
 def test_a_room_judges_through_the_entry_point(tmp_path):
@@ -92,13 +92,41 @@ def test_a_room_judges_through_the_entry_point(tmp_path):
     assert judge_criteria("exit", q, legs).verdict is Verdict.FAIL
 
 
-def test_the_rooms_leg_plan_is_the_plan_it_replaced():
+def test_the_artifacts_room_judges_through_the_entry_point(tmp_path):
+    """The artifacts' builder (the forward and update builders, read through the registry) gives
+    a pass; a receipt edited after sealing fails; the room runs no legs of its own."""
+    from resources.legs import plan_legs
+
+    q = canaries.default_questions()[EvidenceItem.ARTIFACTS]
+    legs = room(EvidenceItem.ARTIFACTS).builder()(q, tmp_path / "base")
+    assert judge_criteria("artifacts", q, legs).verdict is Verdict.PASS
+    sealed = next(c for c in room(EvidenceItem.ARTIFACTS).room_canaries() if c.name == "artifacts.sealed")
+    sealed.mutate(q, legs)
+    assert judge_criteria("artifacts", q, legs).verdict is Verdict.FAIL
+    assert plan_legs(EvidenceItem.ARTIFACTS, q) == []
+
+
+@pytest.mark.parametrize("item", [EvidenceItem.CLEAN_EXIT, EvidenceItem.UPDATE], ids=lambda i: i.value)
+def test_the_rooms_leg_plan_is_the_plan_it_replaced(item):
     """Behaviour-neutral: one leg per arm in the first round's order, as resources/legs.py planned it."""
     from resources.legs import LegSpec, plan_legs
 
-    q = canaries.default_questions()[EvidenceItem.CLEAN_EXIT]
-    expected = [LegSpec(EvidenceItem.CLEAN_EXIT, arm, slot=slot) for slot, arm in enumerate(q.round_arms(1), start=1)]
-    assert plan_legs(EvidenceItem.CLEAN_EXIT, q) == expected
+    q = canaries.default_questions()[item]
+    expected = [LegSpec(item, arm, slot=slot) for slot, arm in enumerate(q.round_arms(1), start=1)]
+    assert plan_legs(item, q) == expected
+
+
+def test_the_update_room_judges_through_the_entry_point(tmp_path):
+    """The update's builder and judge, read through the registry, pass; a post-update logprob one
+    ulp off fails; the rerun canaries stay switched off under a question that asks for no rerun."""
+    q = canaries.default_questions()[EvidenceItem.UPDATE]
+    legs = room(EvidenceItem.UPDATE).builder()(q, tmp_path / "base")
+    assert judge_criteria("update", q, legs).verdict is Verdict.PASS
+    bitwise = next(c for c in room(EvidenceItem.UPDATE).room_canaries() if c.name == "update.post_forward_bitwise")
+    bitwise.mutate(q, legs)
+    assert judge_criteria("update", q, legs).verdict is Verdict.FAIL
+    rerun = next(c for c in room(EvidenceItem.UPDATE).room_canaries() if c.name == "update.rerun_weights")
+    assert canaries.switched_off(rerun, q) is not None
 
 
 def test_control_a_wrong_or_missing_piece_is_caught():

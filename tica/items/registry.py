@@ -63,7 +63,14 @@ def _old(item: EvidenceItem, criteria: str, **kw: Any) -> ItemRoom:
 ROOMS: dict[EvidenceItem, ItemRoom] = {
     E.FORWARD: _old(E.FORWARD, "ForwardCriteria"),
     E.BACKWARD: _old(E.BACKWARD, "BackwardCriteria"),
-    E.UPDATE: _old(E.UPDATE, "UpdateCriteria"),
+    E.UPDATE: ItemRoom(
+        E.UPDATE, "tica/items/update",
+        criteria="tica.items.update.criteria:UpdateCriteria",
+        judge="tica.items.update.judge:judge_update",
+        canary_builder="tica.items.update.canaries:build_update",
+        own_canaries="tica.items.update.canaries:CANARIES",
+        canary_question="tica.items.update.canaries:QUESTION",
+        leg_plan="tica.items.update.legs:plan_arms"),
     E.QUALITY: _old(E.QUALITY, "QualityCriteria", extra_checks=("quality_sums",)),
     E.THROUGHPUT: _old(E.THROUGHPUT, "ThroughputCriteria", extra_checks=("workload_receipts",)),
     E.CLEAN_EXIT: ItemRoom(
@@ -74,7 +81,14 @@ ROOMS: dict[EvidenceItem, ItemRoom] = {
         own_canaries="tica.items.clean_exit.canaries:CANARIES",
         canary_question="tica.items.clean_exit.canaries:QUESTION",
         leg_plan="tica.items.clean_exit.legs:plan_arms"),
-    E.ARTIFACTS: _old(E.ARTIFACTS, "ArtifactsCriteria"),
+    E.ARTIFACTS: ItemRoom(
+        E.ARTIFACTS, "tica/items/artifacts",
+        criteria="tica.items.artifacts.criteria:ArtifactsCriteria",
+        judge="tica.items.artifacts.judge:judge_artifacts",
+        canary_builder="tica.items.artifacts.canaries:build_artifacts",
+        own_canaries="tica.items.artifacts.canaries:CANARIES",
+        canary_question="tica.items.artifacts.canaries:QUESTION",
+        leg_plan="tica.items.artifacts.legs:plan_arms"),
 }
 assert tuple(ROOMS) == tuple(EvidenceItem), "one entry per evidence item, in the enum's order"
 
