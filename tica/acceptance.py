@@ -27,7 +27,7 @@ from tica.candidate import CandidateIdentity, ComponentChange, diff, voided_item
 from tica.errors import FrozenQuestionError, InputError
 from tica.evidence import COVERS, Component, EvidenceItem
 from tica.judges import JUDGE_VERSION, judge
-from tica.judges._common import without_pass
+from tica.judging import without_pass
 from tica.ledger import Head, Ledger
 from tica.manifest import LoadedManifest
 from tica.messages import clip, sentence, without_prefix

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tica.grad_reading import zero_advantage
-from tica.judges._common import Findings
+from tica.judging import Findings
 from tica.messages import digest
 from tica.metrics import forward_metrics, n_bitwise_diff, step_content_digest
 from tica.receipts import ARRAYS_DIR, METRICS_FILE, ForwardStep, load_step_arrays, load_step_metrics, step_arrays_path

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from tica.errors import ReceiptError
-from tica.judges._common import Findings
+from tica.judging import Findings
 from tica.receipts import GRADCHECK_REL_TOL
 from tica.receipts import GRADCHECK_FILE, BackwardStep, GradcheckFile, GradcheckOp, Leg, load_gradcheck
 

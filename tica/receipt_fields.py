@@ -8,7 +8,7 @@ from __future__ import annotations
 
 _LEG = {
     "schema_": "rule: tica/receipts.py: the format version, refused unless tica.leg/1",
-    "item": "rule: tica/judges/_common.py: a leg of another item is not judged as this one",
+    "item": "rule: tica/judging.py: a leg of another item is not judged as this one",
     "arm": "rule: tica/binding.py: the arm must match the switch it records",
     "round": "rule: tica/judges/throughput.py: rounds pair legs in the frozen order",
     "slot": "rule: tica/judges/throughput.py: slot order against the frozen order",

@@ -137,3 +137,30 @@ def test_control_a_wrong_or_missing_piece_is_caught():
     assert problems(replace(r, judge="tica.items.clean_exit.judge:no_such_judge"))
     assert problems(replace(r, own_canaries="tica.items.clean_exit.canaries:NOTHING"))
     assert problems(replace(r, folder="tica/items/nowhere"))
+
+
+IMPORT_ALONE = "import importlib, sys; importlib.import_module(sys.argv[1])"
+
+
+def _imports_alone(module: str, path: str = ".") -> bool:
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-c", IMPORT_ALONE, module], cwd=path, capture_output=True).returncode == 0
+
+
+def test_every_room_module_imports_first_in_a_fresh_process():
+    """A room stands on the core: importing any of its modules first (a script, a worker, a test
+    file of its own) works, with no import cycle through the judges package."""
+    root = Path(__file__).resolve().parents[2]
+    modules = sorted(".".join(p.relative_to(root).with_suffix("").parts)
+                     for p in (root / "tica" / "items").rglob("*.py") if p.name != "__init__.py")
+    assert modules and [m for m in modules if not _imports_alone(m, str(root))] == []
+
+
+def test_the_probe_sees_an_import_cycle(tmp_path):
+    """The negative control: two modules that need each other's names at import time fail the probe."""
+    (tmp_path / "cyc_a.py").write_text("from cyc_b import B\nA = 1\n")
+    (tmp_path / "cyc_b.py").write_text("from cyc_a import A\nB = 1\n")
+    assert not _imports_alone("cyc_a", str(tmp_path))
+    assert _imports_alone("json", str(tmp_path))

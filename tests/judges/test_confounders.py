@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from tica.canaries import edit_meta
 from tica.judges import judge_criteria
-from tica.judges.confounders import UNKNOWN, confounder_table, unknown, unquantified
+from tica.confounders import UNKNOWN, confounder_table, unknown, unquantified
 from tica.receipts import load_leg
 from tica.verdict import Verdict
 

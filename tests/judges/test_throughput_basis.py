@@ -113,7 +113,7 @@ def test_tiers_keep_a_decided_pass_inconclusive(legs, tmp_path):
 
 def test_the_decision_code_is_part_of_the_judge_version():
     """A change to the tests' code is a new judge version, like a change to the judges."""
-    from tica.judges._common import judge_sources
+    from tica.judging import judge_sources
 
     names = {p.as_posix().split("/tica/")[-1] for p in judge_sources()}
     assert {"stats/throughput.py", "stats/quality.py", "stats/bases.py"} <= names

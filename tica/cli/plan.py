@@ -111,7 +111,7 @@ def _check_rates(args: argparse.Namespace) -> None:
 
 
 def _print_plan(headers: list[str], rows: list[list[Any]], notes: list[str], out) -> None:
-    from tica.judges._common import md_table
+    from tica.judging import md_table
 
     print(md_table(headers, rows), file=out)
     for note in notes:

@@ -18,7 +18,7 @@ from tica import digests, leg_times
 from tica.binding import BindingProblem, Candidate, bind_legs, unbound_pins, workload_disagreements
 from tica.errors import InputError, ReceiptError, UsageParser
 from tica.evidence import EvidenceItem
-from tica.judges._common import JUDGE_VERSION, Findings, cell, criteria_alone, prefixed, shown, without_pass
+from tica.judging import JUDGE_VERSION, Findings, cell, criteria_alone, prefixed, shown, without_pass
 from tica.items.registry import item_names, rooms
 from tica.judges.backward import judge_backward  # noqa: F401 (the older layout's judges, read here too)
 from tica.judges.forward import judge_forward  # noqa: F401

@@ -16,8 +16,8 @@ from typing import Any
 
 from tica.errors import ReceiptError
 from tica.evidence import EvidenceItem
-from tica.judges._common import Findings, cell, did_not_run, led, md_table, wrong_question
-from tica.judges.confounders import require_recorded
+from tica.judging import Findings, cell, did_not_run, led, md_table, wrong_question
+from tica.confounders import require_recorded
 from tica.question import BackwardCriteria, Question
 from tica.question import GRADCHECK_REL_TOL
 from tica.receipts import (GRADCHECK_FILE, METRICS_FILE, BackwardStep, GradcheckFile, GradcheckOp, Leg, load_gradcheck,

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from tica.evidence import EvidenceItem
-from tica.judges._common import Findings, cell, did_not_run, led, md_table, worst, wrong_question
-from tica.judges.confounders import confounder_markdown, confounder_table, require_recorded, unquantified
+from tica.judging import Findings, cell, did_not_run, led, md_table, worst, wrong_question
+from tica.confounders import confounder_markdown, confounder_table, require_recorded, unquantified
 from tica.messages import digest
 from tica.metrics import forward_metrics, n_bitwise_diff, step_content_digest
 from tica.question import ForwardCriteria, Question

@@ -25,8 +25,8 @@ from typing import Any
 import tica.stats.quality as threshold_test
 from tica import digests
 from tica.evidence import EvidenceItem
-from tica.judges._common import Findings, cell, did_not_run, md_table, wrong_question
-from tica.judges.confounders import confounder_markdown, confounder_table, require_recorded, unquantified
+from tica.judging import Findings, cell, did_not_run, md_table, wrong_question
+from tica.confounders import confounder_markdown, confounder_table, require_recorded, unquantified
 from tica.question import QualityCriteria, Question
 from tica.receipts import (CONTRACT_FILE, RESULTS_FILE, Leg, ProblemResult, RecordedEvalContract, load_json, load_leg,
                            load_quality_results, load_recorded_contract)

@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from tica.judges._common import JUDGE_VERSION, Findings, md_table
+from tica.judging import JUDGE_VERSION, Findings, md_table
 from tica.receipts import RecipeCombo, load_recipe_dry_runs
 from tica.verdict import Verdict
 

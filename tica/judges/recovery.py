@@ -15,7 +15,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from tica.judges._common import JUDGE_VERSION
+from tica.judging import JUDGE_VERSION
 from tica.question import Question
 from tica.verdict import Verdict, VerdictCell
 

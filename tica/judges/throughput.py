@@ -49,8 +49,8 @@ from typing import Any
 import tica.stats.throughput as budget_test
 from tica import leg_times
 from tica.evidence import EvidenceItem
-from tica.judges._common import Findings, cell, did_not_run, fmt, led, md_table, wrong_question
-from tica.judges.confounders import confounder_markdown, confounder_table, require_recorded, unquantified
+from tica.judging import Findings, cell, did_not_run, fmt, led, md_table, wrong_question
+from tica.confounders import confounder_markdown, confounder_table, require_recorded, unquantified
 from tica.judges.tiers import tier_cause
 from tica.messages import digest
 from tica.process_exits import exit_problems

@@ -10,8 +10,8 @@ from typing import Any
 from tica.errors import ReceiptError
 from tica import digests
 from tica.evidence import EvidenceItem
-from tica.judges._common import Findings, cell, led, md_table, wrong_question
-from tica.judges.confounders import require_recorded
+from tica.judging import Findings, cell, led, md_table, wrong_question
+from tica.confounders import require_recorded
 from tica.items.artifacts.criteria import ArtifactsCriteria
 from tica.messages import digest, in_leg
 from tica.question import Question

@@ -17,8 +17,8 @@ from typing import Any
 
 from tica.evidence import EvidenceItem
 from tica.items.clean_exit.criteria import CleanExitCriteria
-from tica.judges._common import Findings, cell, md_table, shown, wrong_question
-from tica.judges.confounders import require_recorded
+from tica.judging import Findings, cell, md_table, shown, wrong_question
+from tica.confounders import require_recorded
 from tica.messages import clip, unparenthesized
 from tica.process_exits import SIDES, exit_problem, shutdown_note
 from tica.question import Question

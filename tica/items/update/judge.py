@@ -15,8 +15,8 @@ from tica.evidence import EvidenceItem
 from tica.forward_reading import STEP_HEADERS, read_forward
 from tica.grad_reading import GRAD_HEADERS, is_quantized, read_grads
 from tica.items.update.criteria import UpdateCriteria
-from tica.judges._common import Findings, cell, did_not_run, led, md_table, wrong_question
-from tica.judges.confounders import require_recorded
+from tica.judging import Findings, cell, did_not_run, led, md_table, wrong_question
+from tica.confounders import require_recorded
 from tica.question import Question
 from tica.receipts import METRICS_FILE, POST_FORWARD_DIR, Leg, UpdateStep, load_leg, load_step_metrics
 from tica.verdict import Verdict, VerdictCell

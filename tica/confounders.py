@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from tica.judges._common import Findings, md_table
+from tica.judging import Findings, md_table
 from tica.question import Question
 from tica.receipts import LegMeta, is_unknown, recorded_value
 

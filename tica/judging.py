@@ -18,7 +18,7 @@ from tica.verdict import Verdict, VerdictCell
 # module and, transitively, every `tica` module they import (metrics, seals, questions ...), found
 # by reading their import statements. A change anywhere a judge reads is a new version by
 # construction, and old cells keep the version they were judged under.
-_ROOTS = ("judges/*.py", "items/registry.py", "items/*/judge.py", "binding.py")
+_ROOTS = ("judging.py", "confounders.py", "judges/*.py", "items/registry.py", "items/*/judge.py", "binding.py")
 
 
 def _tica_imports(path: Path, root: Path) -> set[Path]:
@@ -38,7 +38,7 @@ def _tica_imports(path: Path, root: Path) -> set[Path]:
 
 def judge_sources() -> list[Path]:
     """Every source file a judge's verdict depends on (the judges and their tica imports)."""
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parent
     todo = {p for pattern in _ROOTS for p in root.glob(pattern)}
     seen: set[Path] = set()
     while todo:
@@ -49,7 +49,7 @@ def judge_sources() -> list[Path]:
 
 
 def _source_hash() -> str:
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parent
     h = hashlib.sha256()
     for p in judge_sources():
         h.update(p.relative_to(root).as_posix().encode() + b"\0" + p.read_bytes() + b"\0")
