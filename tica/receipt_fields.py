@@ -73,7 +73,7 @@ _FORWARD = {
     "pearson": "rule: tica/forward_reading.py: checked against the arrays",
     "k3_kl": "rule: tica/forward_reading.py: a BI=1 k3 other than 0 fails",
     "n_tokens": "rule: tica/forward_reading.py: a step of 0 tokens is no measurement",
-    "n_bitwise_diff": "rule: tica/judges/forward.py: BI=1 logprobs bitwise equal",
+    "n_bitwise_diff": "rule: tica/forward_reading.py: BI=1 logprobs bitwise equal",
     "logprob_abs_diff_max": "rule: tica/forward_reading.py: a BI=1 |diff| other than 0 fails",
     "content_sha256": "rule: tica/forward_reading.py: a logged-only BI=1 step needs it; one content counts once",
 }

@@ -8,20 +8,15 @@ a check whose planted errors were not all detected is not shown able to fail, so
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tica.errors import ReceiptError
 from tica.evidence import EvidenceItem
 from tica.judging import Findings, cell, did_not_run, led, md_table, wrong_question
 from tica.confounders import require_recorded
 from tica.question import BackwardCriteria, Question
-from tica.question import GRADCHECK_REL_TOL
-from tica.receipts import (GRADCHECK_FILE, METRICS_FILE, BackwardStep, GradcheckFile, GradcheckOp, Leg, load_gradcheck,
-                           load_leg, load_step_metrics)
+from tica.receipts import METRICS_FILE, BackwardStep, Leg, load_leg, load_step_metrics
 from tica.verdict import Verdict, VerdictCell
 from tica.grad_reading import (  # noqa: F401 (read here and by the tests)
     GRAD_HEADERS,

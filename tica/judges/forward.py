@@ -11,12 +11,8 @@ A BI=0 mean inside the noise floor is reported as indistinguishable from noise.
 
 from __future__ import annotations
 
-import hashlib
-import json
-import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +20,6 @@ from tica.evidence import EvidenceItem
 from tica.judging import Findings, cell, did_not_run, led, md_table, worst, wrong_question
 from tica.confounders import confounder_markdown, confounder_table, require_recorded, unquantified
 from tica.messages import digest
-from tica.metrics import forward_metrics, n_bitwise_diff, step_content_digest
 from tica.question import ForwardCriteria, Question
 from tica.receipts import (
     ARRAYS_DIR,
@@ -36,7 +31,6 @@ from tica.receipts import (
     load_step_metrics,
     step_arrays_path,
 )
-from tica.routing import compare_routing
 from tica.verdict import Verdict, VerdictCell
 from tica.forward_reading import (  # noqa: F401 (read here and by the tests)
     ForwardReading,
