@@ -97,6 +97,12 @@ def room(item: EvidenceItem | str) -> ItemRoom:
     return ROOMS[EvidenceItem(item)]
 
 
+def default_question(item: EvidenceItem | str) -> Any:
+    """The question `item`'s canaries and the committed fixtures are built for (tica.canaries'
+    table, which holds the rooms' own): how one room's builder reaches another item's question."""
+    return resolve("tica.canaries:default_questions")()[EvidenceItem(item)]
+
+
 def rooms() -> tuple[ItemRoom, ...]:
     return tuple(ROOMS.values())
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from tica.canary_legs import FAIL, Canary, edit_meta
 from tica.evidence import EvidenceItem
-from tica.items.registry import resolve, room
+from tica.items.registry import default_question, room
 from tica.question import Question
 from tica.verdict import Verdict
 
@@ -26,8 +26,7 @@ QUESTION: dict[str, Any] = {
 def build_artifacts(question: Question, dest: Path) -> list[Path]:
     """The legs of a passing forward and update, each under its item's default canary question
     (their builders and questions are the registry's, never imported from another room)."""
-    questions = resolve("tica.canaries:default_questions")()
-    return room(E.FORWARD).builder()(questions[E.FORWARD], dest) + room(E.UPDATE).builder()(questions[E.UPDATE], dest)
+    return [leg for item in (E.FORWARD, E.UPDATE) for leg in room(item).builder()(default_question(item), dest)]
 
 
 def tamper(q: Question, legs: list[Path]) -> None:
