@@ -9,6 +9,7 @@ Dagster layer shows these outcomes as asset checks.
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,7 +73,20 @@ def _meta(leg: Path) -> dict[str, Any]:
 # receipts; a track's materialization asks for it once per item and a process (Dagster's
 # in-process executor, the test suite) asks again for every track it materializes.
 _CANARY_RESULTS: dict[tuple, list] = {}
-_JUDGING_MODULES = ("tica.canaries", "tica.canary_legs", "tica.items", "tica.judges", "tica.process_exits", "tica.binding", "tica.receipts", "tica.seal", "tica.metrics")
+# What builds canaries, beside every module a judge's verdict depends on (tica.judging's
+# judge_sources(), the files JUDGE_VERSION hashes): one list, so a module that joins the judging
+# code joins it here too.
+_CANARY_BUILDERS = ("tica.canaries", "tica.canary_legs", "tica.items")
+
+
+@functools.cache
+def judging_modules() -> frozenset[str]:
+    from tica.judging import judge_sources
+
+    root = Path(__file__).resolve().parent
+    names = {".".join(("tica", *p.relative_to(root).with_suffix("").parts)).removesuffix(".__init__")
+             for p in judge_sources()}
+    return frozenset(names)
 
 
 def _judging_code() -> int:
@@ -80,7 +94,9 @@ def _judging_code() -> int:
     monkeypatched judge or reader must never be answered from a run of the real one)."""
     import sys
 
-    mods = [m for name, m in sorted(sys.modules.items()) if m is not None and name.startswith(_JUDGING_MODULES)]
+    judged = judging_modules()
+    mods = [m for name, m in sorted(sys.modules.items())
+            if m is not None and (name in judged or name.startswith(_CANARY_BUILDERS))]
     return hash(tuple(id(v) for m in mods for v in vars(m).values()))
 
 

@@ -575,14 +575,29 @@ def probe_versions(python: Path, env: dict[str, str], cwd: Path) -> tuple[dict[s
 # ------------------------------------------------------------------ processes
 
 
-def zombie_exit_code(pid: int) -> int | None:
-    """A zombie's exit status from /proc/<pid>/stat (field 52, which psutil does not expose), as
-    subprocess reports it (negative: signal); None unless the process is an unreaped zombie."""
+def _stat_fields(pid: int) -> list[str] | None:
+    """/proc/<pid>/stat from its 3rd field (state) on. Read here, not through psutil, for the two
+    facts psutil does not give as they are: the start in clock ticks since boot (psutil's
+    create_time adds a boot time it re-reads from the wall clock, which a clock step moves, so one
+    process would compare as two) and a zombie's exit status."""
     try:
         text = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    fields = text[text.rfind(")") + 2:].split()  # fields from the 3rd (state) on
+    return text[text.rfind(")") + 2:].split()
+
+
+def process_start_ticks(pid: int) -> str | None:
+    """When `pid` started, in clock ticks since boot (field 22): the same pid with another start is
+    another process. None: no such process."""
+    fields = _stat_fields(pid)
+    return fields[19] if fields and len(fields) > 19 else None
+
+
+def zombie_exit_code(pid: int) -> int | None:
+    """A zombie's exit status (field 52), as subprocess reports it (negative: signal); None unless
+    the process is an unreaped zombie."""
+    fields = _stat_fields(pid)
     if not fields or fields[0] != "Z" or len(fields) < 50:
         return None
     status = int(fields[49])
@@ -689,7 +704,7 @@ class EnvironWatch:
     def __init__(self, pid: int, role: str, passed: dict[str, str] | None = None) -> None:
         self.pid, self.role, self.passed = pid, role, passed
         self.t0 = time.monotonic()
-        self._started = common.process_started(pid)
+        self._started = process_start_ticks(pid)
         self._seen: list[dict[str, Any]] = []
         self._last: dict[int, tuple] = {}
         self._lock = threading.Lock()
@@ -699,7 +714,7 @@ class EnvironWatch:
         self._thread.start()
 
     def _sample(self, tree: bool) -> bool:
-        if self._started is None or common.process_started(self.pid) != self._started:
+        if self._started is None or process_start_ticks(self.pid) != self._started:
             return False  # it ended and was reaped (its pid may be another process's now)
         children = common.process_tree(self.pid, MAX_ENVIRON_RECORDS) if tree else []
         pids = [(self.pid, self.role)] + [(p, f"{self.role} child") for p in children]
@@ -901,7 +916,7 @@ class RunningServer:
 
     def __init__(self, pid: int, log: Path | None) -> None:
         self.pid = pid
-        self.started = common.process_started(pid)
+        self.started = process_start_ticks(pid)
         if self.started is None or not common.pid_alive(pid):
             raise LegRunError("--server-pid", f"no running process {pid}")
         self.argv = common.process_cmdline(pid)
@@ -915,7 +930,7 @@ class RunningServer:
         self.cwd = common.process_cwd(pid)
 
     def _same_process_alive(self) -> bool:
-        return common.pid_alive(self.pid) and common.process_started(self.pid) == self.started
+        return common.pid_alive(self.pid) and process_start_ticks(self.pid) == self.started
 
     def log_text(self, whole: bool = False) -> str:
         if self.log is None or not self.log.is_file():
@@ -930,7 +945,7 @@ class RunningServer:
             code, state = None, {"alive": True}
             ev = "still running when the command ended (not started by tica leg run, not stopped by it)"
         else:
-            code = zombie_exit_code(self.pid) if common.process_started(self.pid) == self.started else None
+            code = zombie_exit_code(self.pid) if process_start_ticks(self.pid) == self.started else None
             state = {}
             ev = ("ended during the leg; exit status read from its unreaped zombie" if code is not None else
                   "ended during the leg; not tica leg run's child, so its exit code cannot be observed")

@@ -67,3 +67,27 @@ def test_another_question_is_run_anew(tmp_path):
     assert q2.hash != q1.hash
     checks.canaries(EvidenceItem.FORWARD, q2, run=run)
     assert len(calls) == n + 1
+
+
+def test_a_rebinding_in_any_module_a_verdict_depends_on_changes_the_cache_key(monkeypatch):
+    """The class, not the case: every module a judge's verdict depends on (the files JUDGE_VERSION
+    hashes, wherever they move: a room, a core reader) keys the cache. Rebinding one attribute of
+    each changes the key; the control: a module no judge reads (the command line's) does not."""
+    import importlib
+
+    import tica.canaries  # noqa: F401  (the canary code loaded, as checks.canaries loads it)
+
+    for name in sorted(checks.judging_modules()):
+        module = importlib.import_module(name)
+        attr = next(a for a in sorted(vars(module)) if not a.startswith("__"))
+        before = checks._judging_code()
+        with monkeypatch.context() as m:
+            m.setattr(module, attr, object())
+            assert checks._judging_code() != before, name
+    for moved in ("tica.judging", "tica.forward_reading", "tica.grad_reading", "tica.confounders"):
+        assert moved in checks.judging_modules()
+    cli = importlib.import_module("tica.cli._common")
+    before = checks._judging_code()
+    with monkeypatch.context() as m:
+        m.setattr(cli, "BAD", object())
+        assert checks._judging_code() == before

@@ -609,3 +609,24 @@ def test_a_child_needs_no_reset_when_nothing_is_ignored_or_blocked():
     assert common.stoppable() is None  # the plain spawn, no preexec_fn
     marker = []
     assert common.stoppable(lambda: marker.append(1)) is not None
+
+
+def test_a_process_is_the_same_process_after_the_wall_clock_steps(monkeypatch):
+    """Start ticks since boot identify a process, not a wall-clock create time: psutil's create_time
+    adds a boot time it re-reads from the clock each call, so a clock step (chrony on a fresh host,
+    a VM resumed) would make a live server or a watched command look like another process."""
+    import psutil
+    from psutil import _pslinux  # where psutil reads the boot time on Linux
+
+    me = os.getpid()
+    ticks, wall = leg_run.process_start_ticks(me), psutil.Process(me).create_time()
+    stepped = _pslinux.boot_time() + 3600.0
+    monkeypatch.setattr(_pslinux, "boot_time", lambda: stepped)
+    assert ticks is not None and leg_run.process_start_ticks(me) == ticks
+    # the control: the same step moves the wall-clock create time
+    assert psutil.Process(me).create_time() != wall
+
+
+def test_a_server_pid_no_process_can_have_is_refused_by_name(tmp_path):
+    with pytest.raises(leg_run.LegRunError, match="no running process -1"):
+        leg_run.RunningServer(-1, None)

@@ -295,25 +295,17 @@ def process_name(pid: int) -> str | None:
         return None
 
 
-def process_started(pid: int) -> float | None:
-    """When `pid` started (None: no such process): the same pid with another start is another process."""
-    try:
-        return psutil.Process(pid).create_time()
-    except psutil.Error:
-        return None
-
-
 def process_cmdline(pid: int) -> list[str] | None:
     try:
         return psutil.Process(pid).cmdline() or None
-    except psutil.Error:
+    except (psutil.Error, ValueError):  # ValueError: a pid psutil refuses (negative)
         return None
 
 
 def process_cwd(pid: int) -> Path | None:
     try:
         return Path(psutil.Process(pid).cwd())
-    except (psutil.Error, OSError):
+    except (psutil.Error, OSError, ValueError):
         return None
 
 
@@ -321,7 +313,7 @@ def pid_alive(pid: int) -> bool:
     """Running, or stopped: neither gone nor a zombie its parent has not reaped."""
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
+    except (psutil.Error, ValueError):
         return False
 
 
