@@ -60,35 +60,22 @@ def _old(item: EvidenceItem, criteria: str, **kw: Any) -> ItemRoom:
                     f"tica.canaries:build_{item.value}", **kw)
 
 
+def _room(item: EvidenceItem, criteria: str) -> ItemRoom:
+    """An item whose room holds every piece under the rooms' names (criteria, judge, canaries, legs)."""
+    here = f"tica.items.{item.value}"
+    return ItemRoom(item, f"tica/items/{item.value}", f"{here}.criteria:{criteria}", f"{here}.judge:judge_{item.value}",
+                    f"{here}.canaries:build_{item.value}", own_canaries=f"{here}.canaries:CANARIES",
+                    canary_question=f"{here}.canaries:QUESTION", leg_plan=f"{here}.legs:plan_arms")
+
+
 ROOMS: dict[EvidenceItem, ItemRoom] = {
     E.FORWARD: _old(E.FORWARD, "ForwardCriteria"),
     E.BACKWARD: _old(E.BACKWARD, "BackwardCriteria"),
-    E.UPDATE: ItemRoom(
-        E.UPDATE, "tica/items/update",
-        criteria="tica.items.update.criteria:UpdateCriteria",
-        judge="tica.items.update.judge:judge_update",
-        canary_builder="tica.items.update.canaries:build_update",
-        own_canaries="tica.items.update.canaries:CANARIES",
-        canary_question="tica.items.update.canaries:QUESTION",
-        leg_plan="tica.items.update.legs:plan_arms"),
+    E.UPDATE: _room(E.UPDATE, "UpdateCriteria"),
     E.QUALITY: _old(E.QUALITY, "QualityCriteria", extra_checks=("quality_sums",)),
     E.THROUGHPUT: _old(E.THROUGHPUT, "ThroughputCriteria", extra_checks=("workload_receipts",)),
-    E.CLEAN_EXIT: ItemRoom(
-        E.CLEAN_EXIT, "tica/items/clean_exit",
-        criteria="tica.items.clean_exit.criteria:CleanExitCriteria",
-        judge="tica.items.clean_exit.judge:judge_clean_exit",
-        canary_builder="tica.items.clean_exit.canaries:build_clean_exit",
-        own_canaries="tica.items.clean_exit.canaries:CANARIES",
-        canary_question="tica.items.clean_exit.canaries:QUESTION",
-        leg_plan="tica.items.clean_exit.legs:plan_arms"),
-    E.ARTIFACTS: ItemRoom(
-        E.ARTIFACTS, "tica/items/artifacts",
-        criteria="tica.items.artifacts.criteria:ArtifactsCriteria",
-        judge="tica.items.artifacts.judge:judge_artifacts",
-        canary_builder="tica.items.artifacts.canaries:build_artifacts",
-        own_canaries="tica.items.artifacts.canaries:CANARIES",
-        canary_question="tica.items.artifacts.canaries:QUESTION",
-        leg_plan="tica.items.artifacts.legs:plan_arms"),
+    E.CLEAN_EXIT: _room(E.CLEAN_EXIT, "CleanExitCriteria"),
+    E.ARTIFACTS: _room(E.ARTIFACTS, "ArtifactsCriteria"),
 }
 assert tuple(ROOMS) == tuple(EvidenceItem), "one entry per evidence item, in the enum's order"
 
