@@ -128,6 +128,25 @@ def did_not_run(label: str, reason: object) -> str:
     return f"{label}did not run: {shown(str(reason))}"
 
 
+def leg_label(leg: Any) -> str:
+    """How a finding names the leg it is about: its arm and folder ("bi1 forward_bi1: ")."""
+    return f"{leg.arm} {leg.path.name}: "
+
+
+def skipped_leg(item: EvidenceItem, leg: Any, findings: Findings, judged: bool = True) -> bool:
+    """Every judge's first look at a leg: another item's leg is inconclusive, a leg that did not run
+    is not run (a note when the question does not judge its arm). True: judge it no further."""
+    label = leg_label(leg)
+    if leg.meta.item != item.value:
+        article = "an" if item.value[0] in "aeiou" else "a"
+        findings.inconclusive(f"{label}is a {leg.meta.item} leg, not {article} {item.value} leg")
+        return True
+    if leg.meta.not_run_reason:
+        (findings.not_run if judged else findings.note)(did_not_run(label, leg.meta.not_run_reason))
+        return True
+    return False
+
+
 def cell(
     item: EvidenceItem,
     question: Question,

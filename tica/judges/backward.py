@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from tica.evidence import EvidenceItem
-from tica.judging import Findings, cell, did_not_run, led, md_table, wrong_question
+from tica.judging import Findings, cell, led, leg_label, skipped_leg, md_table, wrong_question
 from tica.confounders import require_recorded
 from tica.question import BackwardCriteria, Question
 from tica.receipts import METRICS_FILE, BackwardStep, Leg, load_leg, load_step_metrics
@@ -44,12 +44,8 @@ def judge_backward(question: Question, leg_paths: Sequence[str | Path]) -> Verdi
     tables: dict[str, str] = {}
     ran: list[Leg] = []
     for leg in legs:
-        label = f"{leg.arm} {leg.path.name}: "
-        if leg.meta.item != "backward":
-            findings.inconclusive(f"{label}is a {leg.meta.item} leg, not a backward leg")
-            continue
-        if leg.meta.not_run_reason:
-            findings.not_run(did_not_run(label, leg.meta.not_run_reason))
+        label = leg_label(leg)
+        if skipped_leg(item, leg, findings):
             continue
         ran.append(leg)
         steps = load_step_metrics(leg.path / METRICS_FILE, BackwardStep)

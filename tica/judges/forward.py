@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from tica.evidence import EvidenceItem
-from tica.judging import Findings, cell, did_not_run, led, md_table, worst, wrong_question
+from tica.judging import Findings, cell, led, leg_label, md_table, skipped_leg, worst, wrong_question
 from tica.confounders import confounder_markdown, confounder_table, require_recorded, unquantified
 from tica.messages import digest
 from tica.question import ForwardCriteria, Question
@@ -96,14 +96,11 @@ def judge_forward(question: Question, leg_paths: Sequence[str | Path]) -> Verdic
     ref, factor = criteria.bi0_reference_mean, criteria.bi0_magnitude_factor
     bi0_range = None if ref is None else (ref / factor, ref * factor)
     for leg in legs:
-        label = f"{leg.arm} {leg.path.name}: "
+        label = leg_label(leg)
         judged = leg.arm in criteria.arms
-        if leg.meta.item != "forward":
-            findings.inconclusive(f"{label}is a {leg.meta.item} leg, not a forward leg")
-            continue
-        if leg.meta.not_run_reason:
-            (findings.not_run if judged else findings.note)(did_not_run(label, leg.meta.not_run_reason))
-            arm_verdicts[leg.arm].append(Verdict.NOT_RUN)
+        if skipped_leg(item, leg, findings, judged):
+            if leg.meta.item == item.value:
+                arm_verdicts[leg.arm].append(Verdict.NOT_RUN)
             continue
         reading = read_forward(leg.path, leg.arm, criteria.min_steps, bi0_range, label,
                                grad_norm_required=criteria.bi0_smoke, noise_floor=question.noise_floor)

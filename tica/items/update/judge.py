@@ -15,7 +15,7 @@ from tica.evidence import EvidenceItem
 from tica.forward_reading import STEP_HEADERS, read_forward
 from tica.grad_reading import GRAD_HEADERS, is_quantized, read_grads
 from tica.items.update.criteria import UpdateCriteria
-from tica.judging import Findings, cell, did_not_run, led, md_table, wrong_question
+from tica.judging import Findings, cell, led, leg_label, skipped_leg, md_table, wrong_question
 from tica.confounders import require_recorded
 from tica.question import Question
 from tica.receipts import METRICS_FILE, POST_FORWARD_DIR, Leg, UpdateStep, load_leg, load_step_metrics
@@ -64,12 +64,8 @@ def judge_update(question: Question, leg_paths: Sequence[str | Path]) -> Verdict
     tables: dict[str, str] = {}
     ran: list[Leg] = []
     for leg in legs:
-        label = f"{leg.arm} {leg.path.name}: "
-        if leg.meta.item != "update":
-            findings.inconclusive(f"{label}is a {leg.meta.item} leg, not an update leg")
-            continue
-        if leg.meta.not_run_reason:
-            findings.not_run(did_not_run(label, leg.meta.not_run_reason))
+        label = leg_label(leg)
+        if skipped_leg(item, leg, findings):
             continue
         ran.append(leg)
         f = Findings()
