@@ -70,6 +70,7 @@ from pydantic import Field
 from resources.dagster_compat import DagsterPipesExecutionError
 from resources.legs import PROJECT_ROOT, LegRequest, LegRunner, LegSpec, leg_params, plan_legs, sealed_leg_dirs
 from tica.evidence import EvidenceItem
+from tica.receipts import write_leg_meta
 from tica.seal import SEAL_FILE, seal_leg
 
 RECORD_PRODUCER = "resources.ray_legs"
@@ -431,7 +432,7 @@ class RayLegRunner(LegRunner):
                 meta["not_run_reason"] = f"failed: {what}; the producer sealed no receipt"
                 meta["errors"] = [f"{what}; the producer sealed no receipt here, so this leg.json is {RECORD_PRODUCER}'s "
                                   "record of the failure, not a measurement"]
-            (path / "leg.json").write_text(json.dumps(meta, indent=1))
+            write_leg_meta(path, meta)
             seal_leg(path)
         return base
 

@@ -39,6 +39,7 @@ from typing import Any
 
 from tica.leg_choices import ITEMS, ROLES, TRAINERS
 from tica.legs import common
+from tica.receipts import write_leg_meta
 from tica.seal import SEAL_FILE, seal_leg
 
 PRODUCER = "tica leg run"
@@ -1774,17 +1775,9 @@ def run_leg(spec: LegRunSpec, *, echo=None, producer_version: str | None = None)
                       device=device, processes=processes, server_config=server_config, kernels=kernels,
                       errors=errors, collected=collection.collected, extra_config=extra, source=source,
                       producer_version=producer_version)
-    _validate(meta)
-    (spec.out / LEG_FILE).write_text(json.dumps(meta, indent=1, default=str))
+    write_leg_meta(spec.out, meta)
     seal_leg(spec.out)
     return LegOutcome(spec.out, meta)
-
-
-def _validate(meta: dict[str, Any]) -> None:
-    """leg.json must load as LegMeta before it is sealed: a leg TICA cannot read is no receipt."""
-    from tica.receipts import LegMeta
-
-    LegMeta.model_validate(json.loads(json.dumps(meta, default=str)))
 
 
 def split_server_cmd(text: str) -> list[str]:

@@ -8,6 +8,7 @@ accepted for throughput so teams can feed their own runs, and is identified by i
 from __future__ import annotations
 
 import io
+import json
 import math
 import re
 import zipfile
@@ -758,6 +759,23 @@ def verify_seal(leg_dir: str | Path) -> str:
 def load_leg_meta(path: str | Path) -> LegMeta:
     path = Path(path)
     return _validate(LegMeta, load_json(path), path)
+
+
+def write_leg_meta(leg_dir: str | Path, meta: dict[str, Any]) -> LegMeta:
+    """The one writer of leg.json, for every producer: the record is written only if it reads back
+    through load_leg_meta (the judges' model), so a leg TICA cannot read is never sealed as a
+    receipt. Values JSON cannot hold are written as their text (a path, a timestamp)."""
+    path = Path(leg_dir) / LEG_FILE
+    text = json.dumps(meta, indent=1, default=str)
+    try:
+        read = as_read(strict_io.loads(text))
+    except strict_io.StrictInputError as err:
+        raise ReceiptError(path, "<json>", str(err)) from None
+    if not isinstance(read, dict):
+        raise ReceiptError(path, "<root>", "must be a JSON object")
+    model = _validate(LegMeta, read, path)
+    path.write_text(text)
+    return model
 
 
 def load_process_exits(leg_dir: str | Path) -> tuple[ProcessExit, ...]:

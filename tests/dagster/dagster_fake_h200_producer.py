@@ -53,7 +53,7 @@ def main() -> int:
     for name in LEGS[a.cmd]:
         d = Path(a.legs) / name
         (d / "arrays").mkdir(parents=True, exist_ok=True)
-        meta = legio.new_meta(name.split("_")[0], a.cmd, trainer="vllm_kernels")
+        meta = legio.new_meta(name.split("_")[0], a.cmd.split("-")[0], trainer="vllm_kernels")  # the arm: bi1 or bi0
         legio.write_meta(d, meta)
         say(f"{name} written")
     return int(os.environ.get("TICA_FAKE_PRODUCER_RC", "0"))

@@ -1,8 +1,9 @@
 """The matrix producer's plumbing on the CPU (`producers matrix --dry-run`): the orchestrator runs
 each (candidate, shape) in its own process, every leg it wrote is sealed with that process's exit,
 and the matrix judge reads them. A dry run scores the reference model against itself with
-VLLM_BATCH_INVARIANT=0 in its environment, so its cells must not pass as BI=1 evidence: the judge
-says they are inconclusive, naming the environment (tests/test_h200_matrix.py judges the H200's)."""
+VLLM_BATCH_INVARIANT=0 in its environment, so its legs record the arm they ran (bi0: leg.json's one
+writer refuses a bi1 leg whose environment says otherwise) and its cells must not pass as BI=1
+evidence: the judge says no BI=1 leg ran (tests/test_h200_matrix.py judges the H200's)."""
 
 from __future__ import annotations
 
@@ -35,7 +36,8 @@ def test_a_dry_run_writes_sealed_cells_the_judge_reads(tmp_path):
     assert all(json.loads((p / "leg.json").read_text())["processes"][0]["exit_code"] == 0 for p in legs)
     cells = matrix_cells(QUESTION, work)
     assert [(c.scored, c.verdict) for c in cells] == [("decode", Verdict.INCONCLUSIVE), ("prefill", Verdict.INCONCLUSIVE)]
-    assert all("VLLM_BATCH_INVARIANT is '0'" in c.reasons[0] and c.cause.startswith("not judged") for c in cells)
+    assert all(json.loads((p / "leg.json").read_text())["arm"] == "bi0" for p in legs)
+    assert all(any("no BI=1 forward leg" in r for r in c.reasons) and c.cause.startswith("not judged") for c in cells)
     row = json.loads((legs[0] / "metrics.jsonl").read_text())
     assert set(row["tica/variants"]) >= {"product", "unpadded_lm_head", "decode_rows_255"}
     summary = json.loads((work / "logs" / "stock-tiny_qwen.summary.json").read_text())

@@ -654,7 +654,9 @@ class Leg:
         if self.tee is not None:
             self.tee.close()
             self.tee = None
-        (self.dir / "leg.json").write_text(json.dumps(self.meta, indent=1, default=str))
+        from tica.receipts import write_leg_meta  # pydantic only once the leg is done
+
+        write_leg_meta(self.dir, self.meta)
         seal_leg(self.dir)
         return self.dir
 

@@ -172,7 +172,7 @@ def bi1_backward_and_update(legs: Path, work: str, m0: Path, rollout, model, cfg
     (bwd / "gradcheck.json").write_text(json.dumps(gc, indent=1, default=str))
     (bwd / "deployed_bytes.json").write_text(json.dumps({"equal": eq0, **eq0_detail}, indent=1))
     # the backward leg's work: the GPU backward check, then this backward (the forward legs ran between)
-    meta = legio.new_meta("backward", "bi1", trainer="vllm_kernels", started_at=t_gradcheck)
+    meta = legio.new_meta("backward", legio.kernels_arm(), trainer="vllm_kernels", started_at=t_gradcheck)
     meta["ended_at"] = t_backward_end
     meta["kernels"] = kern
     meta["resolved_config"] = dict(base_cfg, gradcheck_tol=gc_tol, master_dtype="float32", deployed_dtype="bfloat16")
@@ -207,7 +207,7 @@ def bi1_backward_and_update(legs: Path, work: str, m0: Path, rollout, model, cfg
         log(f"post step {st['step']} (prefill scoring): bitwise_diff={rows[-1]['tica/n_bitwise_diff']} "
             f"max={rows[-1]['training/rollout_probs_diff_max']:.3g}")
     legio.write_jsonl(pre_leg / "metrics.jsonl", rows)
-    meta = legio.new_meta("forward", "bi1", trainer="vllm_kernels", started_at=t_post)
+    meta = legio.new_meta("forward", legio.kernels_arm(), trainer="vllm_kernels", started_at=t_post)
     meta["ended_at"] = legio.now()
     meta["kernels"] = kern
     meta["resolved_config"] = dict(base_cfg, updated_weights_hash=ck1)
@@ -225,7 +225,7 @@ def bi1_backward_and_update(legs: Path, work: str, m0: Path, rollout, model, cfg
                     "tica/reloaded_params": n_loaded, "tica/deployed_bytes_detail": eq1_detail,
                     "tica/update_rerun": rerun})
     legio.write_jsonl(upd / "metrics.jsonl", [upd_row])
-    meta = legio.new_meta("update", "bi1", trainer="vllm_kernels", started_at=t_update)
+    meta = legio.new_meta("update", legio.kernels_arm(), trainer="vllm_kernels", started_at=t_update)
     meta["ended_at"] = t_update_end
     meta["kernels"] = decode_kernels(kern)
     meta["resolved_config"] = dict(base_cfg, updated_weights_hash=ck1, lr=LR,

@@ -145,7 +145,7 @@ def write_decode_leg(legio, d: Path, kept: list, model, dev, checkpoint: str, ke
                      started_at: str | None) -> list[dict]:
     """started_at: when the rollouts these rows score began (their engine's start or first step)."""
     rows = write_decode_rows(legio, d, kept, model, dev, checkpoint)
-    meta = legio.new_meta("forward", "bi1", trainer="vllm_kernels", started_at=started_at)
+    meta = legio.new_meta("forward", legio.kernels_arm(), trainer="vllm_kernels", started_at=started_at)
     meta["ended_at"] = legio.now()
     meta["kernels"] = decode_kernels(kern)
     meta["resolved_config"] = dict(base_cfg, tokens="response (generated) tokens only",
@@ -253,7 +253,7 @@ def bi1_forward_legs(legs: Path, rollout, model, kernels, cfg: dict, kern: dict,
             dp = {"error": repr(err)[:1000]}
         (fwd / "decode_probe.json").write_text(json.dumps(dp, indent=1))
         log(f"decode probe: {json.dumps({k: v for k, v in dp.items() if not isinstance(v, list)})[:1500]}")
-    meta = legio.new_meta("forward", "bi1", trainer="vllm_kernels", started_at=t_engine)
+    meta = legio.new_meta("forward", legio.kernels_arm(), trainer="vllm_kernels", started_at=t_engine)
     meta["ended_at"] = legio.now()
     meta["kernels"] = kern
     meta["resolved_config"] = dict(base_cfg)
@@ -276,7 +276,7 @@ def bi1_forward_legs(legs: Path, rollout, model, kernels, cfg: dict, kern: dict,
                 f"max={rows[-1]['training/rollout_probs_diff_max']:.3g}")
         model.fault = None
         legio.write_jsonl(flt / "metrics.jsonl", rows)
-        meta = legio.new_meta("forward", "bi1", trainer="vllm_kernels", started_at=t_engine)  # the same rollouts
+        meta = legio.new_meta("forward", legio.kernels_arm(), trainer="vllm_kernels", started_at=t_engine)  # the same rollouts
         meta["ended_at"] = legio.now()
         meta["kernels"] = dict(kern, planted_fault={fault: what})
         meta["resolved_config"] = dict(base_cfg, planted_fault={"target": fault, "replacement": what,

@@ -91,6 +91,12 @@ def launcher_records(name: str, pid: int, rc: int | None, text: str, env: dict[s
 _WRITTEN: list[Path] = []  # the leg dirs this process wrote (write_meta), in order
 
 
+def kernels_arm() -> str:
+    """The arm a vLLM-kernels leg ran, read from its environment: bi1 under VLLM_BATCH_INVARIANT=1
+    (enforced on the GPU), bi0 otherwise (a CPU dry run), so its leg.json never contradicts its env."""
+    return "bi1" if os.environ.get("VLLM_BATCH_INVARIANT") == "1" else "bi0"
+
+
 def new_meta(item: str, arm: str, *, trainer: str | None, round: int | None = None, slot: int | None = None,
              concurrency: int | None = None, started_at: str | None = None) -> dict:
     """A leg.json skeleton. started_at: when the leg's work started (None: not known); the producer
@@ -121,13 +127,19 @@ def write_meta(leg_dir: Path, meta: dict) -> None:
         meta["image_digest"] = image_digest()
     # the throughput judge's one-node rule reads it (run13's legs, written before this, record none)
     meta["resolved_config"] = {"node": this_node(), **(meta.get("resolved_config") or {})}
-    (leg_dir / "leg.json").write_text(json.dumps(meta, indent=1, default=str))
+    _write_meta(leg_dir, meta)
     if leg_dir not in _WRITTEN:
         _WRITTEN.append(leg_dir)
 
 
 def legs_written() -> list[Path]:
     return list(_WRITTEN)
+
+
+def _write_meta(leg_dir: Path, meta: dict) -> None:
+    from tica.receipts import write_leg_meta  # pydantic only once a leg is written, after vLLM is set up
+
+    write_leg_meta(leg_dir, meta)
 
 
 def add_processes(leg_dirs: list[Path], processes: list[dict]) -> None:
@@ -142,7 +154,7 @@ def add_processes(leg_dirs: list[Path], processes: list[dict]) -> None:
         meta = json.loads(p.read_text())
         have = {(x.get("role"), x.get("pid")) for x in meta.get("processes", [])}
         meta.setdefault("processes", []).extend(r for r in processes if (r["role"], r["pid"]) not in have)
-        p.write_text(json.dumps(meta, indent=1, default=str))
+        _write_meta(d, meta)
 
 
 def write_jsonl(path: Path, rows) -> None:
@@ -212,7 +224,7 @@ def finalize_leg(leg_dir: Path, processes: list[dict]) -> dict:
     for rec in processes:
         if (rec["role"], rec["pid"]) not in have:
             meta.setdefault("processes", []).append(rec)
-    p.write_text(json.dumps(meta, indent=1, default=str))
+    _write_meta(leg_dir, meta)
     seal_leg(leg_dir)
     return meta
 

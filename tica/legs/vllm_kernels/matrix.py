@@ -258,7 +258,7 @@ def run_load(legs: Path, cand: str, shape: str, load: str, ro: dict, model, kern
         legio.write_jsonl(d / "metrics.jsonl", [row])
         if probe is not None and kind == "prefill":
             (d / "kernel_probe.json").write_text(json.dumps(probe, indent=1))
-        meta = legio.new_meta("forward", "bi1", trainer="vllm_kernels", started_at=started)
+        meta = legio.new_meta("forward", legio.kernels_arm(), trainer="vllm_kernels", started_at=started)
         meta["ended_at"] = legio.now()
         meta["kernels"] = kern
         meta["resolved_config"] = dict(common["config"], load=load, scored=kind, weights_hash=ck,
@@ -276,7 +276,7 @@ def run_load(legs: Path, cand: str, shape: str, load: str, ro: dict, model, kern
             legio.write_step_arrays(d, 1, token_ids=[t for g in ro["gens"] for t in g], seq_lens=[len(g) for g in ro["gens"]],
                                     trainer_logprobs=flp[fmask], rollout_logprobs=dec_roll)
             legio.write_jsonl(d / "metrics.jsonl", [legio.step_row(1, ck, flp[fmask], dec_roll, {"tica/planted_fault": target})])
-            meta = legio.new_meta("forward", "bi1", trainer="vllm_kernels", started_at=started)
+            meta = legio.new_meta("forward", legio.kernels_arm(), trainer="vllm_kernels", started_at=started)
             meta["ended_at"] = legio.now()
             meta["kernels"] = dict(kern, planted_fault={target: what})
             meta["resolved_config"] = dict(common["config"], load=load, scored="decode", weights_hash=ck, canary=True,

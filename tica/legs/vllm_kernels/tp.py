@@ -93,7 +93,7 @@ def cmd_bi1_tp(a) -> int:
         kept.append((st, ro))
         log(f"tp{tp} step {st['step']}: n={rows[-1]['tica/n_tokens']} bitwise_diff={rows[-1]['tica/n_bitwise_diff']}")
     legio.write_jsonl(fwd / "metrics.jsonl", rows)
-    meta = legio.new_meta("forward", "bi1", trainer="vllm_kernels", started_at=t_engine)
+    meta = legio.new_meta("forward", legio.kernels_arm(), trainer="vllm_kernels", started_at=t_engine)
     meta["ended_at"] = legio.now()
     meta["kernels"] = kern
     meta["resolved_config"] = dict(base_cfg, scoring="prompt_logprobs=0 over prompt+generated, with neighbours")
