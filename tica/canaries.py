@@ -20,22 +20,32 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from tica.canary_legs import FAIL, INCONCLUSIVE, NOT_PASS, Canary, edit_meta
+from tica.canary_legs import FAIL, INCONCLUSIVE, Canary, edit_meta
 from tica.canary_legs import synthetic_identity  # noqa: F401 (tests read it here)
 from tica.canary_legs import dump_json as _dump
 from tica.canary_legs import leg_meta as _meta
 from tica.canary_legs import load_json as _load
 from tica.canary_legs import proc as _proc
 from tica.canary_legs import write_leg as _write_leg
-from tica.canary_legs import ckpt as _ckpt
+from tica.canary_legs import leg_where as _leg
 from tica.canary_legs import edit_jsonl, perturb_arrays  # noqa: F401 (tests read them here)
 from tica.canary_legs import forward_arrays as _arrays  # noqa: F401
-from tica.canary_legs import forward_files as _forward_files
-from tica.canary_legs import grad_rows as _grad_rows
 from tica.canary_legs import jsonl as _jsonl
-from tica.canary_legs import set_row as _set_row
 from tica.evidence import EvidenceItem
 from tica.items.artifacts.canaries import nothing_ran as _nothing_ran  # noqa: F401 (tests read it here)
+from tica.items.backward.canaries import gradcheck as _gradcheck  # noqa: F401 (tests read it here)
+from tica.items.forward.canaries import (  # noqa: F401 (tests read them here)
+    build_forward,
+    drop_arrays_keep_digests,
+    drop_step,
+    flip_route,
+    logged_only,
+    perturb_arrays_keep_metrics,
+)
+from tica.items.forward.canaries import judged_arm
+from tica.items.forward.canaries import needs_arm as _needs_arm
+from tica.items.forward.canaries import needs_bi0_reference as _needs_bi0_reference
+from tica.items.forward.canaries import needs_bi0_smoke as _needs_bi0_smoke
 from tica.items.update.canaries import as_bi0, drop_post_update_step, shift_post_forward  # noqa: F401 (tests read them here)
 from tica.items.update.canaries import needs_rerun as _needs_rerun
 from tica.items.update.canaries import update_as_bi0 as _update_as_bi0  # noqa: F401
@@ -43,10 +53,8 @@ from tica.items.clean_exit.canaries import arm_roles_missing as _arm_roles_missi
 from tica.items.clean_exit.canaries import build_clean_exit, process_exit  # noqa: F401
 from tica.items.registry import resolve, room, rooms
 from tica.messages import without_prefix
-from tica.metrics import forward_metrics, step_content_digest
 from tica.pairing import crossed
 from tica.question import (
-    ForwardCriteria,
     QualityCriteria,
     Question,
     ThroughputCriteria,
@@ -92,13 +100,6 @@ def default_questions() -> dict[EvidenceItem, Question]:
     """The questions the fixtures and the built-in canaries are built for."""
     common = {"noise_floor": 0.0, "invalid_leg_rule": "a leg whose receipts do not match the workload is retested"}
     raw = {
-        E.FORWARD: {"name": "forward-bitwise", "compared": "rollout_probs_diff max/mean per step",
-                    "computation": "verl calculate_debug_metrics over fixed token histories",
-                    "pass_line": "BI=1 max = mean = 0 at every step",
-                    "criteria": {"item": "forward", "min_steps": 5, "bi0_reference_mean": 0.01}},
-        E.BACKWARD: {"name": "backward-reaches-master", "compared": "grad norm, params with grad",
-                     "computation": "one backward per step", "pass_line": "finite grads reaching every master param",
-                     "criteria": {"item": "backward"}},
         E.QUALITY: {"name": "gsm8k-30-greedy", "compared": "accuracy per problem", "computation": "paired 2x2",
                     "pass_line": "|score diff| <= 3.34 points",
                     "criteria": {"item": "quality", "threshold_points": 3.34, "expected_problems": 30}},
@@ -118,27 +119,6 @@ def default_questions() -> dict[EvidenceItem, Question]:
 
 
 # ---------------------------------------------------------------- writing legs
-
-
-def build_forward(question: Question, dest: Path) -> list[Path]:
-    c: ForwardCriteria = question.criteria  # type: ignore[assignment]
-    steps = list(range(1, c.min_steps + 1))
-    legs = []
-    for arm, trainer, seed in (("bi1", "vllm_kernels", 1), ("bi0", "megatron", 2)):
-        if arm not in c.arms:
-            continue
-        meta = _meta("forward", arm, trainer=trainer,
-                     processes=[_proc("trainer", 4100 + seed), _proc("engine_core", 4200 + seed)])
-        legs.append(_write_leg(dest / f"forward_{arm}", meta, _forward_files(arm, steps, c.bi0_reference_mean or 0.01, seed, _ckpt)))
-    return legs
-
-
-def build_backward(question: Question, dest: Path) -> list[Path]:
-    legs = []
-    for arm, trainer in (("bi1", "vllm_kernels"), ("bi0", "megatron")):
-        meta = _meta("backward", arm, trainer=trainer, processes=[_proc("trainer", 5100)])
-        legs.append(_write_leg(dest / f"backward_{arm}", meta, {"metrics.jsonl": _jsonl(_grad_rows(3))}))
-    return legs
 
 
 def _contract() -> dict[str, Any]:
@@ -255,7 +235,7 @@ def build_recipe(dest: Path) -> Path:
 
 
 _OLD_LAYOUT: dict[EvidenceItem, Callable[[Question, Path], list[Path]]] = {
-    E.FORWARD: build_forward, E.BACKWARD: build_backward, E.QUALITY: build_quality,
+    E.QUALITY: build_quality,
     E.THROUGHPUT: build_throughput,
 }
 # An item in a room of its own brings its builder (tica.items.registry); the others' are above.
@@ -266,33 +246,12 @@ BUILDERS: dict[EvidenceItem, Callable[[Question, Path], list[Path]]] = {
 # ---------------------------------------------------------------- mutations (planted errors)
 
 
-def _leg(legs: Sequence[Path], **want: Any) -> Path:
-    for leg in legs:
-        meta = _load(leg / "leg.json")
-        if all(meta.get(k) == v for k, v in want.items()):
-            return leg
-    raise LookupError(f"no leg with {want}")
-
-
 def edit_json(path: Path, fn: Callable[[dict[str, Any]], None], reseal: Path | None) -> None:
     data = _load(path)
     fn(data)
     _dump(path, data)
     if reseal is not None:
         seal_leg(reseal)
-
-
-def flip_route(leg: Path, step: int) -> None:
-    """A routing flip the logprobs do not show: one token sent to another expert at one MoE layer
-    on the trainer's side, every logprob (and so every logged metric) unchanged."""
-    from tica.routing import flip_one_route
-
-    path = leg / "arrays" / f"step_{step:04d}.npz"
-    with np.load(path) as z:
-        data = {k: z[k] for k in z.files}
-    data["trainer_experts"] = flip_one_route(data["trainer_experts"], token=5, layer=1, n_experts=8)
-    np.savez(path, **data)
-    seal_leg(leg)
 
 
 def tput_leg(legs: Sequence[Path], arm: str, c: int, r: int) -> Path:
@@ -408,41 +367,6 @@ def recipe_combo(data: dict[str, Any], mode: str, arm: str) -> dict[str, Any]:
     return next(c for c in data["combos"] if c["mode"] == mode and c["arm"] == arm)
 
 
-def judged_arm(q: Question) -> str:
-    """The forward arm whose leg must have run under `q` (BI=1 when judged, else BI=0)."""
-    c: ForwardCriteria = q.criteria  # type: ignore[assignment]
-    return "bi1" if "bi1" in c.arms else "bi0"
-
-
-def drop_arm(arm: str) -> Callable[[Question, list[Path]], None]:
-    """The receipt set without any leg of `arm` (the list is edited in place)."""
-    def mutate(q: Question, legs: list[Path]) -> None:
-        legs[:] = [p for p in legs if _load(p / "leg.json")["arm"] != arm]
-    return mutate
-
-
-def _gradcheck(passed: bool, caught: bool) -> Callable[[Question, list[Path]], None]:
-    """The producer's gradient check as vllm_kernels records it, planted on the BI=1 leg."""
-    ops = ("linear", "rms_norm", "fused_add_rms_norm", "rotary", "silu_and_mul", "attention", "logprob")
-
-    def mutate(q: Question, legs: list[Path]) -> None:
-        leg = _leg(legs, arm="bi1")
-        edit_jsonl(leg / "metrics.jsonl", _set_row(0, **{"tica/gradcheck_pass": passed,
-                                                         "tica/gradcheck_controls_caught": {op: caught for op in ops}}), leg)
-    return mutate
-
-
-def _bi0_grad_norm(**kv: Any) -> Callable[[Question, list[Path]], None]:
-    def mutate(q: Question, legs: list[Path]) -> None:
-        leg = _leg(legs, arm="bi0")
-
-        def f(rows: list[dict[str, Any]]) -> None:
-            rows[1].pop("actor/grad_norm", None)
-            rows[1].update(kv)
-        edit_jsonl(leg / "metrics.jsonl", f, leg)
-    return mutate
-
-
 def unrecord(q: Question, legs: list[Path]) -> None:
     """The first field the question requires, removed from one judged leg's leg.json."""
     parts = q.must_record[0].split(".")
@@ -480,62 +404,11 @@ def swap_work_times(q: Question, legs: list[Path]) -> None:
     edit_meta(b, lambda m: m.update(started_at=ma["started_at"], ended_at=ma["ended_at"]))
 
 
-def _needs_bi0_reference(question: Question | None) -> str | None:
-    c = getattr(question, "criteria", None)
-    if isinstance(c, ForwardCriteria) and c.bi0_reference_mean is None:
-        return "the question names no BI=0 reference: the magnitude is reported, not judged"
-    return None
-
-
 def _needs_budget(question: Question | None) -> str | None:
     c = getattr(question, "criteria", None)
     if isinstance(c, ThroughputCriteria) and (not c.budget or c.formula is None):
         return "the question freezes no budget and formula: no concurrency can be over a budget"
     return None
-
-
-def _first_step_dropped(q: Question, legs: Sequence[Path]) -> None:
-    """The judged arm's first step left out of metrics and arrays (a receipt that begins late)."""
-    leg = _leg(legs, arm=judged_arm(q))
-    first = json.loads((leg / "metrics.jsonl").read_text().splitlines()[0])["step"]
-    drop_step(leg, first)
-
-
-def _arrays_renamed(q: Question, legs: Sequence[Path]) -> None:
-    """Step 1's arrays under a name the judge does not read (step_1.npz), its logged numbers left."""
-    arm = judged_arm(q)
-    leg = _leg(legs, arm=arm)
-    if arm == "bi1":  # the attack: arrays that show a difference, logged numbers that do not
-        perturb_arrays(leg, 1)
-        edit_jsonl(leg / "metrics.jsonl", _set_row(0, **{"training/rollout_probs_diff_max": 0.0,
-                                                         "training/rollout_probs_diff_mean": 0.0,
-                                                         "training/rollout_probs_diff_std": 0.0,
-                                                         "rollout_corr/k3_kl": 0.0,
-                                                         "tica/logprob_abs_diff_max": 0.0,
-                                                         "tica/n_bitwise_diff": 0}), leg)
-    (leg / "arrays" / "step_0001.npz").rename(leg / "arrays" / "step_1.npz")
-    seal_leg(leg)
-
-
-def _arrays_left_out(q: Question, legs: Sequence[Path]) -> None:
-    """One step's arrays deleted while the others keep theirs (judged from two sources)."""
-    leg = _leg(legs, arm=judged_arm(q))
-    (leg / "arrays" / "step_0002.npz").unlink()
-    seal_leg(leg)
-
-
-def _placeholder_arrays(q: Question, legs: Sequence[Path]) -> None:
-    """Every scored logprob 0.0 on both sides (a torch.zeros placeholder), metrics recomputed."""
-    leg = _leg(legs, arm="bi1")
-    path = leg / "arrays" / "step_0001.npz"
-    with np.load(path) as z:
-        data = {k: z[k] for k in z.files}
-    for key in ("trainer_logprobs", "rollout_logprobs", "decode_logprobs"):
-        if key in data:
-            data[key] = np.zeros_like(data[key])
-    np.savez(path, **data)
-    m = forward_metrics(data["trainer_logprobs"], data["rollout_logprobs"])
-    edit_jsonl(leg / "metrics.jsonl", lambda rows: [({**row, **m} if row["step"] == 1 else row) for row in rows], leg)
 
 
 def _round_left_out(q: Question, legs: Sequence[Path]) -> None:
@@ -597,55 +470,6 @@ def _sampling_unrecorded(q: Question, legs: Sequence[Path]) -> None:
 
 
 CANARIES: tuple[Canary, ...] = (
-    # forward
-    Canary("forward.bi1_max_zero", E.FORWARD, "BI=1 max = 0 at every step (logged metrics, as verl writes them)",
-           FAIL, lambda q, legs: logged_only(_leg(legs, arm="bi1"), 3, **{"training/rollout_probs_diff_max": 0.0078125})),
-    Canary("forward.bi1_mean_zero", E.FORWARD, "BI=1 mean = 0 at every step (logged metrics)", FAIL,
-           lambda q, legs: logged_only(_leg(legs, arm="bi1"), 1, **{"training/rollout_probs_diff_mean": 1e-9})),
-    Canary("forward.bi1_bitwise_arrays", E.FORWARD, "BI=1 logprobs bitwise equal (recomputed from arrays)", FAIL,
-           lambda q, legs: perturb_arrays(_leg(legs, arm="bi1"), 2)),
-    Canary("forward.route_flip", E.FORWARD, "BI=1 routes the same on both sides (a MoE's experts per token and layer)",
-           FAIL, lambda q, legs: flip_route(_leg(legs, arm="bi1"), 2)),
-    Canary("forward.arrays_vs_metrics", E.FORWARD, "recompute from arrays; a receipt contradicting itself is no pass",
-           NOT_PASS, lambda q, legs: perturb_arrays_keep_metrics(_leg(legs, arm=judged_arm(q)), 1)),
-    Canary("forward.missing_step", E.FORWARD, "a missing step is not a pass", INCONCLUSIVE,
-           lambda q, legs: drop_step(_leg(legs, arm=judged_arm(q)), 2)),
-    Canary("forward.too_few_steps", E.FORWARD, "min_steps present", INCONCLUSIVE,
-           lambda q, legs: drop_step(_leg(legs, arm=judged_arm(q)), None)),
-    Canary("forward.first_step", E.FORWARD, "steps start where the run began (a missing first step is missing)",
-           INCONCLUSIVE, _first_step_dropped),
-    Canary("forward.arrays_named", E.FORWARD, "every file in arrays/ is a step's arrays the judge reads",
-           INCONCLUSIVE, _arrays_renamed),
-    Canary("forward.arrays_whole", E.FORWARD, "one receipt, one source: no step judged from logged numbers beside "
-           "steps judged from arrays", INCONCLUSIVE, _arrays_left_out),
-    Canary("forward.placeholder_arrays", E.FORWARD, "arrays that hold one constant are no measurement", INCONCLUSIVE,
-           _placeholder_arrays),
-    Canary("forward.bi0_magnitude", E.FORWARD, "BI=0 mean has the reference's magnitude", FAIL,
-           lambda q, legs: logged_only(_leg(legs, arm="bi0"), 2, scale_mean=200.0)),
-    Canary("forward.arm_ran", E.FORWARD, "the judged arm's leg ran (BI=1; BI=0 in a BI=0 smoke question)",
-           frozenset({Verdict.NOT_RUN}), lambda q, legs: drop_arm(judged_arm(q))(q, legs)),
-    Canary("forward.bi0_grad_norm_finite", E.FORWARD, "BI=0 smoke: grad norm finite", FAIL,
-           _bi0_grad_norm(**{"actor/grad_norm": float("nan")})),
-    Canary("forward.bi0_grad_norm_recorded", E.FORWARD, "BI=0 smoke: grad norm recorded at every step",
-           INCONCLUSIVE, _bi0_grad_norm()),
-    # backward
-    Canary("backward.finite", E.BACKWARD, "gradients finite", FAIL,
-           lambda q, legs: edit_jsonl(legs[0] / "metrics.jsonl", _set_row(1, **{"actor/grad_norm": float("nan"),
-                                                                             "grad_finite": False}), legs[0])),
-    Canary("backward.reaches_master", E.BACKWARD, "gradients reach the master weights", FAIL,
-           lambda q, legs: edit_jsonl(legs[0] / "metrics.jsonl", _set_row(0, params_with_grad=18, params_nonzero_grad=18),
-                                      legs[0])),
-    Canary("backward.zero_grad_vs_rewards", E.BACKWARD, "grad norm 0 with varied group rewards is a fault", FAIL,
-           lambda q, legs: edit_jsonl(legs[0] / "metrics.jsonl", _set_row(1, **{"actor/grad_norm": 0.0}), legs[0])),
-    Canary("backward.deployed_bytes", E.BACKWARD, "forward equals the deployed bytes", FAIL,
-           lambda q, legs: edit_jsonl(legs[1] / "metrics.jsonl", _set_row(0, deployed_bytes_equal=False), legs[1])),
-    Canary("backward.bi1_leg_ran", E.BACKWARD, "a BI=1 backward leg ran (BI=0 legs alone are no evidence)",
-           frozenset({Verdict.NOT_RUN}), drop_arm("bi1")),
-    Canary("backward.gradient_check", E.BACKWARD, "a gradient check the producer recorded as failed is no pass",
-           FAIL, _gradcheck(passed=False, caught=True)),
-    Canary("backward.gradient_check_controls", E.BACKWARD,
-           "a gradient check whose planted errors were not detected is no evidence", INCONCLUSIVE,
-           _gradcheck(passed=True, caught=False)),
     # quality
     *(Canary(f"quality.contract.{name}", E.QUALITY, f"contract item '{name}' matches", INCONCLUSIVE,
              contract_item(key, value)) for name, key, value in (
@@ -725,79 +549,13 @@ CANARIES: tuple[Canary, ...] = (
 )
 
 
-def drop_step(leg: Path, step: int | None) -> None:
-    """Remove one step (or, with None, the last step) from metrics and arrays."""
-    rows = [json.loads(l) for l in (leg / "metrics.jsonl").read_text().splitlines() if l.strip()]
-    gone = step if step is not None else rows[-1]["step"]
-    (leg / "arrays" / f"step_{gone:04d}.npz").unlink(missing_ok=True)
-    edit_jsonl(leg / "metrics.jsonl", lambda rs: [r for r in rs if r["step"] != gone], leg)
-
-
-def drop_arrays_keep_digests(forward_dir: Path, reseal: Path) -> None:
-    """A forward receipt logged only, as TICA's producers log it: each step's content digest
-    (tica/content_sha256) recorded from its arrays, the arrays left out."""
-    arrays = forward_dir / "arrays"
-
-    def f(rows: list[dict[str, Any]]) -> None:
-        for r in rows:
-            path = arrays / f"step_{r['step']:04d}.npz"
-            if path.is_file():
-                with np.load(path) as z:
-                    r["tica/content_sha256"] = step_content_digest(z["token_ids"], z["seq_lens"],
-                                                                   z["trainer_logprobs"], z["rollout_logprobs"])
-    edit_jsonl(forward_dir / "metrics.jsonl", f, reseal)
-    shutil.rmtree(arrays, ignore_errors=True)
-    seal_leg(reseal)
-
-
-def logged_only(leg: Path, step: int, scale_mean: float | None = None, **kv: Any) -> None:
-    """A receipt logged only (no arrays, each step's content digest kept), with one step's logged values planted."""
-    drop_arrays_keep_digests(leg, leg)
-
-    def f(rows: list[dict[str, Any]]) -> None:
-        for r in rows:
-            if r["step"] == step:
-                r.update(kv)
-                if scale_mean is not None:  # a probability difference stays in [0, 1]
-                    r["training/rollout_probs_diff_mean"] = min(1.0, r["training/rollout_probs_diff_mean"] * scale_mean)
-                mean, mx = r.get("training/rollout_probs_diff_mean"), r.get("training/rollout_probs_diff_max")
-                if isinstance(mean, float) and isinstance(mx, float) and mean > mx:
-                    r["training/rollout_probs_diff_max"] = mean  # a max is never below its mean
-    edit_jsonl(leg / "metrics.jsonl", f, leg)
-
-
-def perturb_arrays_keep_metrics(leg: Path, step: int) -> None:
-    path = leg / "arrays" / f"step_{step:04d}.npz"
-    with np.load(path) as z:
-        data = {k: z[k] for k in z.files}
-    data["rollout_logprobs"] = data["rollout_logprobs"] - np.float32(0.25)
-    np.savez(path, **data)
-    seal_leg(leg)
-
-
 # ---------------------------------------------------------------- running canaries
 
 
 # A criterion the question switches off cannot pass a wrong receipt either: its canary is not
 # applicable (reported with the reason) rather than broken. Exact canary name -> why it is off
-# under this question, or None (it runs). Every other canary always runs.
-def _needs_arm(arm: str) -> Callable[[Question | None], str | None]:
-    def why(question: Question | None) -> str | None:
-        c = getattr(question, "criteria", None)
-        if isinstance(c, ForwardCriteria) and arm not in c.arms:
-            return f"the question judges {list(c.arms)}, not {arm}"
-        return None
-    return why
-
-
-def _needs_bi0_smoke(question: Question | None) -> str | None:
-    c = getattr(question, "criteria", None)
-    if isinstance(c, ForwardCriteria) and not c.bi0_smoke:
-        return ("the question judges BI=1: BI=0's grad norm is judged where recorded, required only in a "
-                "BI=0 smoke question, arms [bi0]")
-    return None
-
-
+# under this question, or None (it runs); the forward's and the update's reasons are their rooms'
+# (tica/items/<item>/canaries.py). Every other canary always runs.
 def _needs_must_record(question: Question | None) -> str | None:
     if question is not None and not question.must_record:
         return "the question requires no leg.json field to be recorded: must_record is empty"

@@ -1,6 +1,7 @@
 """What every item's canaries are made of: a synthetic leg written and sealed as a producer
-writes one (`leg_meta`, `proc`, `write_leg`), a sealed leg edited and resealed (`edit_meta`), and
-the planted error's record (`Canary`, with the verdicts it must get). Each item's own builders
+writes one (`leg_meta`, `proc`, `write_leg`), a sealed leg found by what it records (`leg_where`),
+edited and resealed (`edit_meta`) or left out of the set (`drop_arm`), and the planted error's
+record (`Canary`, with the verdicts it must get). Each item's own builders
 and planted errors live with it (tica/items/<item>/canaries.py; tica/canaries.py for the items
 not yet in a room), and `tica.canaries` runs them all."""
 
@@ -85,6 +86,22 @@ def edit_meta(leg: Path, fn: Callable[[dict[str, Any]], None]) -> None:
     fn(meta)
     dump_json(leg / "leg.json", meta)
     seal_leg(leg)
+
+
+def leg_where(legs: Sequence[Path], **want: Any) -> Path:
+    """The first leg whose leg.json records every `want` (e.g. arm="bi1")."""
+    for leg in legs:
+        meta = load_json(leg / "leg.json")
+        if all(meta.get(k) == v for k, v in want.items()):
+            return leg
+    raise LookupError(f"no leg with {want}")
+
+
+def drop_arm(arm: str) -> Callable[[Any, list[Path]], None]:
+    """The receipt set without any leg of `arm` (the list is edited in place)."""
+    def mutate(q: Any, legs: list[Path]) -> None:
+        legs[:] = [p for p in legs if load_json(p / "leg.json")["arm"] != arm]
+    return mutate
 
 
 Mutation = Callable[[Any, list[Path]], None]

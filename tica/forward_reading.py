@@ -1,6 +1,6 @@
 """Reading one forward receipt (a forward leg's, or an update's post_forward/) for one arm: every
 step present, BI=1 bitwise equal (from the arrays where they exist, else the logged numbers with a
-content digest), BI=0 of the reference's magnitude. The forward judge (tica/judges/forward.py) and
+content digest), BI=0 of the reference's magnitude. The forward's room (tica/items/forward/) and
 the update's room (tica/items/update/) both read it."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Reading a trainer's gradient receipts (the backward's and the update's steps): gradients finite
 and reaching the master weights, a grad norm of exactly 0 read against the within-group rewards,
 forward equal to the deployed bytes where weights are quantized, and the producer's gradient
-check (tica/judges/backward.py and the update's room, tica/items/update/, both read it)."""
+check (the backward's room, tica/items/backward/, and the update's, tica/items/update/, both read it)."""
 
 from __future__ import annotations
 

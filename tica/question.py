@@ -34,7 +34,9 @@ from tica import pairing
 from tica.errors import QuestionError, pydantic_errors, read_file_bytes, yaml_mapping_of
 from tica.evidence import EvidenceItem
 from tica.items.artifacts.criteria import ArtifactsCriteria
+from tica.items.backward.criteria import BackwardCriteria
 from tica.items.clean_exit.criteria import CleanExitCriteria
+from tica.items.forward.criteria import ForwardCriteria
 from tica.items.update.criteria import UpdateCriteria
 from tica.pairing import Arm, Order
 from tica.receipts import GRADCHECK_REL_TOL, LegMeta
@@ -53,47 +55,6 @@ FORMULA_LABELS: dict[ThroughputFormula, str] = {
     ThroughputFormula.MEDIAN_PER_ROUND_PAIRED_LOSS: "median per-round paired loss: median_r(1 - T_BI1[c,r] / T_BI0[c,r])",
     ThroughputFormula.RATIO_OF_MEDIAN_THROUGHPUTS: "ratio of median throughputs: 1 - median_r(T_BI1[c,r]) / median_r(T_BI0[c,r])",
 }
-
-
-class ForwardCriteria(_Strict):
-    item: Literal[EvidenceItem.FORWARD] = EvidenceItem.FORWARD
-    min_steps: int = Field(5, ge=1, description="steps that must each be present and judged")
-    arms: tuple[Arm, ...] = Field(
-        ("bi1", "bi0"), min_length=1,
-        description="arms judged: with bi1, a BI=1 leg must have run (the bitwise claim) and BI=0 legs present are "
-                    "judged; [bi0] alone is the BI=0 smoke check (a BI=0 leg must have run, grad norm recorded)")
-    # BI=1 passes only with max = mean = 0 at every step: not a parameter, a rule.
-    bi0_reference_mean: float | None = Field(
-        ..., gt=0, description="independent reference for BI=0 mean |diff|; null: BI=0 is reported, not judged"
-    )
-    bi0_magnitude_factor: float = Field(10.0, gt=1, description="BI=0 mean within [ref/f, ref*f] is 'same magnitude'")
-    quantified_confounders: dict[str, str] = Field(
-        default_factory=dict, description="arm differences (dotted receipt keys) aligned or quantified elsewhere: key -> where"
-    )
-
-    @model_validator(mode="after")
-    def _arms(self) -> "ForwardCriteria":
-        if len(set(self.arms)) != len(self.arms):
-            raise ValueError(f"arms {list(self.arms)} names an arm twice")
-        if self.arms == ("bi0",) and self.bi0_reference_mean is None:
-            raise ValueError("a BI=0 smoke question (arms [bi0]) needs bi0_reference_mean: without a reference it cannot pass")
-        return self
-
-    @property
-    def bi0_smoke(self) -> bool:
-        """The question judges BI=0 alone: the practice's BI=0 smoke check."""
-        return "bi1" not in self.arms
-
-
-
-
-class BackwardCriteria(_Strict):
-    item: Literal[EvidenceItem.BACKWARD] = EvidenceItem.BACKWARD
-    min_params_with_grad_fraction: float = Field(1.0, gt=0, le=1)
-    require_deployed_bytes_forward: bool = True
-    gradcheck_rel_tol: float = Field(GRADCHECK_REL_TOL, gt=0, le=1, description=(
-        "pass line of a recorded gradient check (relative error against float64 autograd); the receipt's own "
-        "tolerance is never read"))
 
 
 class QualityCriteria(_Strict):

@@ -15,7 +15,7 @@ _LEG = {
     "concurrency": "rule: tica/binding.py: a throughput leg runs at a pinned concurrency",
     "producer": "informational: provenance; what binds a leg is the candidate identity it records",
     "producer_version": "informational: provenance; a parser change is the judge's version, not the producer's",
-    "trainer": "rule: tica/judges/forward.py: BI=1 needs a trainer other than the rollout engine",
+    "trainer": "rule: tica/items/forward/judge.py: BI=1 needs a trainer other than the rollout engine",
     "env": "rule: tica/binding.py: env.VLLM_BATCH_INVARIANT must be the arm's switch",
     "versions": "rule: tica/binding.py: pinned package versions",
     "device": "rule: tica/binding.py: the accelerator and driver",
@@ -59,7 +59,7 @@ _PROCESS_IDENTITY = {
     "cmdline": "rule: tica/items/clean_exit/judge.py: exits of one create time, name and command line are one process",
 }
 _STEP = {
-    "step": "rule: tica/judges/forward.py: every step present, none numbered 0",
+    "step": "rule: tica/items/forward/judge.py: every step present, none numbered 0",
     "step_basis": "rule: tica/forward_reading.py: a BI=1 step must be tied to a checkpoint",
     "checkpoint_version": "rule: tica/forward_reading.py: a BI=1 step must be tied to a checkpoint",
     "within_group_rewards": "rule: tica/grad_reading.py: a grad norm of 0 is read against the rewards",
@@ -160,9 +160,9 @@ _CONTRACT = {
     "length_cap": "rule: tica/receipts.py: contract item",
 }
 _GRADCHECK_OP = {
-    "op": "rule: tica/judges/backward.py: names the op checked and the op a control planted",
+    "op": "rule: tica/grad_reading.py: names the op checked and the op a control planted",
     "rel_err": "rule: tica/grad_reading.py: against the question's gradcheck_rel_tol",
-    "finite": "rule: tica/judges/backward.py: a non-finite backward fails",
+    "finite": "rule: tica/grad_reading.py: a non-finite backward fails",
     "tol": "informational: the producer's tolerance; the pass line is the question's",
     "max_rel_err": "informational: recomputed from rel_err",
     "forward_rel_err": "informational: the forward's error, shown",
@@ -172,13 +172,13 @@ _GRADCHECK_RUN = {
     "kernels": "rule: tica/grad_reading.py: the check must be of the leg's trainer",
     "device": "informational: where the check ran",
     "dtype": "informational: the dtype checked",
-    "planted": "rule: tica/judges/backward.py: a control is caught only by its planted op",
+    "planted": "rule: tica/grad_reading.py: a control is caught only by its planted op",
     "tol": "informational: the producer's tolerance; the pass line is the question's",
     "ops": "rule: tica/grad_reading.py: every op checked",
     "pass_": "informational: recomputed under the question's tolerance",
 }
 _GRADCHECK = {
-    "check": "rule: tica/judges/backward.py: the check of the real backward",
+    "check": "rule: tica/grad_reading.py: the check of the real backward",
     "controls": "rule: tica/grad_reading.py: the planted-error controls",
     "controls_caught": "informational: recomputed per planted op",
     "pass_": "informational: recomputed under the question's tolerance",

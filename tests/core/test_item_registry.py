@@ -74,9 +74,11 @@ def test_each_entry_resolves_to_what_its_readers_use(item):
 
 
 def test_the_rooms_that_exist_are_named():
-    """Honest about the layout: the update, clean exit and the artifacts have their rooms; the other
-    four are reached through the registry in the older layout (docs/architecture.md)."""
-    assert [r.item for r in rooms() if r.folder] == [EvidenceItem.UPDATE, EvidenceItem.CLEAN_EXIT, EvidenceItem.ARTIFACTS]
+    """Honest about the layout: the forward, the backward, the update, clean exit and the artifacts
+    have their rooms; the other two are reached through the registry in the older layout
+    (docs/architecture.md)."""
+    assert [r.item for r in rooms() if r.folder] == [EvidenceItem.FORWARD, EvidenceItem.BACKWARD, EvidenceItem.UPDATE,
+                                                     EvidenceItem.CLEAN_EXIT, EvidenceItem.ARTIFACTS]
     on_disk = sorted(p.name for p in (ROOT / "tica" / "items").iterdir() if (p / "__init__.py").is_file())
     assert on_disk == sorted(r.item.value for r in rooms() if r.folder)
 
@@ -106,7 +108,8 @@ def test_the_artifacts_room_judges_through_the_entry_point(tmp_path):
     assert plan_legs(EvidenceItem.ARTIFACTS, q) == []
 
 
-@pytest.mark.parametrize("item", [EvidenceItem.CLEAN_EXIT, EvidenceItem.UPDATE], ids=lambda i: i.value)
+@pytest.mark.parametrize("item", [EvidenceItem.FORWARD, EvidenceItem.BACKWARD, EvidenceItem.CLEAN_EXIT,
+                                  EvidenceItem.UPDATE], ids=lambda i: i.value)
 def test_the_rooms_leg_plan_is_the_plan_it_replaced(item):
     """Behaviour-neutral: one leg per arm in the first round's order, as resources/legs.py planned it."""
     from resources.legs import LegSpec, plan_legs
@@ -127,6 +130,31 @@ def test_the_update_room_judges_through_the_entry_point(tmp_path):
     assert judge_criteria("update", q, legs).verdict is Verdict.FAIL
     rerun = next(c for c in room(EvidenceItem.UPDATE).room_canaries() if c.name == "update.rerun_weights")
     assert canaries.switched_off(rerun, q) is not None
+
+
+@pytest.mark.parametrize("item,planted", [(EvidenceItem.FORWARD, "forward.bi1_bitwise_arrays"),
+                                           (EvidenceItem.BACKWARD, "backward.reaches_master")],
+                         ids=lambda x: getattr(x, "value", x))
+def test_the_forward_and_backward_rooms_judge_through_the_entry_point(tmp_path, item, planted):
+    """Each room's builder and judge, read through the registry, pass under its default question; a
+    planted error from its room does not."""
+    q = canaries.default_questions()[item]
+    legs = room(item).builder()(q, tmp_path / "base")
+    assert judge_criteria(item.value, q, legs).verdict is Verdict.PASS
+    next(c for c in room(item).room_canaries() if c.name == planted).mutate(q, legs)
+    assert judge_criteria(item.value, q, legs).verdict is Verdict.FAIL
+
+
+def test_the_forward_rooms_switches_apply_to_its_canaries():
+    """A BI=0 smoke question switches the BI=1 canaries off (the reasons are the forward room's)."""
+    from tica.question import parse_question
+
+    raw = canaries.default_questions()[EvidenceItem.FORWARD].model_dump(mode="json")
+    smoke = parse_question({**raw, "criteria": {**raw["criteria"], "arms": ["bi0"]}})
+    by_name = {c.name: c for c in room(EvidenceItem.FORWARD).room_canaries()}
+    assert canaries.switched_off(by_name["forward.route_flip"], smoke) is not None
+    assert canaries.switched_off(by_name["forward.bi0_grad_norm_recorded"], smoke) is None
+    assert canaries.switched_off(by_name["forward.route_flip"], canaries.default_questions()[EvidenceItem.FORWARD]) is None
 
 
 def test_control_a_wrong_or_missing_piece_is_caught():

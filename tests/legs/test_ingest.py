@@ -11,7 +11,7 @@ import pytest
 from tica.errors import InputError
 from tica.ingest import SOURCE_FILE, ingest_bench, ingest_problems, ingest_verl_metrics
 from tica.cli.ingest import main
-from tica.judges.forward import judge_forward
+from tica.items.forward.judge import judge_forward
 from tica.judges.throughput import judge_throughput
 from tica.question import WORKLOAD_FIELDS, load_question, parse_question
 from tica.receipts import load_bench_leg, load_leg, load_leg_meta, load_quality_results

@@ -69,8 +69,8 @@ def _room(item: EvidenceItem, criteria: str) -> ItemRoom:
 
 
 ROOMS: dict[EvidenceItem, ItemRoom] = {
-    E.FORWARD: _old(E.FORWARD, "ForwardCriteria"),
-    E.BACKWARD: _old(E.BACKWARD, "BackwardCriteria"),
+    E.FORWARD: _room(E.FORWARD, "ForwardCriteria"),
+    E.BACKWARD: _room(E.BACKWARD, "BackwardCriteria"),
     E.UPDATE: _room(E.UPDATE, "UpdateCriteria"),
     E.QUALITY: _old(E.QUALITY, "QualityCriteria", extra_checks=("quality_sums",)),
     E.THROUGHPUT: _old(E.THROUGHPUT, "ThroughputCriteria", extra_checks=("workload_receipts",)),

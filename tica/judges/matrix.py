@@ -31,7 +31,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from tica.errors import ReceiptError
-from tica.judges.forward import judge_forward
+from tica.items.forward.judge import judge_forward
 from tica.judges.planted import CanaryStatus, canary_status
 from tica.question import Question
 from tica.receipts import load_jsonl, read_receipt

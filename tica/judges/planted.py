@@ -22,7 +22,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from tica.errors import ReceiptError
-from tica.judges.forward import judge_forward
+from tica.items.forward.judge import judge_forward
 from tica.messages import without_prefix
 from tica.question import Question
 from tica.receipts import LEG_FILE, load_leg
