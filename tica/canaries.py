@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import shutil
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
@@ -22,7 +21,9 @@ from pydantic import BaseModel, ConfigDict
 
 from tica.canary_legs import FAIL, INCONCLUSIVE, NOT_PASS, Canary, edit_meta
 from tica.canary_legs import synthetic_identity  # noqa: F401 (tests read it here)
-from tica.canary_legs import dump_json as _dump
+from tica.canary_legs import edit_json  # noqa: F401 (tests read it here)
+from tica.canary_legs import find_leg as _leg
+from tica.canary_legs import unquantified_confounder as _confounder
 from tica.canary_legs import leg_meta as _meta
 from tica.canary_legs import load_json as _load
 from tica.canary_legs import proc as _proc
@@ -41,13 +42,15 @@ from tica.items.update.canaries import needs_rerun as _needs_rerun
 from tica.items.update.canaries import update_as_bi0 as _update_as_bi0  # noqa: F401
 from tica.items.clean_exit.canaries import arm_roles_missing as _arm_roles_missing  # noqa: F401 (tests read them here)
 from tica.items.clean_exit.canaries import build_clean_exit, process_exit  # noqa: F401
+from tica.items.quality.canaries import build_quality, contract_item  # noqa: F401 (tests read them here)
+from tica.items.quality.canaries import drop_problem as _drop_problem  # noqa: F401
+from tica.items.quality.canaries import over_threshold as _over_threshold  # noqa: F401
 from tica.items.registry import resolve, room, rooms
 from tica.messages import without_prefix
 from tica.metrics import forward_metrics, step_content_digest
 from tica.pairing import crossed
 from tica.question import (
     ForwardCriteria,
-    QualityCriteria,
     Question,
     ThroughputCriteria,
     parse_question,
@@ -99,9 +102,6 @@ def default_questions() -> dict[EvidenceItem, Question]:
         E.BACKWARD: {"name": "backward-reaches-master", "compared": "grad norm, params with grad",
                      "computation": "one backward per step", "pass_line": "finite grads reaching every master param",
                      "criteria": {"item": "backward"}},
-        E.QUALITY: {"name": "gsm8k-30-greedy", "compared": "accuracy per problem", "computation": "paired 2x2",
-                    "pass_line": "|score diff| <= 3.34 points",
-                    "criteria": {"item": "quality", "threshold_points": 3.34, "expected_problems": 30}},
         E.THROUGHPUT: {"name": "rust-bench-8k-1k", "compared": "output tok/s per concurrency",
                        "computation": "vllm bench serve, random 8192/1024, ignore EOS",
                        "pass_line": "the one-sided 0.95 upper bound of the median per-round paired loss (exact "
@@ -138,35 +138,6 @@ def build_backward(question: Question, dest: Path) -> list[Path]:
     for arm, trainer in (("bi1", "vllm_kernels"), ("bi0", "megatron")):
         meta = _meta("backward", arm, trainer=trainer, processes=[_proc("trainer", 5100)])
         legs.append(_write_leg(dest / f"backward_{arm}", meta, {"metrics.jsonl": _jsonl(_grad_rows(3))}))
-    return legs
-
-
-def _contract() -> dict[str, Any]:
-    return {"dataset_version": "openai/gsm8k@main:test[:30] sha256:3f1c2a", "prompt_template":
-            "qwen3-chat sha256:9b1e", "thinking_mode": "off",
-            "sampling": {"temperature": 0, "top_p": 1, "top_k": -1, "seed": 0, "n": 1, "stop": []},
-            "repeats": 1, "scorer": "tica.scorer.boxed/1 sha256:77aa", "length_cap": 1024}
-
-
-def build_quality(question: Question, dest: Path) -> list[Path]:
-    c: QualityCriteria = question.criteria  # type: ignore[assignment]
-    n = c.expected_problems or 30
-    rng = np.random.default_rng(7)
-    base = rng.random(n) < 0.8
-    # One problem flips each way: the scores are equal, the per-problem results are not.
-    right = np.flatnonzero(base)
-    flips = {"bi1": {int(right[0])}, "bi0": {int(right[1])}}
-    legs = []
-    for arm in ("bi1", "bi0"):
-        rows = []
-        for i in range(n):
-            correct = bool(base[i]) != (i in flips[arm])
-            rows.append({"problem_id": f"gsm8k-test-{i:04d}", "correct": correct,
-                         "prompt_hash": f"sha256:{i:064x}", "response": f"... so the answer is \\boxed{{{i * 7}}}",
-                         "extracted": str(i * 7 if correct else i * 7 + 1), "truncated": i == 11})
-        meta = _meta("quality", arm, processes=[_proc("client", 7100), _proc("engine_core", 7101)])
-        legs.append(_write_leg(dest / f"quality_{arm}", meta, {"results.jsonl": _jsonl(rows),
-                                                               "contract.json": json.dumps(_contract(), indent=1)}))
     return legs
 
 
@@ -255,8 +226,7 @@ def build_recipe(dest: Path) -> Path:
 
 
 _OLD_LAYOUT: dict[EvidenceItem, Callable[[Question, Path], list[Path]]] = {
-    E.FORWARD: build_forward, E.BACKWARD: build_backward, E.QUALITY: build_quality,
-    E.THROUGHPUT: build_throughput,
+    E.FORWARD: build_forward, E.BACKWARD: build_backward, E.THROUGHPUT: build_throughput,
 }
 # An item in a room of its own brings its builder (tica.items.registry); the others' are above.
 BUILDERS: dict[EvidenceItem, Callable[[Question, Path], list[Path]]] = {
@@ -264,22 +234,6 @@ BUILDERS: dict[EvidenceItem, Callable[[Question, Path], list[Path]]] = {
 
 
 # ---------------------------------------------------------------- mutations (planted errors)
-
-
-def _leg(legs: Sequence[Path], **want: Any) -> Path:
-    for leg in legs:
-        meta = _load(leg / "leg.json")
-        if all(meta.get(k) == v for k, v in want.items()):
-            return leg
-    raise LookupError(f"no leg with {want}")
-
-
-def edit_json(path: Path, fn: Callable[[dict[str, Any]], None], reseal: Path | None) -> None:
-    data = _load(path)
-    fn(data)
-    _dump(path, data)
-    if reseal is not None:
-        seal_leg(reseal)
 
 
 def flip_route(leg: Path, step: int) -> None:
@@ -358,44 +312,6 @@ def _tiers(q: Question, legs: Sequence[Path]) -> None:
         f = 1 / (crit.tier_ratio + 0.25)
         edit_json(leg / "bench.json", lambda d: d.update(output_throughput=d["output_throughput"] * f,
                                                          duration=d["duration"] / f), leg)
-
-
-def _confounder(q: Question, legs: Sequence[Path], item: str) -> None:
-    for leg in legs:
-        meta = _load(leg / "leg.json")
-        if meta["item"] == item and meta["arm"] == "bi0":
-            edit_meta(leg, lambda m: m["resolved_config"].update(enable_prefix_caching=True))
-
-
-def _drop_problem(legs: Sequence[Path]) -> None:
-    leg = _leg(legs, arm="bi0")
-    edit_jsonl(leg / "results.jsonl", lambda rows: rows[:-1], leg)
-
-
-def _over_threshold(q: Question, legs: Sequence[Path]) -> None:
-    crit: QualityCriteria = q.criteria  # type: ignore[assignment]
-    leg = _leg(legs, arm="bi1")
-    n = len((leg / "results.jsonl").read_text().splitlines())
-    k = int(math.floor(crit.threshold_points * n / 100)) + 1
-
-    def flip(rows: list[dict[str, Any]]) -> None:
-        done = 0
-        for row in rows:
-            if row["correct"] and done < k:
-                row["correct"], done = False, done + 1
-    edit_jsonl(leg / "results.jsonl", flip, leg)
-
-
-def contract_item(key: str, value: Any) -> Callable[[Question, list[Path]], None]:
-    def mutate(q: Question, legs: list[Path]) -> None:
-        leg = _leg(legs, arm="bi0")
-        def f(d: dict[str, Any]) -> None:
-            if key.startswith("sampling."):
-                d["sampling"][key.split(".", 1)[1]] = value
-            else:
-                d[key] = value
-        edit_json(leg / "contract.json", f, leg)
-    return mutate
 
 
 def _recipe_edit(fn: Callable[[dict[str, Any]], None]) -> Callable[[Question | None, list[Path]], None]:
@@ -589,13 +505,6 @@ def _node_unrecorded(q: Question, legs: Sequence[Path]) -> None:
         edit_meta(leg, lambda m: m["resolved_config"].pop("node", None))
 
 
-def _sampling_unrecorded(q: Question, legs: Sequence[Path]) -> None:
-    """Neither arm's contract records its stop tokens: unknown, never vLLM's default."""
-    for leg in legs:
-        if (leg / "contract.json").is_file():
-            edit_json(leg / "contract.json", lambda d: d["sampling"].pop("stop", None), leg)
-
-
 CANARIES: tuple[Canary, ...] = (
     # forward
     Canary("forward.bi1_max_zero", E.FORWARD, "BI=1 max = 0 at every step (logged metrics, as verl writes them)",
@@ -646,26 +555,6 @@ CANARIES: tuple[Canary, ...] = (
     Canary("backward.gradient_check_controls", E.BACKWARD,
            "a gradient check whose planted errors were not detected is no evidence", INCONCLUSIVE,
            _gradcheck(passed=True, caught=False)),
-    # quality
-    *(Canary(f"quality.contract.{name}", E.QUALITY, f"contract item '{name}' matches", INCONCLUSIVE,
-             contract_item(key, value)) for name, key, value in (
-        ("dataset_version", "dataset_version", "openai/gsm8k@main:test[:30] sha256:0000"),
-        ("template_thinking", "thinking_mode", "on"),
-        ("sampling", "sampling.top_p", 0.95),
-        ("repeats", "repeats", 2),
-        ("scorer", "scorer", "verl.gsm8k/2 sha256:0bb1"),
-        ("length_cap", "length_cap", 4096))),
-    Canary("quality.contract.sampling_unrecorded", E.QUALITY, "an unrecorded sampling parameter is unknown, not a "
-           "default", INCONCLUSIVE, _sampling_unrecorded),
-    Canary("quality.pairing_sums_to_n", E.QUALITY, "both_correct+only_bi0+only_bi1+both_wrong = N", INCONCLUSIVE,
-           lambda q, legs: _drop_problem(legs)),
-    Canary("quality.no_retries", E.QUALITY, "no retries", INCONCLUSIVE,
-           lambda q, legs: edit_jsonl(_leg(legs, arm="bi1") / "results.jsonl",
-                                      lambda rows: rows + [dict(rows[0], correct=not rows[0]["correct"])],
-                                      _leg(legs, arm="bi1"))),
-    Canary("quality.threshold", E.QUALITY, "|score difference| within the threshold", FAIL, _over_threshold),
-    Canary("quality.confounder", E.QUALITY, "no delta attributed under an unquantified confounder", INCONCLUSIVE,
-           lambda q, legs: _confounder(q, legs, "quality")),
     # throughput
     Canary("throughput.workload_tokens", E.THROUGHPUT, "workload receipts checked first: output tokens", INCONCLUSIVE,
            lambda q, legs: _bench(legs, "bi1", _targets(q)[0], 1, total_output_tokens=

@@ -87,6 +87,33 @@ def edit_meta(leg: Path, fn: Callable[[dict[str, Any]], None]) -> None:
     seal_leg(leg)
 
 
+def edit_json(path: Path, fn: Callable[[dict[str, Any]], None], reseal: Path | None) -> None:
+    """A JSON receipt edited in place (and its leg resealed, unless `reseal` is None)."""
+    data = load_json(path)
+    fn(data)
+    dump_json(path, data)
+    if reseal is not None:
+        seal_leg(reseal)
+
+
+def find_leg(legs: Sequence[Path], **want: Any) -> Path:
+    """The first leg whose leg.json records every value in `want` (item, arm, round ...)."""
+    for leg in legs:
+        meta = load_json(leg / "leg.json")
+        if all(meta.get(k) == v for k, v in want.items()):
+            return leg
+    raise LookupError(f"no leg with {want}")
+
+
+def unquantified_confounder(q: Any, legs: Sequence[Path], item: str) -> None:
+    """Every BI=0 leg of `item` run with prefix caching on, the BI=1 legs with it off: an arm
+    difference no question quantifies (the quality and throughput canaries plant it alike)."""
+    for leg in legs:
+        meta = load_json(leg / "leg.json")
+        if meta["item"] == item and meta["arm"] == "bi0":
+            edit_meta(leg, lambda m: m["resolved_config"].update(enable_prefix_caching=True))
+
+
 Mutation = Callable[[Any, list[Path]], None]
 
 

@@ -35,10 +35,11 @@ from tica.errors import QuestionError, pydantic_errors, read_file_bytes, yaml_ma
 from tica.evidence import EvidenceItem
 from tica.items.artifacts.criteria import ArtifactsCriteria
 from tica.items.clean_exit.criteria import CleanExitCriteria
+from tica.items.quality.criteria import QualityCriteria
 from tica.items.update.criteria import UpdateCriteria
 from tica.pairing import Arm, Order
 from tica.receipts import GRADCHECK_REL_TOL, LegMeta
-from tica.stats.bases import QUALITY_TESTS, THROUGHPUT_TESTS, QualityBasis, ThroughputBasis
+from tica.stats.bases import QUALITY_TESTS, THROUGHPUT_TESTS, ThroughputBasis
 from tica.strict import Strict as _Strict
 
 
@@ -94,33 +95,6 @@ class BackwardCriteria(_Strict):
     gradcheck_rel_tol: float = Field(GRADCHECK_REL_TOL, gt=0, le=1, description=(
         "pass line of a recorded gradient check (relative error against float64 autograd); the receipt's own "
         "tolerance is never read"))
-
-
-class QualityCriteria(_Strict):
-    item: Literal[EvidenceItem.QUALITY] = EvidenceItem.QUALITY
-    threshold_points: float = Field(..., ge=0, description="max |score_BI1 - score_BI0| in percentage points")
-    expected_problems: int | None = Field(None, ge=1)
-    greedy: bool = True
-    quantified_confounders: dict[str, str] = Field(
-        default_factory=dict, description="arm differences (dotted receipt keys) aligned or quantified elsewhere: key -> where"
-    )
-    statistical_basis: QualityBasis | None = Field(
-        None, description="the reviewed basis that makes the threshold decidable (tica plan quality); null: the "
-                          "frozen rule alone")
-
-    @model_validator(mode="after")
-    def _basis_fits(self) -> "QualityCriteria":
-        basis = self.statistical_basis
-        if basis is None:
-            return self
-        if self.expected_problems is not None and self.expected_problems != basis.problems:
-            raise ValueError(f"statistical_basis.problems {basis.problems} is not expected_problems "
-                             f"{self.expected_problems}: the basis was planned for another number of problems")
-        if basis.min_detectable_difference > self.threshold_points:
-            raise ValueError(f"statistical_basis.min_detectable_difference {basis.min_detectable_difference:g} points "
-                             f"is wider than the threshold {self.threshold_points:g}: the design would be sized for a "
-                             "difference on the other side of zero")
-        return self
 
 
 # The throughput workload fields a leg's receipts state (resolved_config, else the bench JSON).

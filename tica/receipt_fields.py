@@ -135,12 +135,12 @@ _BENCH = {
     "profiled": "rule: tica/receipts.py: a profiled run is no formal measurement",
 }
 _PROBLEM = {
-    "problem_id": "rule: tica/judges/quality.py: pairs the arms' results",
-    "correct": "rule: tica/judges/quality.py: the 2x2 and the scores",
-    "prompt_hash": "rule: tica/judges/quality.py: a problem's content identity",
+    "problem_id": "rule: tica/items/quality/judge.py: pairs the arms' results",
+    "correct": "rule: tica/items/quality/judge.py: the 2x2 and the scores",
+    "prompt_hash": "rule: tica/items/quality/judge.py: a problem's content identity",
     "response": "informational: kept for a person to read; the scorer's verdict is `correct`",
     "extracted": "informational: kept for a person to read; the scorer's verdict is `correct`",
-    "truncated": "rule: tica/judges/quality.py: the truncation ratio beside accuracy",
+    "truncated": "rule: tica/items/quality/judge.py: the truncation ratio beside accuracy",
 }
 _SAMPLING = {
     "temperature": "rule: tica/receipts.py: greedy or not decides which parameters must be known",
@@ -155,7 +155,7 @@ _CONTRACT = {
     "prompt_template": "rule: tica/receipts.py: contract item",
     "thinking_mode": "rule: tica/receipts.py: contract item (with the template)",
     "sampling": "rule: tica/receipts.py: contract item",
-    "repeats": "rule: tica/judges/quality.py: contract item; the statistical basis needs it",
+    "repeats": "rule: tica/items/quality/judge.py: contract item; the statistical basis needs it",
     "scorer": "rule: tica/receipts.py: contract item",
     "length_cap": "rule: tica/receipts.py: contract item",
 }

@@ -74,9 +74,10 @@ def test_each_entry_resolves_to_what_its_readers_use(item):
 
 
 def test_the_rooms_that_exist_are_named():
-    """Honest about the layout: the update, clean exit and the artifacts have their rooms; the other
-    four are reached through the registry in the older layout (docs/architecture.md)."""
-    assert [r.item for r in rooms() if r.folder] == [EvidenceItem.UPDATE, EvidenceItem.CLEAN_EXIT, EvidenceItem.ARTIFACTS]
+    """Honest about the layout: the update, quality, clean exit and the artifacts have their rooms;
+    the other three are reached through the registry in the older layout (docs/architecture.md)."""
+    assert [r.item for r in rooms() if r.folder] == [EvidenceItem.UPDATE, EvidenceItem.QUALITY, EvidenceItem.CLEAN_EXIT,
+                                                     EvidenceItem.ARTIFACTS]
     on_disk = sorted(p.name for p in (ROOT / "tica" / "items").iterdir() if (p / "__init__.py").is_file())
     assert on_disk == sorted(r.item.value for r in rooms() if r.folder)
 
@@ -106,7 +107,8 @@ def test_the_artifacts_room_judges_through_the_entry_point(tmp_path):
     assert plan_legs(EvidenceItem.ARTIFACTS, q) == []
 
 
-@pytest.mark.parametrize("item", [EvidenceItem.CLEAN_EXIT, EvidenceItem.UPDATE], ids=lambda i: i.value)
+@pytest.mark.parametrize("item", [EvidenceItem.CLEAN_EXIT, EvidenceItem.UPDATE, EvidenceItem.QUALITY],
+                         ids=lambda i: i.value)
 def test_the_rooms_leg_plan_is_the_plan_it_replaced(item):
     """Behaviour-neutral: one leg per arm in the first round's order, as resources/legs.py planned it."""
     from resources.legs import LegSpec, plan_legs
@@ -127,6 +129,18 @@ def test_the_update_room_judges_through_the_entry_point(tmp_path):
     assert judge_criteria("update", q, legs).verdict is Verdict.FAIL
     rerun = next(c for c in room(EvidenceItem.UPDATE).room_canaries() if c.name == "update.rerun_weights")
     assert canaries.switched_off(rerun, q) is not None
+
+
+def test_the_quality_room_judges_through_the_entry_point(tmp_path):
+    """Quality's builder and judge, read through the registry, pass; one problem too many wrong in
+    BI=1 fails; its 2x2 recount stays the check its verdict carries."""
+    q = canaries.default_questions()[EvidenceItem.QUALITY]
+    legs = room(EvidenceItem.QUALITY).builder()(q, tmp_path / "base")
+    assert judge_criteria("quality", q, legs).verdict is Verdict.PASS
+    over = next(c for c in room(EvidenceItem.QUALITY).room_canaries() if c.name == "quality.threshold")
+    over.mutate(q, legs)
+    assert judge_criteria("quality", q, legs).verdict is Verdict.FAIL
+    assert room(EvidenceItem.QUALITY).extra_checks == (checks.QUALITY_SUMS,)
 
 
 def test_control_a_wrong_or_missing_piece_is_caught():
