@@ -35,7 +35,7 @@ class ItemRoom:
     canary_builder: str  # (question, dest) -> the passing receipt set its canaries mutate
     own_canaries: str | None = None  # its planted errors, in its room; None: its rows of tica.canaries.CANARIES
     canary_question: str | None = None  # the question its canaries run under (raw); None: tica.canaries' own
-    leg_plan: str | None = None  # question -> [(arm, slot)]; None: resources/legs.py's plan_legs decides
+    leg_plan: str | None = None  # question -> [(arm, slot)] or [(arm, slot, round)]; None: resources/legs.py decides
     extra_checks: tuple[str, ...] = ()  # checks beyond those every verdict carries (names in tica.checks)
 
     def judge_fn(self) -> Any:
@@ -74,7 +74,7 @@ ROOMS: dict[EvidenceItem, ItemRoom] = {
     E.BACKWARD: _old(E.BACKWARD, "BackwardCriteria"),
     E.UPDATE: _room(E.UPDATE, "UpdateCriteria"),
     E.QUALITY: _room(E.QUALITY, "QualityCriteria", extra_checks=("quality_sums",)),
-    E.THROUGHPUT: _old(E.THROUGHPUT, "ThroughputCriteria", extra_checks=("workload_receipts",)),
+    E.THROUGHPUT: _room(E.THROUGHPUT, "ThroughputCriteria", extra_checks=("workload_receipts",)),
     E.CLEAN_EXIT: _room(E.CLEAN_EXIT, "CleanExitCriteria"),
     E.ARTIFACTS: _room(E.ARTIFACTS, "ArtifactsCriteria"),
 }
