@@ -80,17 +80,14 @@ def plan_legs(item: EvidenceItem, question: Question) -> list[LegSpec]:
 
     Throughput: per round, the round's pair in its pairing order; each leg runs every
     concurrency of the question (one sealed sub-leg per concurrency, each warmed up on its
-    own). Other items: one leg per arm, in the first round's order. The final artifacts run no
-    legs of their own (their room's plan, tica/items/artifacts/legs.py).
+    own; its room's plan, tica/items/throughput/legs.py). Other items: one leg per arm, in the
+    first round's order. The final artifacts run no legs of their own (their room's plan,
+    tica/items/artifacts/legs.py).
     """
     if (own := room(item).leg_plan) is not None:  # an item in a room of its own plans its legs there
-        return [LegSpec(item, arm, slot=slot) for arm, slot in resolve(own)(question)]
-    if isinstance(question.criteria, ThroughputCriteria):
-        return [
-            LegSpec(item, arm, round=r, slot=slot)
-            for r in range(1, len(question.pairing_order) + 1)
-            for slot, arm in enumerate(question.round_arms(r), start=1)
-        ]
+        # (arm, slot), or (arm, slot, round) where the plan runs rounds (throughput's crossed pairs)
+        return [LegSpec(item, arm, slot=slot, round=rnd[0] if rnd else None)
+                for arm, slot, *rnd in resolve(own)(question)]
     first = question.round_arms(1)
     return [LegSpec(item, arm, slot=slot) for slot, arm in enumerate(first, start=1)]
 

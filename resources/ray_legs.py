@@ -23,7 +23,7 @@ Placement. Every node the runner may use advertises one custom resource of its o
 sliver of it (`node_pin`), its GPUs limit how many run there at once. All the legs of one
 evidence item -- one pairing: both arms, every crossed throughput round -- run on one node, in
 the frozen order, one after another: a throughput comparison across nodes is confounded by the
-node (tica.judges.throughput refuses it), and so is a quality pairing (the confounder table names
+node (tica.items.throughput.judge refuses it), and so is a quality pairing (the confounder table names
 the node). Items go to nodes in turn (`item_nodes` pins one by name).
 
 What a leg records. The runner puts the node in the leg's environment before the producer starts:

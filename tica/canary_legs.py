@@ -1,5 +1,5 @@
 """What every item's canaries are made of: a synthetic leg written and sealed as a producer
-writes one (`leg_meta`, `proc`, `write_leg`), a sealed leg found by what it records (`leg_where`),
+writes one (`leg_meta`, `proc`, `write_leg`), a sealed leg found by what it records (`find_leg`),
 edited and resealed (`edit_meta`) or left out of the set (`drop_arm`), and the planted error's
 record (`Canary`, with the verdicts it must get). Each item's own builders
 and planted errors live with it (tica/items/<item>/canaries.py; tica/canaries.py for the items
@@ -88,8 +88,17 @@ def edit_meta(leg: Path, fn: Callable[[dict[str, Any]], None]) -> None:
     seal_leg(leg)
 
 
-def leg_where(legs: Sequence[Path], **want: Any) -> Path:
-    """The first leg whose leg.json records every `want` (e.g. arm="bi1")."""
+def edit_json(path: Path, fn: Callable[[dict[str, Any]], None], reseal: Path | None) -> None:
+    """A JSON receipt edited in place (and its leg resealed, unless `reseal` is None)."""
+    data = load_json(path)
+    fn(data)
+    dump_json(path, data)
+    if reseal is not None:
+        seal_leg(reseal)
+
+
+def find_leg(legs: Sequence[Path], **want: Any) -> Path:
+    """The first leg whose leg.json records every value in `want` (item, arm, round ...)."""
     for leg in legs:
         meta = load_json(leg / "leg.json")
         if all(meta.get(k) == v for k, v in want.items()):
@@ -102,6 +111,15 @@ def drop_arm(arm: str) -> Callable[[Any, list[Path]], None]:
     def mutate(q: Any, legs: list[Path]) -> None:
         legs[:] = [p for p in legs if load_json(p / "leg.json")["arm"] != arm]
     return mutate
+
+
+def unquantified_confounder(q: Any, legs: Sequence[Path], item: str) -> None:
+    """Every BI=0 leg of `item` run with prefix caching on, the BI=1 legs with it off: an arm
+    difference no question quantifies (the quality and throughput canaries plant it alike)."""
+    for leg in legs:
+        meta = load_json(leg / "leg.json")
+        if meta["item"] == item and meta["arm"] == "bi0":
+            edit_meta(leg, lambda m: m["resolved_config"].update(enable_prefix_caching=True))
 
 
 Mutation = Callable[[Any, list[Path]], None]

@@ -22,7 +22,7 @@ from tica.receipts import LegMeta, is_unknown, recorded_value
 SWITCH_KEYS = ("env.VLLM_BATCH_INVARIANT",)
 
 # Fields that name the leg rather than describe the arm; telemetry is what each leg measured it
-# ran under (clocks, load), compared between tiers (tica.judges.tiers), not a setting of an arm.
+# ran under (clocks, load), compared between tiers (tica.items.throughput.tiers), not a setting of an arm.
 _LEG_IDENTITY = {"schema", "item", "arm", "round", "slot", "concurrency", "started_at", "ended_at",
                  "processes", "not_run_reason", "profiled", "errors", "telemetry"}
 

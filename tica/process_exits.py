@@ -1,6 +1,6 @@
 """Whether one recorded process ended normally: the exit rule every leg's `processes` are read
 by. Clean exit judges it over every leg it covers (tica/items/clean_exit/judge.py); throughput
-reads it first, before any number of a leg counts (tica/judges/throughput.py); the leg runner's
+reads it first, before any number of a leg counts (tica/items/throughput/judge.py); the leg runner's
 tests check what it records against it.
 
 vLLM force-kills its EngineCore at once when its shutdown timeout (`--shutdown-timeout`,

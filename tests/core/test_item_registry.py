@@ -15,7 +15,7 @@ from tica import canaries, checks
 from tica.evidence import EvidenceItem
 from tica.items.registry import ROOMS, ItemRoom, item_names, resolve, room, rooms
 from tica.judges import JUDGES, judge_criteria
-from tica.question import Criteria
+from tica.question import Criteria, parse_question
 from tica.verdict import Verdict
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -74,10 +74,9 @@ def test_each_entry_resolves_to_what_its_readers_use(item):
 
 
 def test_the_rooms_that_exist_are_named():
-    """Honest about the layout: the forward, the backward, the update, clean exit and the artifacts
-    have their rooms; the other two are reached through the registry in the older layout
-    (docs/architecture.md)."""
+    """Every evidence item has its room (docs/architecture.md): the older layout holds none."""
     assert [r.item for r in rooms() if r.folder] == [EvidenceItem.FORWARD, EvidenceItem.BACKWARD, EvidenceItem.UPDATE,
+                                                     EvidenceItem.QUALITY, EvidenceItem.THROUGHPUT,
                                                      EvidenceItem.CLEAN_EXIT, EvidenceItem.ARTIFACTS]
     on_disk = sorted(p.name for p in (ROOT / "tica" / "items").iterdir() if (p / "__init__.py").is_file())
     assert on_disk == sorted(r.item.value for r in rooms() if r.folder)
@@ -109,7 +108,7 @@ def test_the_artifacts_room_judges_through_the_entry_point(tmp_path):
 
 
 @pytest.mark.parametrize("item", [EvidenceItem.FORWARD, EvidenceItem.BACKWARD, EvidenceItem.CLEAN_EXIT,
-                                  EvidenceItem.UPDATE], ids=lambda i: i.value)
+                                  EvidenceItem.UPDATE, EvidenceItem.QUALITY], ids=lambda i: i.value)
 def test_the_rooms_leg_plan_is_the_plan_it_replaced(item):
     """Behaviour-neutral: one leg per arm in the first round's order, as resources/legs.py planned it."""
     from resources.legs import LegSpec, plan_legs
@@ -117,6 +116,40 @@ def test_the_rooms_leg_plan_is_the_plan_it_replaced(item):
     q = canaries.default_questions()[item]
     expected = [LegSpec(item, arm, slot=slot) for slot, arm in enumerate(q.round_arms(1), start=1)]
     assert plan_legs(item, q) == expected
+
+
+def test_the_throughput_rooms_leg_plan_is_the_plan_it_replaced():
+    """Behaviour-neutral: per round, the round's pair in its crossed order (tica.pairing), as
+    resources/legs.py planned it; a question that starts BA, or calls arm A BI=0, keeps its order."""
+    from resources.legs import LegSpec, plan_legs
+
+    item = EvidenceItem.THROUGHPUT
+    q = canaries.default_questions()[item]
+    bi0_first = canaries.with_rounds(q.model_copy(update={"pairing_order": ("BA",)}), 5)
+    arm_a_bi0 = parse_question({**q.model_dump(mode="json"), "criteria": {
+        **q.model_dump(mode="json")["criteria"], "arm_a": "bi0"}})
+    for question in (q, bi0_first, arm_a_bi0):
+        expected = [LegSpec(item, arm, round=r, slot=slot) for r in range(1, len(question.pairing_order) + 1)
+                    for slot, arm in enumerate(question.round_arms(r), start=1)]
+        assert plan_legs(item, question) == expected
+    assert [(s.arm, s.round, s.slot) for s in plan_legs(item, bi0_first)][:6] == [
+        ("bi0", 1, 1), ("bi1", 1, 2), ("bi1", 2, 1), ("bi0", 2, 2), ("bi0", 3, 1), ("bi1", 3, 2)]
+
+
+def test_the_throughput_room_judges_through_the_entry_point(tmp_path):
+    """Throughput's builder and judge, read through the registry, pass under the canaries' frozen
+    sign-test basis; one target c pushed over its budget fails; the over-budget canary is switched
+    off under a question that freezes no budget; its workload check stays required."""
+    q = canaries.default_questions()[EvidenceItem.THROUGHPUT]
+    legs = room(EvidenceItem.THROUGHPUT).builder()(q, tmp_path / "base")
+    assert judge_criteria("throughput", q, legs).verdict is Verdict.PASS
+    over = next(c for c in room(EvidenceItem.THROUGHPUT).room_canaries() if c.name == "throughput.target_c_over_budget")
+    over.mutate(q, legs)
+    assert judge_criteria("throughput", q, legs).verdict is Verdict.FAIL
+    data = q.model_dump(mode="json")
+    data["criteria"].update(budget=None, statistical_basis=None)
+    assert canaries.switched_off(over, parse_question(data)) is not None
+    assert room(EvidenceItem.THROUGHPUT).extra_checks == (checks.WORKLOAD,)
 
 
 def test_the_update_room_judges_through_the_entry_point(tmp_path):
@@ -157,9 +190,21 @@ def test_the_forward_rooms_switches_apply_to_its_canaries():
     assert canaries.switched_off(by_name["forward.route_flip"], canaries.default_questions()[EvidenceItem.FORWARD]) is None
 
 
+def test_the_quality_room_judges_through_the_entry_point(tmp_path):
+    """Quality's builder and judge, read through the registry, pass; one problem too many wrong in
+    BI=1 fails; its 2x2 recount stays the check its verdict carries."""
+    q = canaries.default_questions()[EvidenceItem.QUALITY]
+    legs = room(EvidenceItem.QUALITY).builder()(q, tmp_path / "base")
+    assert judge_criteria("quality", q, legs).verdict is Verdict.PASS
+    over = next(c for c in room(EvidenceItem.QUALITY).room_canaries() if c.name == "quality.threshold")
+    over.mutate(q, legs)
+    assert judge_criteria("quality", q, legs).verdict is Verdict.FAIL
+    assert room(EvidenceItem.QUALITY).extra_checks == (checks.QUALITY_SUMS,)
+
+
 def test_control_a_wrong_or_missing_piece_is_caught():
     r = room(EvidenceItem.CLEAN_EXIT)
-    assert problems(replace(r, judge="tica.judges.throughput:judge_throughput"))
+    assert problems(replace(r, judge="tica.items.throughput.judge:judge_throughput"))
     assert problems(replace(r, canary_builder="tica.canaries:build_forward"))
     assert problems(replace(r, criteria="tica.question:QualityCriteria"))
     assert problems(replace(r, judge="tica.items.clean_exit.judge:no_such_judge"))

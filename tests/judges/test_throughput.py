@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from tica.canaries import scale_throughput, edit_json, edit_meta, swap_slots, swap_work_times, tput_leg
 from tica.judges import judge_criteria
-from tica.judges.throughput import formal_statistic
+from tica.items.throughput.judge import formal_statistic
 from tica.pairing import round_order as expected_order
 from tica.question import FORMULA_LABELS, ThroughputFormula
 from tica.verdict import Verdict

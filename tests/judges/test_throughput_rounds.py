@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-import tica.judges.throughput as tput_judge
+import tica.items.throughput.judge as tput_judge
 from tica.canaries import edit_json, edit_meta, scale_throughput, tput_leg
 from tica.judges import judge_criteria
 from tica.pairing import round_order as expected_order
@@ -349,7 +349,7 @@ def test_the_summary_counts_valid_rounds_per_concurrency():
     not "8/8", beside a basis that asks 5 rounds; uneven counts are named per c."""
     from types import SimpleNamespace
 
-    from tica.judges.throughput import _valid_rounds
+    from tica.items.throughput.judge import _valid_rounds
 
     rounds = [SimpleNamespace(c=c, valid=True) for c in (1, 64) for _ in range(4)]
     assert _valid_rounds(rounds) == "4/4 valid rounds at each of c=1, 64"

@@ -1,11 +1,11 @@
-"""The tiers' cause, named from what each leg ran under (tica.judges.tiers): one relation per
+"""The tiers' cause, named from what each leg ran under (tica.items.throughput.tiers): one relation per
 signal, each with its control (the same legs with that signal equal name nothing)."""
 
 from __future__ import annotations
 
 import pytest
 
-from tica.judges.tiers import SIGNALS, tier_cause
+from tica.items.throughput.tiers import SIGNALS, tier_cause
 from tica.receipts import LegTelemetry
 
 BASE = dict(source="nvidia-smi", samples=40, interval_ms=500, sm_clock_mhz_median=1980.0, mem_clock_mhz_median=3201.0,

@@ -12,7 +12,7 @@ from tica.errors import InputError
 from tica.ingest import SOURCE_FILE, ingest_bench, ingest_problems, ingest_verl_metrics
 from tica.cli.ingest import main
 from tica.items.forward.judge import judge_forward
-from tica.judges.throughput import judge_throughput
+from tica.items.throughput.judge import judge_throughput
 from tica.question import WORKLOAD_FIELDS, load_question, parse_question
 from tica.receipts import load_bench_leg, load_leg, load_leg_meta, load_quality_results
 from tica.seal import sha256_file

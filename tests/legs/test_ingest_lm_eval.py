@@ -20,7 +20,7 @@ import pytest
 from tica.errors import InputError
 from tica.ingest import SOURCE_FILE, ingest_lm_eval
 from tica.cli.ingest import main
-from tica.judges.quality import judge_quality
+from tica.items.quality.judge import judge_quality
 from tica.question import load_question, parse_question
 from tica.receipts import load_leg_meta, load_quality_results, load_recorded_contract
 from tica.verdict import Verdict

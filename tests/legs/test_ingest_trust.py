@@ -23,7 +23,7 @@ import pytest
 from tica.errors import InputError
 from tica.ingest import SOURCE_FILE, ingest_bench, ingest_lm_eval, leg_unknowns
 from tica.cli.ingest import main
-from tica.judges.quality import judge_quality
+from tica.items.quality.judge import judge_quality
 from tica.receipts import load_leg_meta, load_recorded_contract
 from tica.verdict import Verdict
 

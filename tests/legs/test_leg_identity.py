@@ -194,7 +194,7 @@ def test_vllm_kernels_legs_record_the_node_they_ran_on(tmp_path):
     """The throughput judge's one-node rule reads resolved_config.node: the vLLM-kernels writer
     records this host as the common writer does (run13's throughput legs, written before, record
     none and cannot pass), and keeps a node a producer recorded itself."""
-    from tica.judges.throughput import NODE_KEYS
+    from tica.items.throughput.judge import NODE_KEYS
     from tica.legs.common import this_node
     from tica.legs.vllm_kernels import legio
 

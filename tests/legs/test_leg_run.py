@@ -398,7 +398,7 @@ def test_vllm_bench_serve_against_a_cpu_vllm_server_it_starts(tiny_model, tmp_pa
     assert meta["kernels"]["rollout"]["shutdown_timeout"] == 30  # vLLM's own log of applying it
     assert "name" not in meta["device"]  # CPU box, no nvidia-smi: unknown, not invented
     # what the throughput judge reads: the workload receipt checks clean
-    from tica.judges.throughput import check_workload
+    from tica.items.throughput.judge import check_workload
 
     bench_leg = load_bench_leg(leg)
     criteria = ThroughputCriteria(input_len=32, output_len=8, concurrencies=(2,), num_prompts={2: 4}, warmups=1)

@@ -35,7 +35,7 @@ class ItemRoom:
     canary_builder: str  # (question, dest) -> the passing receipt set its canaries mutate
     own_canaries: str | None = None  # its planted errors, in its room; None: its rows of tica.canaries.CANARIES
     canary_question: str | None = None  # the question its canaries run under (raw); None: tica.canaries' own
-    leg_plan: str | None = None  # question -> [(arm, slot)]; None: resources/legs.py's plan_legs decides
+    leg_plan: str | None = None  # question -> [(arm, slot)] or [(arm, slot, round)]; None: resources/legs.py decides
     extra_checks: tuple[str, ...] = ()  # checks beyond those every verdict carries (names in tica.checks)
 
     def judge_fn(self) -> Any:
@@ -60,20 +60,21 @@ def _old(item: EvidenceItem, criteria: str, **kw: Any) -> ItemRoom:
                     f"tica.canaries:build_{item.value}", **kw)
 
 
-def _room(item: EvidenceItem, criteria: str) -> ItemRoom:
+def _room(item: EvidenceItem, criteria: str, extra_checks: tuple[str, ...] = ()) -> ItemRoom:
     """An item whose room holds every piece under the rooms' names (criteria, judge, canaries, legs)."""
     here = f"tica.items.{item.value}"
     return ItemRoom(item, f"tica/items/{item.value}", f"{here}.criteria:{criteria}", f"{here}.judge:judge_{item.value}",
                     f"{here}.canaries:build_{item.value}", own_canaries=f"{here}.canaries:CANARIES",
-                    canary_question=f"{here}.canaries:QUESTION", leg_plan=f"{here}.legs:plan_arms")
+                    canary_question=f"{here}.canaries:QUESTION", leg_plan=f"{here}.legs:plan_arms",
+                    extra_checks=extra_checks)
 
 
 ROOMS: dict[EvidenceItem, ItemRoom] = {
     E.FORWARD: _room(E.FORWARD, "ForwardCriteria"),
     E.BACKWARD: _room(E.BACKWARD, "BackwardCriteria"),
     E.UPDATE: _room(E.UPDATE, "UpdateCriteria"),
-    E.QUALITY: _old(E.QUALITY, "QualityCriteria", extra_checks=("quality_sums",)),
-    E.THROUGHPUT: _old(E.THROUGHPUT, "ThroughputCriteria", extra_checks=("workload_receipts",)),
+    E.QUALITY: _room(E.QUALITY, "QualityCriteria", extra_checks=("quality_sums",)),
+    E.THROUGHPUT: _room(E.THROUGHPUT, "ThroughputCriteria", extra_checks=("workload_receipts",)),
     E.CLEAN_EXIT: _room(E.CLEAN_EXIT, "CleanExitCriteria"),
     E.ARTIFACTS: _room(E.ARTIFACTS, "ArtifactsCriteria"),
 }

@@ -24,7 +24,7 @@ from tica.stats._scipy import stats
 
 from tica.errors import ReceiptError
 from tica.judges import judge_criteria
-from tica.judges.throughput import check_workload, not_run_legs, pair_rounds, tier_ratio
+from tica.items.throughput.judge import check_workload, not_run_legs, pair_rounds, tier_ratio
 from tica.pairing import crossed
 from tica.question import QualityCriteria, Question, ThroughputCriteria, ThroughputFormula, parse_question
 from tica.receipts import load_bench_leg

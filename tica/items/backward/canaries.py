@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tica.canary_legs import FAIL, INCONCLUSIVE, Canary, drop_arm, edit_jsonl, leg_where
+from tica.canary_legs import FAIL, INCONCLUSIVE, Canary, drop_arm, edit_jsonl, find_leg
 from tica.canary_legs import grad_rows as _grad_rows
 from tica.canary_legs import jsonl as _jsonl
 from tica.canary_legs import leg_meta as _meta
@@ -41,7 +41,7 @@ def gradcheck(passed: bool, caught: bool) -> Callable[[Question, list[Path]], No
     ops = ("linear", "rms_norm", "fused_add_rms_norm", "rotary", "silu_and_mul", "attention", "logprob")
 
     def mutate(q: Question, legs: list[Path]) -> None:
-        leg = leg_where(legs, arm="bi1")
+        leg = find_leg(legs, arm="bi1")
         edit_jsonl(leg / "metrics.jsonl", _set_row(0, **{"tica/gradcheck_pass": passed,
                                                          "tica/gradcheck_controls_caught": {op: caught for op in ops}}), leg)
     return mutate

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from tica.canary_legs import FAIL, INCONCLUSIVE, NOT_PASS, Canary, drop_arm, edit_jsonl, leg_where, perturb_arrays
+from tica.canary_legs import FAIL, INCONCLUSIVE, NOT_PASS, Canary, drop_arm, edit_jsonl, find_leg, perturb_arrays
 from tica.canary_legs import ckpt as _ckpt
 from tica.canary_legs import forward_files as _forward_files
 from tica.canary_legs import leg_meta as _meta
@@ -121,7 +121,7 @@ def judged_arm(q: Question) -> str:
 def set_bi0_grad_norm(**kv: Any) -> Callable[[Question, list[Path]], None]:
     """The BI=0 leg's second step with its grad norm removed, `kv` recorded in its place."""
     def mutate(q: Question, legs: list[Path]) -> None:
-        leg = leg_where(legs, arm="bi0")
+        leg = find_leg(legs, arm="bi0")
 
         def f(rows: list[dict[str, Any]]) -> None:
             rows[1].pop("actor/grad_norm", None)
@@ -132,7 +132,7 @@ def set_bi0_grad_norm(**kv: Any) -> Callable[[Question, list[Path]], None]:
 
 def first_step_dropped(q: Question, legs: Sequence[Path]) -> None:
     """The judged arm's first step left out of metrics and arrays (a receipt that begins late)."""
-    leg = leg_where(legs, arm=judged_arm(q))
+    leg = find_leg(legs, arm=judged_arm(q))
     first = json.loads((leg / "metrics.jsonl").read_text().splitlines()[0])["step"]
     drop_step(leg, first)
 
@@ -140,7 +140,7 @@ def first_step_dropped(q: Question, legs: Sequence[Path]) -> None:
 def arrays_renamed(q: Question, legs: Sequence[Path]) -> None:
     """Step 1's arrays under a name the judge does not read (step_1.npz), its logged numbers left."""
     arm = judged_arm(q)
-    leg = leg_where(legs, arm=arm)
+    leg = find_leg(legs, arm=arm)
     if arm == "bi1":  # the attack: arrays that show a difference, logged numbers that do not
         perturb_arrays(leg, 1)
         edit_jsonl(leg / "metrics.jsonl", _set_row(0, **{"training/rollout_probs_diff_max": 0.0,
@@ -155,14 +155,14 @@ def arrays_renamed(q: Question, legs: Sequence[Path]) -> None:
 
 def arrays_left_out(q: Question, legs: Sequence[Path]) -> None:
     """One step's arrays deleted while the others keep theirs (judged from two sources)."""
-    leg = leg_where(legs, arm=judged_arm(q))
+    leg = find_leg(legs, arm=judged_arm(q))
     (leg / "arrays" / "step_0002.npz").unlink()
     seal_leg(leg)
 
 
 def placeholder_arrays(q: Question, legs: Sequence[Path]) -> None:
     """Every scored logprob 0.0 on both sides (a torch.zeros placeholder), metrics recomputed."""
-    leg = leg_where(legs, arm="bi1")
+    leg = find_leg(legs, arm="bi1")
     path = leg / "arrays" / "step_0001.npz"
     with np.load(path) as z:
         data = {k: z[k] for k in z.files}
@@ -203,19 +203,19 @@ def needs_bi0_reference(question: Question | None) -> str | None:
 # The must_record canary every item has is tica.canaries' (it reads the question, not the item).
 CANARIES: tuple[Canary, ...] = (
     Canary("forward.bi1_max_zero", E.FORWARD, "BI=1 max = 0 at every step (logged metrics, as verl writes them)",
-           FAIL, lambda q, legs: logged_only(leg_where(legs, arm="bi1"), 3, **{"training/rollout_probs_diff_max": 0.0078125})),
+           FAIL, lambda q, legs: logged_only(find_leg(legs, arm="bi1"), 3, **{"training/rollout_probs_diff_max": 0.0078125})),
     Canary("forward.bi1_mean_zero", E.FORWARD, "BI=1 mean = 0 at every step (logged metrics)", FAIL,
-           lambda q, legs: logged_only(leg_where(legs, arm="bi1"), 1, **{"training/rollout_probs_diff_mean": 1e-9})),
+           lambda q, legs: logged_only(find_leg(legs, arm="bi1"), 1, **{"training/rollout_probs_diff_mean": 1e-9})),
     Canary("forward.bi1_bitwise_arrays", E.FORWARD, "BI=1 logprobs bitwise equal (recomputed from arrays)", FAIL,
-           lambda q, legs: perturb_arrays(leg_where(legs, arm="bi1"), 2)),
+           lambda q, legs: perturb_arrays(find_leg(legs, arm="bi1"), 2)),
     Canary("forward.route_flip", E.FORWARD, "BI=1 routes the same on both sides (a MoE's experts per token and layer)",
-           FAIL, lambda q, legs: flip_route(leg_where(legs, arm="bi1"), 2)),
+           FAIL, lambda q, legs: flip_route(find_leg(legs, arm="bi1"), 2)),
     Canary("forward.arrays_vs_metrics", E.FORWARD, "recompute from arrays; a receipt contradicting itself is no pass",
-           NOT_PASS, lambda q, legs: perturb_arrays_keep_metrics(leg_where(legs, arm=judged_arm(q)), 1)),
+           NOT_PASS, lambda q, legs: perturb_arrays_keep_metrics(find_leg(legs, arm=judged_arm(q)), 1)),
     Canary("forward.missing_step", E.FORWARD, "a missing step is not a pass", INCONCLUSIVE,
-           lambda q, legs: drop_step(leg_where(legs, arm=judged_arm(q)), 2)),
+           lambda q, legs: drop_step(find_leg(legs, arm=judged_arm(q)), 2)),
     Canary("forward.too_few_steps", E.FORWARD, "min_steps present", INCONCLUSIVE,
-           lambda q, legs: drop_step(leg_where(legs, arm=judged_arm(q)), None)),
+           lambda q, legs: drop_step(find_leg(legs, arm=judged_arm(q)), None)),
     Canary("forward.first_step", E.FORWARD, "steps start where the run began (a missing first step is missing)",
            INCONCLUSIVE, first_step_dropped),
     Canary("forward.arrays_named", E.FORWARD, "every file in arrays/ is a step's arrays the judge reads",
@@ -225,7 +225,7 @@ CANARIES: tuple[Canary, ...] = (
     Canary("forward.placeholder_arrays", E.FORWARD, "arrays that hold one constant are no measurement", INCONCLUSIVE,
            placeholder_arrays),
     Canary("forward.bi0_magnitude", E.FORWARD, "BI=0 mean has the reference's magnitude", FAIL,
-           lambda q, legs: logged_only(leg_where(legs, arm="bi0"), 2, scale_mean=200.0)),
+           lambda q, legs: logged_only(find_leg(legs, arm="bi0"), 2, scale_mean=200.0)),
     Canary("forward.arm_ran", E.FORWARD, "the judged arm's leg ran (BI=1; BI=0 in a BI=0 smoke question)",
            frozenset({Verdict.NOT_RUN}), lambda q, legs: drop_arm(judged_arm(q))(q, legs)),
     Canary("forward.bi0_grad_norm_finite", E.FORWARD, "BI=0 smoke: grad norm finite", FAIL,

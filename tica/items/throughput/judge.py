@@ -51,10 +51,11 @@ from tica import leg_times
 from tica.evidence import EvidenceItem
 from tica.judging import Findings, cell, did_not_run, fmt, led, md_table, wrong_question
 from tica.confounders import confounder_markdown, confounder_table, require_recorded, unquantified
-from tica.judges.tiers import tier_cause
 from tica.messages import digest
 from tica.process_exits import exit_problems
-from tica.question import WORKLOAD_FIELDS, Question, ThroughputCriteria, ThroughputFormula
+from tica.items.throughput.criteria import WORKLOAD_FIELDS, ThroughputCriteria, ThroughputFormula
+from tica.items.throughput.tiers import tier_cause
+from tica.question import Question
 from tica.receipts import (BENCH_FILE, LEG_FILE, BenchLeg, BenchResult, is_unknown, load_bench_leg, load_leg_meta,
                            read_receipt, recorded_value)
 from tica.seal import sha256_file

@@ -25,9 +25,10 @@ from typing import Any
 import tica.stats.quality as threshold_test
 from tica import digests
 from tica.evidence import EvidenceItem
-from tica.judging import Findings, cell, did_not_run, md_table, wrong_question
+from tica.judging import Findings, cell, leg_label, md_table, skipped_leg, wrong_question
 from tica.confounders import confounder_markdown, confounder_table, require_recorded, unquantified
-from tica.question import QualityCriteria, Question
+from tica.items.quality.criteria import QualityCriteria
+from tica.question import Question
 from tica.receipts import (CONTRACT_FILE, RESULTS_FILE, Leg, ProblemResult, RecordedEvalContract, load_json, load_leg,
                            load_quality_results, load_recorded_contract)
 from tica.verdict import Verdict, VerdictCell
@@ -55,7 +56,7 @@ def _contract(findings: Findings, leg: Leg) -> RecordedEvalContract:
     """The leg's contract as recorded; a leg without contract.json has every item unknown."""
     recorded = load_recorded_contract(leg.path / CONTRACT_FILE)
     if recorded is None:
-        findings.inconclusive(f"{leg.arm} {leg.path.name}: contract unknown (no {CONTRACT_FILE}): "
+        findings.inconclusive(f"{leg_label(leg)}contract unknown (no {CONTRACT_FILE}): "
                               "the scores cannot be shown to be the same score")
         return RecordedEvalContract()
     return recorded
@@ -75,7 +76,7 @@ def _summary_agrees(findings: Findings, leg: Leg, results: Sequence[ProblemResul
     name = leg.meta.resolved_config.get("primary_pass") or next(iter(passes), None)
     said = passes.get(name) if isinstance(name, str) else None
     if not isinstance(said, dict):
-        findings.inconclusive(f"{leg.arm} {leg.path.name}: {SUMMARY_FILE} has no pass {name!r} to compare with "
+        findings.inconclusive(f"{leg_label(leg)}{SUMMARY_FILE} has no pass {name!r} to compare with "
                               f"{RESULTS_FILE}")
         return
     n, correct = len(results), sum(r.correct for r in results)
@@ -83,7 +84,7 @@ def _summary_agrees(findings: Findings, leg: Leg, results: Sequence[ProblemResul
                "truncated": sum(bool(r.truncated) for r in results)}
     for key, value in counted.items():
         if key in said and said[key] != value:
-            findings.inconclusive(f"{leg.arm} {leg.path.name}: {SUMMARY_FILE} says {key}={said[key]!r}, "
+            findings.inconclusive(f"{leg_label(leg)}{SUMMARY_FILE} says {key}={said[key]!r}, "
                                   f"{RESULTS_FILE} counts {value!r}: the receipt contradicts itself")
 
 
@@ -117,13 +118,11 @@ def judge_quality(question: Question, leg_paths: Sequence[str | Path]) -> Verdic
     by_arm: dict[str, list[Leg]] = {"bi1": [], "bi0": []}
     not_run_arms: set[str] = set()
     for leg in legs:
-        if leg.meta.item != "quality":
-            findings.inconclusive(f"{leg.path.name}: is a {leg.meta.item} leg, not a quality leg")
-        elif leg.meta.not_run_reason:
-            findings.not_run(did_not_run(f"{leg.arm} {leg.path.name}: ", leg.meta.not_run_reason))
-            not_run_arms.add(leg.arm)
-        else:
-            by_arm[leg.arm].append(leg)
+        if skipped_leg(item, leg, findings):  # another item's leg, or one that did not run
+            if leg.meta.item == item.value:
+                not_run_arms.add(leg.arm)
+            continue
+        by_arm[leg.arm].append(leg)
     if not legs:
         findings.not_run("no quality leg ran for this candidate")
         return cell(item, question, findings, "no quality leg ran for this candidate: nothing to pair")
