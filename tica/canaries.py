@@ -69,10 +69,8 @@ E = EvidenceItem
 def default_questions() -> dict[EvidenceItem, Question]:
     """The questions the fixtures and the built-in canaries are built for."""
     common = {"noise_floor": 0.0, "invalid_leg_rule": "a leg whose receipts do not match the workload is retested"}
-    raw = {
-    }
-    # an item in a room of its own brings the question its canaries run under (tica.items.registry)
-    raw = {item: raw[item] if item in raw else resolve(room(item).canary_question) for item in EvidenceItem}
+    # each item's room brings the question its canaries run under (tica.items.registry)
+    raw = {item: resolve(room(item).canary_question) for item in EvidenceItem}
     return {item: parse_question({"item": item.value, **common, **q}) for item, q in raw.items()}
 
 
@@ -108,11 +106,8 @@ def build_recipe(dest: Path) -> Path:
     return path
 
 
-_OLD_LAYOUT: dict[EvidenceItem, Callable[[Question, Path], list[Path]]] = {
-}
-# An item in a room of its own brings its builder (tica.items.registry); the others' are above.
-BUILDERS: dict[EvidenceItem, Callable[[Question, Path], list[Path]]] = {
-    item: _OLD_LAYOUT[item] if item in _OLD_LAYOUT else room(item).builder() for item in EvidenceItem}
+# Each item's room brings its builder (tica.items.registry).
+BUILDERS: dict[EvidenceItem, Callable[[Question, Path], list[Path]]] = {item: room(item).builder() for item in EvidenceItem}
 
 
 # ---------------------------------------------------------------- mutations (planted errors)

@@ -2,8 +2,7 @@
 writes one (`leg_meta`, `proc`, `write_leg`), a sealed leg found by what it records (`find_leg`),
 edited and resealed (`edit_meta`) or left out of the set (`drop_arm`), and the planted error's
 record (`Canary`, with the verdicts it must get). Each item's own builders
-and planted errors live with it (tica/items/<item>/canaries.py; tica/canaries.py for the items
-not yet in a room), and `tica.canaries` runs them all."""
+and planted errors live with it (tica/items/<item>/canaries.py), and `tica.canaries` runs them all."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ import pytest
 from tica import leg_times
 from tica.canaries import edit_meta
 from tica.judges import judge_criteria
-from tica.judges.clean_exit import ZERO_TIMEOUT_HINT, exit_problem, exit_problems
+from tica.process_exits import ZERO_TIMEOUT_HINT, exit_problem, exit_problems
 from tica.question import Question, load_question, parse_question
 from tica.receipts import LegMeta, ProcessExit, load_leg
 from tica.unknowns import is_unknown, without_placeholders
@@ -177,7 +177,7 @@ def test_a_placeholder_is_unknown_and_a_value_is_not():
         assert not is_unknown(value), value
 
 
-# ------------------------------------------------------------------------------ tica.judges.clean_exit
+# ------------------------------------------------------------------------------ tica.process_exits
 def test_exit_problem_spells_the_end_state_and_the_signal():
     ended = ProcessExit(role="api_server", pid=1, end_state="killed", exit_code=None, signal="SIGTERM")
     assert exit_problem(ended) == "ended killed by signal SIGTERM"

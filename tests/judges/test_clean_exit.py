@@ -7,7 +7,7 @@ import pytest
 
 from tica.canaries import process_exit, edit_meta
 from tica.judges import judge_criteria
-from tica.judges.clean_exit import ZERO_TIMEOUT_HINT, exit_problem
+from tica.process_exits import ZERO_TIMEOUT_HINT, exit_problem
 from tica.receipts import ProcessExit
 from tica.verdict import Verdict
 
@@ -112,7 +112,7 @@ def test_a_force_kill_under_a_positive_or_unrecorded_timeout_fails_without_the_z
 
 def test_vllms_logged_shutdown_timeout_is_the_one_read():
     """What vLLM logged applying (kernels.rollout) before what the producer passed (resolved_config)."""
-    from tica.judges.clean_exit import recorded_shutdown_timeout
+    from tica.process_exits import recorded_shutdown_timeout
     from tica.receipts import LegMeta
 
     base = {"schema": "tica.leg/1", "item": "clean_exit", "arm": "bi0", "producer": "t", "producer_version": "1"}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tica.judges.update import rerun_findings
+from tica.items.update.judge import rerun_findings
 from tica.receipts import UpdateStep
 from tica.verdict import Verdict
 

@@ -8,7 +8,7 @@ import pytest
 
 from tests.legs.conftest import leg_json
 from tica.judges import judge_criteria
-from tica.judges.clean_exit import ZERO_TIMEOUT_HINT
+from tica.process_exits import ZERO_TIMEOUT_HINT
 from tica.question import parse_question
 from tica.verdict import Verdict
 

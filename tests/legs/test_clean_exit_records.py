@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tica.judges.clean_exit import exit_problem
+from tica.process_exits import exit_problem
 from tica.legs import common, engine, throughput
 from tica.receipts import ProcessExit
 

@@ -19,7 +19,7 @@ import pytest
 from tica.errors import InputError
 from tica.ingest import ingest_verl_metrics, ingest_verl_mlflow, ingest_verl_wandb
 from tica.cli.ingest import main
-from tica.judges import judge_forward
+from tica.items.forward.judge import judge_forward
 from tica.question import load_question, parse_question
 from tica.receipts import load_jsonl, load_leg
 from tica.verdict import Verdict

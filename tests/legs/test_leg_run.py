@@ -128,7 +128,7 @@ def test_a_command_that_fails_leaves_a_sealed_leg_with_its_exit(work, monkeypatc
     leg = load_leg(work / "leg")  # the seal verifies and leg.json validates
     [client] = leg.meta.processes
     assert (client.end_state, client.exit_code) == ("exited", 3)
-    from tica.judges.clean_exit import exit_problems
+    from tica.process_exits import exit_problems
 
     assert "client: client pid" in " ".join(exit_problems(leg.meta))  # a failed leg is evidence of failure
 

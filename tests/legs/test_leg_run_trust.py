@@ -18,7 +18,7 @@ import pytest
 from tica import leg_run
 from tica.cli import leg as leg_run_cli
 from tica.judges import judge_criteria
-from tica.judges.clean_exit import exit_problem, exit_problems
+from tica.process_exits import exit_problem, exit_problems
 from tica.question import parse_question
 from tica.receipts import ProcessExit, load_bench_leg, load_leg
 from tica.verdict import Verdict

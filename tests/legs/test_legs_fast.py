@@ -163,7 +163,7 @@ def test_launcher_records_only_the_process_it_waited_on(name, in_process):
 def test_a_force_kill_in_the_trainers_log_is_evidence_not_the_trainers_end_state():
     """vLLM's "force killing remaining processes" names a child it killed, not the process whose
     log it is; it stays in the evidence, where the clean-exit judge still refuses it."""
-    from tica.judges.clean_exit import exit_problem
+    from tica.process_exits import exit_problem
     from tica.legs.vllm_kernels.legio import launcher_records
     from tica.receipts import ProcessExit
 

@@ -230,7 +230,7 @@ def cases(mm_root, questions, candidate) -> CaseBook:
 # xfail) with what is open. When a rule closes one, its test passes, the strict xfail fails, and
 # the line here must go. The reasons are the ones the closing note lists.
 # Closed: an exit receipt copied under the missing role with another pid (each exit now records its
-# process's identity, and tica/judges/clean_exit.py counts a process once by it); a logged-only
+# process's identity, and tica/items/clean_exit/judge.py counts a process once by it); a logged-only
 # forward step copied under another step and checkpoint (a logged-only BI=1 step needs its content
 # digest, tica/content_sha256, and one digest counts once).
 OPEN: dict[str, str] = {}

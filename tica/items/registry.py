@@ -3,9 +3,9 @@ plan and extra checks live. The judges' entry point (tica.judges.JUDGES), the ca
 (tica.canaries), the checks an accepted verdict carries (tica.checks.REQUIRED), the leg plan
 (resources/legs.py), the command line and the Dagster assets read it.
 
-An item with a room (`folder`) holds its pieces in tica/items/<item>/; the others still live in
-the older layout (tica/question.py, tica/judges/<item>.py, tica/canaries.py, resources/legs.py),
-named here so that every reader asks one place. Pieces are named as "module:attribute" and
+Every item has a room (`folder`): its pieces live in tica/items/<item>/ under the rooms' names
+(`_room`), and every reader asks this one place for them. The optional fields let an entry name
+pieces kept elsewhere (None: tica.canaries' table, resources/legs.py's plan). Pieces are named as "module:attribute" and
 imported on first use: the registry itself imports only the item enum, so any module may read it.
 """
 
@@ -29,7 +29,7 @@ def resolve(ref: str) -> Any:
 @dataclass(frozen=True)
 class ItemRoom:
     item: EvidenceItem
-    folder: str | None  # its room, relative to the repository; None: the older layout
+    folder: str | None  # its room, relative to the repository; None: no room (none today)
     criteria: str  # its criteria model, one arm of tica.question.Criteria
     judge: str  # (question, leg paths) -> VerdictCell
     canary_builder: str  # (question, dest) -> the passing receipt set its canaries mutate
@@ -53,11 +53,6 @@ class ItemRoom:
     def canaries(self) -> tuple[Any, ...]:
         """Every canary run for this item (tica.canaries.CANARIES, its room's included)."""
         return tuple(c for c in resolve("tica.canaries:CANARIES") if c.item is self.item)
-
-
-def _old(item: EvidenceItem, criteria: str, **kw: Any) -> ItemRoom:
-    return ItemRoom(item, None, f"tica.question:{criteria}", f"tica.judges.{item.value}:judge_{item.value}",
-                    f"tica.canaries:build_{item.value}", **kw)
 
 
 def _room(item: EvidenceItem, criteria: str, extra_checks: tuple[str, ...] = ()) -> ItemRoom:

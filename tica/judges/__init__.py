@@ -20,8 +20,6 @@ from tica.errors import InputError, ReceiptError, UsageParser
 from tica.evidence import EvidenceItem
 from tica.judging import JUDGE_VERSION, Findings, cell, criteria_alone, prefixed, shown, without_pass
 from tica.items.registry import item_names, rooms
-from tica.judges.backward import judge_backward  # noqa: F401 (the older layout's judges, read here too)
-from tica.judges.forward import judge_forward  # noqa: F401
 from tica.judges.recipe_identity import RecipeIdentityResult, judge_recipe_identity
 from tica.messages import clip, without_prefix
 from tica.question import Question, ThroughputCriteria, load_question
