@@ -102,10 +102,11 @@ def test_the_overlay_is_rejected_by_throughput_at_c1_over_all_five_planned_round
     cell = done[E.THROUGHPUT].current.cell
     assert cell.verdict is Verdict.FAIL, cell.summary
     assert "5/5 valid rounds at each of c=1, 64" in cell.summary, cell.summary
-    assert any(r.startswith("fail: c=1:") and "over the budget 0.3" in r for r in cell.reasons), cell.reasons
+    assert any(r.startswith("fail: c=1: BI=1 loses a median 33.4% of BI=0's throughput per round, over the 30% budget")
+               for r in cell.reasons), cell.reasons
     assert not any(r.startswith("fail: c=64:") for r in cell.reasons), cell.reasons
     assert not any("not handed in" in r for r in cell.reasons), cell.reasons
-    assert not rep.accepted and "1 fail (throughput)" in rep.headline, rep.headline
+    assert not rep.accepted and "1 fail (throughput): c=1: BI=1 loses a median 33.4%" in rep.headline, rep.headline
 
 
 def test_throughput_legs_record_the_serving_processes_cpu_time(tracks):

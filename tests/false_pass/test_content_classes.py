@@ -349,7 +349,7 @@ def test_one_worker_copied_under_another_pid_is_not_a_second_worker(bound, candi
     for leg in legs:
         edit_meta(leg, lambda m: tp2(m, own=False))
     # the criteria alone: the candidate pins TP 1
-    assert_no_pass(judge_criteria(E.CLEAN_EXIT, questions[E.CLEAN_EXIT], legs), "record one process by content")
+    assert_no_pass(judge_criteria(E.CLEAN_EXIT, questions[E.CLEAN_EXIT], legs), "so it shows at most one of them ended")
 
 
 def test_two_workers_of_their_own_processes_pass(bound, candidate, questions):
@@ -391,7 +391,7 @@ def test_a_server_exit_copied_into_another_round_is_not_that_rounds_server(bound
     by = _round_legs(legs, "bi1")
     c = min(c for _, c in by)
     _serve_from(by[(1, c)], by[(2, c)])
-    assert_no_pass(judge_criteria(E.CLEAN_EXIT, questions[E.CLEAN_EXIT], legs), "record one process by content")
+    assert_no_pass(judge_criteria(E.CLEAN_EXIT, questions[E.CLEAN_EXIT], legs), "so it shows at most one of them ended")
 
 
 def test_legs_of_one_round_share_its_server_exits(bound, questions):

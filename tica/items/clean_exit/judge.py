@@ -174,8 +174,10 @@ def judge_clean_exit(question: Question, leg_paths: Sequence[str | Path]) -> Ver
     ran = [leg for leg in legs if not leg.meta.not_run_reason and leg.meta.processes]
     copied = one_process_many_records(ran)
     for group in copied:  # one process, however many roles, pids or legs its copies name
-        findings.inconclusive(f"{_ran_as(group)} record one process by content, the same create time, name and "
-                              "command line: one process shows at most one of them")
+        roles = "/".join(dict.fromkeys(p.role for _, p in group))
+        pids = ", ".join(dict.fromkeys(str(p.pid) for _, p in group))
+        findings.inconclusive(f"one {roles} process (pid {pids}) is recorded {len(group)} times, so it shows at most one "
+                              f"of them ended (by content: the same create time, name and command line; {_ran_as(group)})")
     for leg in ran:  # a role counts only by an exit of its own process, known by content
         unknown = unknown_roles(leg)
         if unknown:

@@ -618,6 +618,17 @@ def _counted(r: Any, per_c: dict[int, dict[str, Any]], repeats: int) -> str:
     return f"no: beyond the {repeats} frozen rounds" if r.number > repeats else "no"
 
 
+def percent(x: float) -> str:
+    return f"{100 * x:.3g}%"
+
+
+def loss_in_words(formula: ThroughputFormula | None, loss: float) -> str:
+    """A loss as a person says it: what BI=1 gives up against BI=0, under the frozen formula."""
+    if formula is ThroughputFormula.RATIO_OF_MEDIAN_THROUGHPUTS:
+        return f"BI=1's median throughput is {percent(loss)} below BI=0's"
+    return f"BI=1 loses a median {percent(loss)} of BI=0's throughput per round"
+
+
 def judge_throughput(question: Question, leg_paths: Sequence[str | Path]) -> VerdictCell:
     item = EvidenceItem.THROUGHPUT
     findings = Findings()
@@ -795,7 +806,8 @@ def judge_throughput(question: Question, leg_paths: Sequence[str | Path]) -> Ver
           ", ".join(f"{a} x{x:.3g}" for a, x in e["tiers"].items())] for c, e in per_c.items()])
 
     for c, s in aggregate_overruns:
-        findings.fail(f"c={c}: {label} = {s:.4g} over the budget {budget[c]:g} (aggregate overrun)")
+        findings.fail(f"c={c}: {loss_in_words(criteria.formula, s)}, over the {percent(budget[c])} budget "
+                      f"(aggregate overrun: {label} = {s:.4g} > {budget[c]:g})")
     for c, r, l in single_overruns:
         findings.note(f"c={c} round {r}: loss {l:.4g} over the budget {budget[c]:g} (single-round overrun)")
     if criteria.formula is None or not budget:
