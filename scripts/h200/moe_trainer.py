@@ -59,6 +59,8 @@ def main() -> int:
     p.add_argument("--candidate", choices=["stock", "overlay3"], required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--model", default="/tmp/tica_moe/model")
+    p.add_argument("--diag", action="store_true",
+                   help="hook vLLM's layers while it scores the anchor alone and compare every intermediate")
     a = p.parse_args()
     os.environ["VLLM_BATCH_INVARIANT"] = "1"
     from tica.legs.vllm_kernels.overlay import CANDIDATE_PARTS, active, candidate_env, write_plugin_dist
@@ -111,6 +113,9 @@ def main() -> int:
         (out / "summary.json").write_text(json.dumps(rec, indent=1))
         return 3
     n_layers = int(rec["model_config"]["num_hidden_layers"])
+    hooked: dict = {"on": False, "calls": []}
+    if a.diag:
+        rec["diag_hooks"] = llm.apply_model(lambda m: install_hooks(m, hooked))
 
     def captured() -> list:
         calls, cap["calls"] = cap["calls"], []
@@ -140,7 +145,9 @@ def main() -> int:
     def prompt_lp(o, seq):
         return [d[tk].logprob for d, tk in zip(o.prompt_logprobs[1:], seq[1:])]
 
+    hooked["on"] = True
     scored_alone = llm.generate([TokensPrompt(prompt_token_ids=fulls[ANCHOR_AT])], score, use_tqdm=False)[0]
+    hooked["on"] = False
     score_alone_calls = captured()
     t = time.time()
     scored = llm.generate([TokensPrompt(prompt_token_ids=x) for x in fulls], score, use_tqdm=False)
@@ -181,8 +188,17 @@ def main() -> int:
         anchor_routes = model.routing_receipt(a0, a1)
         # the anchor alone through the trainer: the trainer's own batch invariance
         ids1, cu1, mx1 = pack([fulls[ANCHOR_AT]], "cuda")
+        model.trace = {} if a.diag else None
         lp1 = model.logprobs(ids1, cu1, mx1).float().cpu().tolist()
+        trace, model.trace = model.trace, None
         alone_routes = model.routing_receipt()
+        if a.diag:
+            try:
+                rec["diag"] = diagnose(hooked["calls"], trace, model, kernels, moe_k, ids1, pre_alone, n_layers)
+            except Exception as err:  # noqa: BLE001 - recorded, not hidden
+                import traceback
+
+                rec["diag"] = {"error": traceback.format_exc()[-2000:]}
         # control: torch's router (fp32 softmax, topk, renormalise) instead of _moe_C.topk_softmax
         model.moe_kernels = type("TorchRouteVllmExperts", (), {
             "route": staticmethod(TorchMoeReference.route), "experts": staticmethod(moe_k.experts)})()
@@ -290,6 +306,111 @@ def main() -> int:
     print(json.dumps({k: {kk: vv for kk, vv in v.items() if kk != "per_layer"} if isinstance(v, dict) else v
                       for k, v in routing.items()}, indent=1)[:6000])
     return 0
+
+
+def install_hooks(m, store: dict) -> list[str]:
+    """Forward hooks on vLLM's modules (in the engine's process): each decoder layer's self_attn
+    and mlp, the final norm and the logits processor record (name, input hidden, output) while
+    store["on"]."""
+    import re
+
+    import torch
+
+    names = []
+    for n, mod in m.named_modules():
+        short = n.removeprefix("model.") if n.startswith("model.model.") else n
+        if not (re.fullmatch(r"model\.layers\.\d+\.(self_attn|mlp)", short) or short in ("model.norm", "logits_processor")):
+            continue
+
+        def hook(mod, args, kwargs, out, name=short):
+            if not store["on"]:
+                return
+            if name.endswith("self_attn"):
+                x = kwargs.get("hidden_states", args[1] if len(args) > 1 else None)
+            elif name == "logits_processor":
+                x = args[1] if len(args) > 1 else kwargs.get("hidden_states")
+            else:
+                x = args[0] if args else kwargs.get("hidden_states")
+            o = out[0] if isinstance(out, tuple) else out
+            store["calls"].append((name, x.detach().clone() if isinstance(x, torch.Tensor) else None,
+                                   o.detach().clone()))
+
+        mod.register_forward_hook(hook, with_kwargs=True)
+        names.append(short)
+    return names
+
+
+def rows_differ(a, b) -> dict:
+    """Rows of two [T, ...] tensors whose bits differ anywhere (views as int16/int32 by dtype)."""
+    import torch
+
+    if a is None or b is None or a.shape != b.shape or a.dtype != b.dtype:
+        return {"shape": [None if a is None else [list(a.shape), str(a.dtype)],
+                          None if b is None else [list(b.shape), str(b.dtype)]]}
+    iv = {2: torch.int16, 4: torch.int32}[a.element_size()]
+    d = (a.contiguous().view(iv) != b.contiguous().view(iv)).reshape(a.shape[0], -1)
+    rows = d.any(-1)
+    out = {"rows": int(a.shape[0]), "rows_differing": int(rows.sum()), "elements_differing": int(d.sum())}
+    if rows.any():
+        r = int(torch.nonzero(rows)[0])
+        out["first_row"] = r
+        out["max_abs_diff"] = float((a.float() - b.float()).abs().max())
+    return out
+
+
+def diagnose(calls, trace, model, kernels, moe_k, ids1, pre_alone, n_layers) -> dict:
+    """The trainer's intermediates on the anchor alone against vLLM's while it scored the anchor
+    alone (one engine step of the same 564 rows), and each op of the tail fed vLLM's own input."""
+    import torch
+
+    from tica.legs.vllm_kernels import autograd as A
+    from tica.legs.vllm_kernels.model import scored_rows
+
+    T = int(ids1.numel())
+    seen: dict = {}
+    for name, x, o in calls:
+        seen.setdefault(name, []).append((x, o))
+    res: dict = {"hook_calls": {k: [[None if x is None else list(x.shape), list(o.shape)] for x, o in v]
+                                for k, v in seen.items()}}
+
+    def full(name):  # the call of this module over all T rows
+        for x, o in seen.get(name, []):
+            if o.shape[0] == T:
+                return x, o
+        return None, None
+
+    ops = {}
+    for i in range(n_layers):
+        ax, ao = full(f"model.layers.{i}.self_attn")
+        mx, mo = full(f"model.layers.{i}.mlp")
+        ops[f"{i}.attn_out"] = rows_differ(trace[f"{i}.attn_out"], ao)
+        ops[f"{i}.mlp_in"] = rows_differ(trace[f"{i}.mlp_in"], mx)
+        ops[f"{i}.mlp_out"] = rows_differ(trace[f"{i}.mlp_out"], mo)
+        if mx is not None:  # the trainer's MoE block on vLLM's own input
+            logits = A.linear(kernels, mx, model.w(f"model.layers.{i}.mlp.gate.weight"))
+            w, ids = moe_k.route(mx, logits, model.top_k, model.renormalize)
+            w13, w2 = model.expert_weights(f"model.layers.{i}.")
+            ops[f"{i}.mlp_out_from_vllm_input"] = rows_differ(moe_k.experts(mx, w13, w2, w, ids), mo)
+    _, no = full("model.norm")
+    ops["final"] = rows_differ(trace["final"], no)
+    res["ops"] = ops
+    rows, tgt = scored_rows(ids1, torch.tensor([0, T], dtype=torch.int32, device=ids1.device))
+    lw = model.lm_head_weight()
+    if no is not None:  # the trainer's lm_head + logprob kernel on vLLM's final hidden states
+        lp = A.lm_head_logprobs(kernels, no[rows], lw, tgt, model.vocab_pad).float().cpu().tolist()
+        res["logprobs_from_vllm_final_hidden"] = nbits(lp, pre_alone)
+    mine = A.lm_head_logprobs(kernels, trace["final"][rows], lw, tgt, model.vocab_pad).float().cpu().tolist()
+    res["logprobs_from_trainer_final_hidden"] = nbits(mine, pre_alone)
+    for x, o in seen.get("logits_processor", []):
+        if x is not None and x.shape[0] >= T - 1:  # the prompt-logprob call(s)
+            res.setdefault("logits_calls", []).append(list(o.shape))
+            if o.shape[0] >= T - 1:
+                my_logits = A.padded_logits(kernels, trace["final"][rows], lw, model.vocab_pad)
+                res["logits_trainer_vs_vllm"] = rows_differ(my_logits, o[: T - 1, : my_logits.shape[1]])
+                res["logits_input_trainer_vs_vllm"] = rows_differ(trace["final"][rows], x[: T - 1])
+                lpv = kernels.token_logprobs(o[: T - 1], tgt).float().cpu().tolist()
+                res["logprob_kernel_on_vllm_logits"] = nbits(lpv, pre_alone)
+    return res
 
 
 def versions() -> dict:

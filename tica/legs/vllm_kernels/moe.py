@@ -149,6 +149,9 @@ class KernelQwen3Moe(KernelLlama):
                               if i not in dense and self.n_experts > 0 and (i + 1) % step == 0]
         # per MoE layer: (ids int32 [T, k], weights float32 [T, k]) of the last forward, packed order
         self.routes: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        # a dict to record the forward's intermediates in ("{layer}.attn_out", "{layer}.mlp_in",
+        # "{layer}.mlp_out", "final"): a probe that finds the first op whose bits differ from vLLM's
+        self.trace: dict[str, torch.Tensor] | None = None
 
     # ---------------------------------------------------------------- the blocks
     def _attention(self, p: str, h, pos, cu_seqlens, max_seqlen: int):
@@ -204,10 +207,18 @@ class KernelQwen3Moe(KernelLlama):
             else:
                 h, residual = self._fused_add(h, residual, self.w(p + "input_layernorm.weight"))
             h = self._attention(p, h, pos, cu_seqlens, max_seqlen)
+            self._record(f"{i}.attn_out", h)
             h, residual = self._fused_add(h, residual, self.w(p + "post_attention_layernorm.weight"))
+            self._record(f"{i}.mlp_in", h)
             h = self._moe(i, p, h) if i in self.sparse_layers else self._dense_mlp(p, h)
+            self._record(f"{i}.mlp_out", h)
         h, _ = self._fused_add(h, residual, self.w("model.norm.weight"))
+        self._record("final", h)
         return h
+
+    def _record(self, name: str, x: torch.Tensor) -> None:
+        if self.trace is not None:
+            self.trace[name] = x.detach().clone()
 
     def routing_receipt(self, start: int = 0, stop: int | None = None) -> list[LayerRoutes]:
         """The last forward's routes of packed tokens [start, stop), one entry per MoE layer in order."""
