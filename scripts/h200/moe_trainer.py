@@ -167,9 +167,13 @@ def main() -> int:
     from tica.legs.vllm_kernels.moe import TorchMoeReference, VllmMoeKernels, layer_routes, moe_from_dir
     from tica.legs.vllm_kernels.routing import compare, to_json
 
-    block = int(llm.llm_engine.vllm_config.cache_config.block_size)
+    vc = llm.llm_engine.vllm_config
+    block = int(vc.cache_config.block_size)
+    v2 = bool(vc.use_v2_model_runner)  # 0.26: False for Qwen3-MoE (not a default-V2 MoE architecture)
+    rec["vllm_model_runner"] = "v2" if v2 else "v1"
+    runner_lp, other_lp = ("v2_runner", "v1_sampler") if v2 else ("v1_sampler", "v2_runner")
     kernels = VllmKernels(linear="triton", norm="overlay" if "rmsnorm" in parts else "stock",
-                          attention_layout="paged", block_size=block)
+                          attention_layout="paged", block_size=block, logprob=runner_lp)
     moe_k = VllmMoeKernels()
     t = time.time()
     model = moe_from_dir(model_dir, kernels, moe_k, device="cuda")
@@ -205,6 +209,10 @@ def main() -> int:
         lp_torch_route = model.logprobs(ids, cu, mx).float().cpu().tolist()
         torch_route_anchor = model.routing_receipt(a0, a1)
         model.moe_kernels = moe_k
+        # control: the other runner's logprob op on the same forward
+        kernels.logprob = other_lp
+        lp_other = model.logprobs(ids, cu, mx).float().cpu().tolist()
+        kernels.logprob = runner_lp
         # the trainer's stacked expert weights against the tensors vLLM loaded (layer 0)
         w13, w2 = model.expert_weights("model.layers.0.")
 
@@ -229,7 +237,7 @@ def main() -> int:
             o += len(x) - 1
         return res
 
-    tr, tr_torch = split(lp), split(lp_torch_route)
+    tr, tr_torch, tr_other = split(lp), split(lp_torch_route), split(lp_other)
     gen_of = [slice(len(x) - 1, len(x) - 1 + len(tt)) for x, tt in zip(prompts, toks)]
     cat = lambda xs: [v for x in xs for v in x]  # noqa: E731
     rec["logprobs"] = {
@@ -240,6 +248,8 @@ def main() -> int:
         "vllm_anchor_prefill_alone_vs_in_batch": nbits(pre_alone, pre[ANCHOR_AT]),
         "torch_router_vs_vllm_prefill": nbits(cat(tr_torch), cat(pre)),
         "torch_router_vs_vllm_decode": nbits(cat(t[g] for t, g in zip(tr_torch, gen_of)), cat(dec)),
+        f"{other_lp}_logprob_vs_vllm_prefill": nbits(cat(tr_other), cat(pre)),
+        f"{other_lp}_logprob_vs_vllm_decode": nbits(cat(t[g] for t, g in zip(tr_other, gen_of)), cat(dec)),
     }
     rec["anchor_generated_alone_same_tokens"] = toks_alone == toks[ANCHOR_AT]
     rec["anchor_decode_alone_vs_in_batch"] = nbits(dec_alone, dec[ANCHOR_AT])
@@ -408,8 +418,12 @@ def diagnose(calls, trace, model, kernels, moe_k, ids1, pre_alone, n_layers) -> 
                 my_logits = A.padded_logits(kernels, trace["final"][rows], lw, model.vocab_pad)
                 res["logits_trainer_vs_vllm"] = rows_differ(my_logits, o[: T - 1, : my_logits.shape[1]])
                 res["logits_input_trainer_vs_vllm"] = rows_differ(trace["final"][rows], x[: T - 1])
-                lpv = kernels.token_logprobs(o[: T - 1], tgt).float().cpu().tolist()
-                res["logprob_kernel_on_vllm_logits"] = nbits(lpv, pre_alone)
+                keep = kernels.logprob
+                for impl in ("v1_sampler", "v2_runner"):
+                    kernels.logprob = impl
+                    lpv = kernels.token_logprobs(o[: T - 1], tgt).float().cpu().tolist()
+                    res[f"{impl}_logprob_on_vllm_logits"] = nbits(lpv, pre_alone)
+                kernels.logprob = keep
     return res
 
 
