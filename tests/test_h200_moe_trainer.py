@@ -127,3 +127,47 @@ def test_receipt_digests_match_their_content():
         rec = receipts("run1", arm)
         for k, v in rec["receipts"].items():
             assert hashlib.sha256(json.dumps(v, sort_keys=True).encode()).hexdigest() == rec["sha256"][k]
+
+
+# ---------------------------------------------------------------- run2: the runner's logprob op, --diag
+
+
+def test_run2_with_the_runners_logprob_op_the_trainer_is_bitwise_vllm():
+    """run2 (another H100): the trainer takes the logprob op of the runner vLLM reports (V1: the
+    batch-invariant log_softmax on fp32 logits). With overlay3 every one of 2,048 decode and 19,602
+    prefill logprobs is bitwise vLLM's; the V2 kernel on the same forward is the control (49, 435)."""
+    s = summary("run2", "overlay3")
+    assert s["vllm_model_runner"] == "v1" and s["trainer"]["kernels"]["logprob"] == "v1_sampler"
+    lp = s["logprobs"]
+    assert lp["trainer_vs_vllm_decode"] == {"tokens": 2048, "n_bitwise_diff": 0, "max_abs_diff": 0.0}
+    assert lp["trainer_vs_vllm_prefill"] == {"tokens": 19602, "n_bitwise_diff": 0, "max_abs_diff": 0.0}
+    assert lp["v2_runner_logprob_vs_vllm_decode"]["n_bitwise_diff"] == 49
+    assert lp["v2_runner_logprob_vs_vllm_prefill"]["n_bitwise_diff"] == 435
+    assert s["versions"]["gpu"] != summary("run1", "overlay3")["versions"]["gpu"]  # another card
+    for key in ("trainer_vs_vllm_score_alone", "trainer_vs_vllm_decode_rows", "trainer_pack_vs_vllm_score_batch"):
+        assert s["routing"][key]["identical"] is True, key
+
+
+def test_run2_stock_fails_decode_only():
+    """Stock: prefill bitwise (0/19,602), decode not (1,849/2,048 — exactly the tokens where vLLM's
+    decode differs from its own prefill), and the decode rows route differently (47 pairs)."""
+    lp = summary("run2", "stock")["logprobs"]
+    assert lp["trainer_vs_vllm_prefill"]["n_bitwise_diff"] == 0
+    assert lp["trainer_vs_vllm_decode"]["n_bitwise_diff"] == lp["vllm_decode_vs_vllm_prefill"]["n_bitwise_diff"] == 1849
+    assert summary("run2", "stock")["routing"]["trainer_vs_vllm_decode_rows"]["ids_differing"] == 47
+
+
+@pytest.mark.parametrize("arm", ARMS)
+def test_run2_diag_every_intermediate_is_vllms(arm):
+    """--diag: vLLM's modules hooked while it scored the anchor alone (564 rows, one step). Each
+    layer's attention output, MoE input and MoE output, the final norm and the logits are bitwise the
+    trainer's; the trainer's MoE block on vLLM's own input reproduces vLLM's output; the V1 logprob op
+    on vLLM's logits reproduces its prompt logprobs, the V2 kernel does not (the measured reason)."""
+    d = summary("run2", arm)["diag"]
+    assert len(d["ops"]) == 4 * 4 + 1
+    for name, c in d["ops"].items():
+        assert c["rows"] == 564 and c["rows_differing"] == 0, name
+    assert d["logits_trainer_vs_vllm"]["rows_differing"] == 0 and d["logits_input_trainer_vs_vllm"]["rows_differing"] == 0
+    assert d["v1_sampler_logprob_on_vllm_logits"]["n_bitwise_diff"] == 0
+    assert d["v2_runner_logprob_on_vllm_logits"]["n_bitwise_diff"] == {"overlay3": 10, "stock": 12}[arm]
+    assert d["v2_runner_logprob_on_vllm_logits"]["max_abs_diff"] <= 2 ** -20
