@@ -137,14 +137,21 @@ class VllmKernels:
       vLLM's FlashAttentionImpl calls it for prefill and decode alike);
     * ``logits_layout``: "vllm" (the logprob kernel reads the logits with the row stride it is
       given: the padded vocabulary's, as vLLM passes its sliced view) or "dense" (copied to a dense
-      [T, V] tensor first: what this trainer did before matrix4, a probe of the stride's effect).
+      [T, V] tensor first: what this trainer did before matrix4, a probe of the stride's effect);
+    * ``logprob``: "v2_runner" (``compute_token_logprobs``: the V2 model runner's
+      ``_topk_log_softmax_kernel`` on the bf16 logits) or "v1_sampler" (the V1 runner's
+      ``Sampler.compute_logprobs``: ``log_softmax(dtype=float32)``, which BI=1 routes to the Triton
+      ``batch_invariant.log_softmax`` on the fp32 logits, then a gather). vLLM 0.26 runs dense
+      models on the V2 runner and MoE models on V1 unless their architecture is in
+      ``DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES`` (vllm/config/vllm.py): Qwen3-MoE runs on V1.
     """
 
     name = "vllm_kernels"
     vocab_pad = 64  # ParallelLMHead pads the vocabulary to a multiple of 64
+    logprob = "v2_runner"
 
     def __init__(self, *, linear: str = "triton", norm: str = "stock", attention_layout: str = "contiguous",
-                 block_size: int = 16, logits_layout: str = "vllm") -> None:
+                 block_size: int = 16, logits_layout: str = "vllm", logprob: str = "v2_runner") -> None:
         from .pin import check_symbols
 
         k = check_symbols()
@@ -157,6 +164,9 @@ class VllmKernels:
         self._lp = k["logprob"]
         self.linear_impl, self.norm, self.attention_layout, self.block_size = linear, norm, attention_layout, block_size
         self.logits_layout = logits_layout
+        if logprob not in ("v2_runner", "v1_sampler"):
+            raise ValueError(f"logprob {logprob!r}: v2_runner or v1_sampler")
+        self.logprob = logprob
         self._dispatch = None
         # row-wise kernels are called on at most this many elements (None: one call; a control)
         self.row_limit: int | None = ROW_CALL_ELEMS
@@ -168,7 +178,7 @@ class VllmKernels:
     def describe(self) -> dict:
         return {"linear": self.linear_impl, "norm": self.norm, "attention_layout": self.attention_layout,
                 "block_size": self.block_size, "logits_layout": self.logits_layout,
-                "row_call_elems": self.row_limit}
+                "row_call_elems": self.row_limit, "logprob": self.logprob}
 
     def linear(self, x, w, b=None):
         if self.linear_impl == "dispatch":
@@ -245,6 +255,10 @@ class VllmKernels:
         # caller's (vLLM's padded) stride unless the rows themselves are not contiguous.
         if self.logits_layout == "dense" or logits.stride(-1) != 1:
             logits = logits.contiguous()
+        if self.logprob == "v1_sampler":
+            from vllm.model_executor.layers.batch_invariant import log_softmax
+
+            return log_softmax(logits.float(), dim=-1).gather(-1, targets.long().reshape(-1, 1))[:, 0]
         return self._lp(logits, targets.reshape(-1, 1).contiguous())[:, 0]
 
 

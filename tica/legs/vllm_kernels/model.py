@@ -45,12 +45,14 @@ def load_safetensors_dir(model_dir: str | Path, device="cpu") -> dict[str, torch
 
 
 class KernelLlama(torch.nn.Module):
+    supported_architectures: tuple[str, ...] = SUPPORTED_ARCHITECTURES
+
     def __init__(self, config: dict, state_dict: dict[str, torch.Tensor], kernels, *,
                  compute_dtype: torch.dtype | None = None, device=None) -> None:
         super().__init__()
         arch = (config.get("architectures") or ["?"])[0]
-        if arch not in SUPPORTED_ARCHITECTURES:
-            raise NotImplementedError(f"KernelLlama supports {SUPPORTED_ARCHITECTURES}, not {arch}")
+        if arch not in self.supported_architectures:
+            raise NotImplementedError(f"{type(self).__name__} supports {self.supported_architectures}, not {arch}")
         rs = config.get("rope_scaling") or (config.get("rope_parameters") or {})
         rtype = rs.get("rope_type", rs.get("type", "default")) if isinstance(rs, dict) else "default"
         if rtype not in (None, "default"):

@@ -1,0 +1,240 @@
+"""``KernelQwen3Moe``: a Qwen3-MoE decoder whose forward is vLLM 0.26's own kernels (forward only).
+
+The layer order is vLLM's ``Qwen3MoeDecoderLayer``: input norm, attention with a per-head RMSNorm
+of q and k before the rotary (``q_norm`` / ``k_norm``: vLLM's RMSNorm over [tokens, heads,
+head_dim], one row per head), post-attention norm, then the sparse MoE block (or a dense MLP on
+``mlp_only_layers``). The dense ops are ``KernelLlama``'s (model.py: the Triton matmul, the
+candidate's norm, rotary, paged FA3, the logprob op of the model runner vLLM used: 0.26 serves
+Qwen3-MoE on its V1 runner, so ``VllmKernels(logprob="v1_sampler")``). The MoE block is what vLLM's
+``FusedMoE`` runs for an unquantized model on its TRITON backend under ``VLLM_BATCH_INVARIANT=1``:
+
+* router logits: the gate (a ``ReplicatedLinear``: the batch-invariant Triton matmul, bf16 out);
+* routing: ``fused_topk`` (``_moe_C.topk_softmax``: softmax over the experts in fp32, top-k by
+  weight, renormalised when ``norm_topk_prob``), as ``FusedTopKRouter`` calls it;
+* experts: ``fused_experts`` (the Triton ``fused_moe_kernel`` for gate_up, ``silu_and_mul``, the
+  kernel again for down with the gate weight applied to its fp32 accumulator, ``_moe_C.moe_sum``
+  over the top-k), with the expert weights stacked as vLLM's ``w13`` [E, 2I, H] (gate rows, then
+  up) and ``w2`` [E, H, I]. Under BI=1 vLLM's MoE config is fixed (get_default_config: 64x64x32
+  tiles, no tuned table), which is what lets a row's bits not depend on the other rows.
+
+Every forward records **routing receipts** (``routes``: per MoE layer the expert ids and gate
+weights of each packed token, as routing.py compares them). ``TorchMoeReference`` is the same
+math in plain torch (any device and dtype) for CPU tests. No backward: the MoE block's gradient
+(router and experts) is the next step of issue 33; ``hidden`` refuses to run with grad enabled.
+
+Measured on an H100 (tests/fixtures/h200/calls/moe_trainer, run2): with overlay3 the packed forward's
+logprobs equal vLLM's bitwise (2048 decode, 19602 prefill), and so do its routes on every row.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from . import autograd as A
+from .model import KernelLlama, load_safetensors_dir
+from .routing import LayerRoutes
+
+MOE_ARCHITECTURES = ("Qwen3MoeForCausalLM",)
+
+
+class TorchMoeReference:
+    """Routing and experts in plain torch (any device/dtype; float64 in CPU tests)."""
+
+    name = "torch_moe_reference"
+
+    @staticmethod
+    def route(x: torch.Tensor, logits: torch.Tensor, top_k: int, renormalize: bool):
+        wide = torch.promote_types(logits.dtype, torch.float32)
+        p = torch.softmax(logits.to(wide), dim=-1)
+        w, ids = torch.topk(p, top_k, dim=-1)  # descending, as topk_softmax returns them
+        if renormalize:
+            w = w / w.sum(-1, keepdim=True)
+        return w, ids.to(torch.int32)
+
+    @staticmethod
+    def experts(x, w13, w2, weights, ids):
+        wide = torch.promote_types(x.dtype, torch.float32)
+        out = torch.zeros(x.shape[0], w2.shape[1], dtype=wide, device=x.device)
+        for e in torch.unique(ids).tolist():
+            tok, slot = torch.nonzero(ids == e, as_tuple=True)
+            g, u = (x[tok].to(wide) @ w13[e].to(wide).t()).chunk(2, dim=-1)
+            y = (F.silu(g) * u) @ w2[e].to(wide).t()
+            out.index_add_(0, tok, y * weights[tok, slot].to(wide).unsqueeze(-1))
+        return out.to(x.dtype)
+
+    @staticmethod
+    def describe() -> dict:
+        return {"route": "torch softmax/topk", "experts": "torch per-expert matmuls"}
+
+
+class VllmMoeKernels:
+    """vLLM 0.26's MoE kernels (GPU, needs vLLM's ``_moe_C``). Construct after
+    VLLM_BATCH_INVARIANT is set: the experts' Triton config is read from it per call."""
+
+    name = "vllm_moe_kernels"
+    ROUTE = "vllm.model_executor.layers.fused_moe.router.fused_topk_router.fused_topk"
+    EXPERTS = "vllm.model_executor.layers.fused_moe.fused_moe.fused_experts"
+
+    def __init__(self) -> None:
+        from vllm.model_executor.layers.fused_moe.fused_moe import fused_experts
+        from vllm.model_executor.layers.fused_moe.router.fused_topk_router import fused_topk
+
+        self._topk, self._experts = fused_topk, fused_experts
+
+    def route(self, x, logits, top_k: int, renormalize: bool):
+        w, ids, _ = self._topk(hidden_states=x, gating_output=logits, topk=top_k, renormalize=renormalize)
+        return w, ids
+
+    def experts(self, x, w13, w2, weights, ids):
+        return self._experts(x.contiguous(), w13.contiguous(), w2.contiguous(), weights, ids)
+
+    def describe(self) -> dict:
+        return {"route": self.ROUTE + " (_moe_C.topk_softmax)",
+                "experts": self.EXPERTS + " (Triton fused_moe_kernel x2, silu_and_mul, _moe_C.moe_sum)"}
+
+
+def per_expert_state_dict(sd: dict[str, torch.Tensor], n_layers: int) -> dict[str, torch.Tensor]:
+    """HF names with one tensor per expert: a checkpoint that stores a layer's experts fused
+    (``mlp.experts.gate_up_proj`` [E, 2I, H], ``mlp.experts.down_proj`` [E, H, I]: transformers
+    5's in-memory layout) is split; per-expert checkpoints pass unchanged."""
+    out = dict(sd)
+    for i in range(n_layers):
+        p = f"model.layers.{i}.mlp.experts."
+        if p + "gate_up_proj" not in out:
+            continue
+        gu, down = out.pop(p + "gate_up_proj"), out.pop(p + "down_proj")
+        half = gu.shape[1] // 2
+        for e in range(gu.shape[0]):
+            out[f"{p}{e}.gate_proj.weight"] = gu[e, :half]
+            out[f"{p}{e}.up_proj.weight"] = gu[e, half:]
+            out[f"{p}{e}.down_proj.weight"] = down[e]
+    return out
+
+
+def num_experts(config: dict) -> int:
+    """The routed experts, under whichever name the config uses (vLLM's get_num_experts order:
+    transformers 5 writes Qwen3-MoE's as ``num_local_experts``)."""
+    for key in ("num_experts", "n_routed_experts", "num_local_experts"):
+        if config.get(key) is not None:
+            return int(config[key])
+    raise KeyError("no num_experts, n_routed_experts or num_local_experts in the config")
+
+
+def layer_routes(ids: torch.Tensor, weights: torch.Tensor) -> LayerRoutes:
+    """One layer's receipt from the router's tensors: ids as int, weights as float32 bits."""
+    bits = weights.detach().to(torch.float32).contiguous().cpu().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    return LayerRoutes(tuple(ids.detach().cpu().to(torch.int64).flatten().tolist()), tuple(bits.flatten().tolist()),
+                       int(ids.shape[-1]))
+
+
+class KernelQwen3Moe(KernelLlama):
+    supported_architectures = MOE_ARCHITECTURES
+
+    def __init__(self, config: dict, state_dict: dict[str, torch.Tensor], kernels, moe_kernels, *,
+                 compute_dtype: torch.dtype | None = None, device=None) -> None:
+        if config.get("shared_expert_intermediate_size"):
+            raise NotImplementedError("shared experts (Qwen2-MoE style) are not implemented")
+        if config.get("hidden_act", "silu") != "silu":
+            raise NotImplementedError(f"activation {config.get('hidden_act')!r}: only silu (vLLM's too)")
+        n_layers = int(config["num_hidden_layers"])
+        super().__init__(config, per_expert_state_dict(state_dict, n_layers), kernels,
+                         compute_dtype=compute_dtype, device=device)
+        self.moe_kernels = moe_kernels
+        self.n_experts = num_experts(config)
+        self.top_k = int(config["num_experts_per_tok"])
+        self.renormalize = bool(config.get("norm_topk_prob", False))
+        dense = set(config.get("mlp_only_layers") or [])
+        step = int(config.get("decoder_sparse_step") or 1)
+        self.sparse_layers = [i for i in range(n_layers)
+                              if i not in dense and self.n_experts > 0 and (i + 1) % step == 0]
+        # per MoE layer: (ids int32 [T, k], weights float32 [T, k]) of the last forward, packed order
+        self.routes: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        # a dict to record the forward's intermediates in ("{layer}.attn_out", "{layer}.mlp_in",
+        # "{layer}.mlp_out", "final"): a probe that finds the first op whose bits differ from vLLM's
+        self.trace: dict[str, torch.Tensor] | None = None
+
+    # ---------------------------------------------------------------- the blocks
+    def _attention(self, p: str, h, pos, cu_seqlens, max_seqlen: int):
+        K, H, KVH, D, T = self.kernels, self.H, self.KVH, self.D, h.shape[0]
+        wqkv = self.fused(p + "self_attn.", ("q_proj", "k_proj", "v_proj"))
+        bqkv = self.fused(p + "self_attn.", ("q_proj", "k_proj", "v_proj"), "bias")
+        qkv = self._lin(p + "self_attn.qkv_proj", h, wqkv, bqkv)
+        q, k, v = qkv.split([H * D, KVH * D, KVH * D], dim=-1)
+        # vLLM: q.view(T, H, D) -> RMSNorm (rms_norm_batch_invariant flattens to rows of D)
+        q = A.rms_norm(K, q.reshape(T * H, D), self.w(p + "self_attn.q_norm.weight"), self.eps).reshape(T, H * D)
+        k = A.rms_norm(K, k.reshape(T * KVH, D), self.w(p + "self_attn.k_norm.weight"), self.eps).reshape(T, KVH * D)
+        q, k = A.rotary(K, pos, q, k, D, self.cos_sin)
+        o = A.attention(K, q.reshape(T, H, D), k.reshape(T, KVH, D), v.reshape(T, KVH, D),
+                        cu_seqlens, max_seqlen, D ** -0.5)
+        return self._lin(p + "self_attn.o_proj", o.reshape(T, H * D), self.w(p + "self_attn.o_proj.weight"))
+
+    def expert_weights(self, p: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """vLLM's stacked expert weights of one layer: w13 [E, 2I, H] (gate rows, then up), w2 [E, H, I]."""
+        e = range(self.n_experts)
+        w13 = torch.stack([torch.cat([self.w(f"{p}mlp.experts.{j}.gate_proj.weight"),
+                                      self.w(f"{p}mlp.experts.{j}.up_proj.weight")], 0) for j in e])
+        w2 = torch.stack([self.w(f"{p}mlp.experts.{j}.down_proj.weight") for j in e])
+        return w13, w2
+
+    def _moe(self, i: int, p: str, h):
+        logits = self._lin(p + "mlp.gate", h, self.w(p + "mlp.gate.weight"))
+        weights, ids = self.moe_kernels.route(h, logits, self.top_k, self.renormalize)
+        self.routes[i] = (ids.detach(), weights.detach())
+        w13, w2 = self.expert_weights(p)
+        return self.moe_kernels.experts(h, w13, w2, weights, ids)
+
+    def _dense_mlp(self, p: str, h):
+        gu = self._lin(p + "mlp.gate_up_proj", h, self.fused(p + "mlp.", ("gate_proj", "up_proj")))
+        return self._lin(p + "mlp.down_proj", A.silu_and_mul(self.kernels, gu), self.w(p + "mlp.down_proj.weight"))
+
+    def hidden(self, ids: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int) -> torch.Tensor:
+        if torch.is_grad_enabled() and any(m.requires_grad for m in self.master):
+            raise NotImplementedError("KernelQwen3Moe is forward only (the MoE backward is issue 33's next "
+                                      "step): call it under torch.no_grad()")
+        if self.tp != 1:
+            raise NotImplementedError("KernelQwen3Moe runs vLLM's TP=1 layout only")
+        K = self.kernels
+        pos = torch.cat([torch.arange(int(e - s), device=ids.device)
+                         for s, e in zip(cu_seqlens[:-1].tolist(), cu_seqlens[1:].tolist())])
+        h = F.embedding(ids, self.w("model.embed_tokens.weight"))
+        residual = None
+        self.routes = {}
+        for i in range(self.n_layers):
+            p = f"model.layers.{i}."
+            if residual is None:
+                residual = h
+                h = A.rms_norm(K, h, self.w(p + "input_layernorm.weight"), self.eps)
+            else:
+                h, residual = self._fused_add(h, residual, self.w(p + "input_layernorm.weight"))
+            h = self._attention(p, h, pos, cu_seqlens, max_seqlen)
+            self._record(f"{i}.attn_out", h)
+            h, residual = self._fused_add(h, residual, self.w(p + "post_attention_layernorm.weight"))
+            self._record(f"{i}.mlp_in", h)
+            h = self._moe(i, p, h) if i in self.sparse_layers else self._dense_mlp(p, h)
+            self._record(f"{i}.mlp_out", h)
+        h, _ = self._fused_add(h, residual, self.w("model.norm.weight"))
+        self._record("final", h)
+        return h
+
+    def _record(self, name: str, x: torch.Tensor) -> None:
+        if self.trace is not None:
+            self.trace[name] = x.detach().clone()
+
+    def routing_receipt(self, start: int = 0, stop: int | None = None) -> list[LayerRoutes]:
+        """The last forward's routes of packed tokens [start, stop), one entry per MoE layer in order."""
+        out = []
+        for i in self.sparse_layers:
+            ids, w = self.routes[i]
+            out.append(layer_routes(ids[start:stop], w[start:stop]))
+        return out
+
+
+def moe_from_dir(model_dir: str | Path, kernels, moe_kernels, *, device="cpu",
+                 compute_dtype: torch.dtype | None = None) -> KernelQwen3Moe:
+    cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    sd = load_safetensors_dir(model_dir, device=device)
+    return KernelQwen3Moe(cfg, sd, kernels, moe_kernels, compute_dtype=compute_dtype, device=device)
