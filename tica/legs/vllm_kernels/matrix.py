@@ -295,11 +295,17 @@ def kernels_norm(kernels) -> str:
     return getattr(kernels, "norm", "reference")
 
 
+# The op each VllmKernels.logprob setting runs, as a leg records it (kernels.py says why there are two).
+LOGPROB_OPS = {"v2_runner": "V2 runner compute_token_logprobs",
+               "v1_sampler": "V1 sampler log_softmax(dtype=float32) (batch-invariant Triton under BI=1)"}
+
+
 def kernels_describe(kernels) -> dict:
     d = kernels.describe() if hasattr(kernels, "describe") else {"kernels": getattr(kernels, "name", "?")}
     pad = getattr(kernels, "vocab_pad", 1)
+    # the op the trainer ran, read from it: a kernel set that does not say records it as unknown
     return dict(d, lm_head=f"padded to a multiple of {pad} rows (vLLM's ParallelLMHead)" if pad > 1 else "not padded",
-                logprob="V2 runner compute_token_logprobs")
+                logprob=LOGPROB_OPS.get(getattr(kernels, "logprob", None), "unknown"))
 
 
 def product_trainer(candidate: str, rollout) -> tuple:
