@@ -26,8 +26,11 @@ from pathlib import Path
 import pytest
 
 from tests.legs import walkthrough_project as W
+from tests.legs.test_ingest_lm_eval import _question as quality_question
 from tica.evidence import EvidenceItem
+from tica.judges.quality import judge_quality
 from tica.seal import check_seal
+from tica.verdict import Verdict
 
 # who may have written a judged leg.json: the tools' own producers, never this test
 PRODUCERS = {"tica leg run", "lm_eval", "verl"}
@@ -130,6 +133,16 @@ def test_runs_you_already_have_are_judged_together_in_the_tracks_report(tiny_mod
     assert run_bi1["env"]["VLLM_BATCH_INVARIANT"] == "1"  # all the hf "bi1" run had
     ingested = json.loads((folder / "quality" / "bi1" / "leg.json").read_text())
     assert not ingested.get("env") and not ingested.get("device") and not ingested.get("kernels")  # not invented
+    # the same pair as `tica judge quality` reads it (docs/leg-run.md's lm_eval walkthrough, whose
+    # commands these runs are): each `tica leg run` recorded its arm's switch, identical lm_eval
+    # runs differ in no contract item, and what lm_eval does not record is unknown, never a pass
+    for arm in ("bi0", "bi1"):
+        run_leg = json.loads((folder / "quality" / f"lm_eval-run-{arm}" / "leg.json").read_text())
+        assert run_leg["env"]["VLLM_BATCH_INVARIANT"] == ("1" if arm == "bi1" else "0")
+    cell = judge_quality(quality_question(W.LIMIT), [folder / "quality" / "bi0", folder / "quality" / "bi1"])
+    assert cell.numbers["n"] == W.LIMIT and cell.numbers["contract_differs"] == []
+    assert any("not recorded (unknown)" in r and "device.name" in r for r in cell.reasons), cell.reasons
+    assert cell.verdict is not Verdict.PASS
 
     # forward (verl's file logger, then its MLflow store as a second run): each judged, with unknowns
     verdicts = _ledger_query(env, "SELECT verdict_id, verdict, rerun_of FROM verdicts WHERE item = 'forward' ORDER BY seq")

@@ -13,7 +13,8 @@ from tests.ray.conftest import PREFIX
 from tests.ray.writers import append_reruns
 from tica.ledger import PostgresLedger
 
-pytestmark = pytest.mark.scale
+# serial with the node-loss tests: one Ray cluster (tests/ray/conftest.py) serves all three files
+pytestmark = [pytest.mark.scale, pytest.mark.serial]
 
 
 def test_eight_writers_on_different_nodes_lose_nothing_and_the_chain_verifies(ray_cluster, pg_dsn):
