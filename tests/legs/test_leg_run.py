@@ -299,7 +299,7 @@ def test_a_running_server_of_the_other_arm_is_refused(work):
         server.wait()
 
 
-@pytest.mark.serial
+@pytest.mark.serial  # 0.3 s for the server to start
 def test_a_running_server_still_running_is_recorded_running_never_clean(work):
     server = _running_server(work, "0", "import time; time.sleep(30)")
     try:
@@ -313,7 +313,7 @@ def test_a_running_server_still_running_is_recorded_running_never_clean(work):
     assert meta["resolved_config"]["server"]["env"]["VLLM_BATCH_INVARIANT"] == "0"
 
 
-@pytest.mark.serial
+@pytest.mark.serial  # the server must end mid-leg
 def test_a_running_server_that_ends_during_the_leg_records_what_could_be_seen(work):
     # the server ends while the command runs; its parent (this test) has not reaped it yet, so its
     # exit status is readable from /proc: recorded. Reaped, it would be `gone` with no code.
@@ -410,7 +410,7 @@ def test_vllm_bench_serve_against_a_cpu_vllm_server_it_starts(tiny_model, tmp_pa
     assert cell.verdict is Verdict.PASS, cell.reasons
 
 
-@pytest.mark.serial
+@pytest.mark.serial  # a log line 1 s in, after the leg began
 def test_a_running_servers_log_is_read_from_where_the_leg_began(work):
     """A force kill logged before the leg is another leg's; one logged during it is this leg's."""
     log = work / "server.out"
