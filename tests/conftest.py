@@ -5,10 +5,11 @@ The full run (`bash scripts/test.sh`) has two phases: every test not marked `ser
 pytest-xdist workers (`--dist loadfile`: each file on one worker, so its module fixtures are made
 once; a session fixture, once per worker that runs a test of it), then the `serial` tests in one
 process. `serial` marks a test that times a signal, a deadline or a short wait against the clock:
-with both cores busy such tests failed. The tests of one expensive session fixture live in one file
-(the demo leg set: tests/legs/test_legs_cpu.py) or run serial together (the Ray cluster:
-tests/ray), so that fixture is made once. (xdist's `loadgroup` groups nothing under pytest 9: it
-tags a group onto `item._nodeid`, which pytest 9 no longer reads.)
+with both cores busy such tests failed. The tests of the demo leg set (tests/legs/conftest.py, the
+costliest fixture) live in one file, tests/legs/test_legs_cpu.py, so the set is made once. The Ray
+cluster (tests/ray/conftest.py, about 11 s) is made twice: for tests/ray/test_ray_legs.py on a
+worker, and for the serial Ray tests. (xdist's `loadgroup` groups nothing under pytest 9: it tags a
+group onto `item._nodeid`, which pytest 9 no longer reads.)
 
 Under xdist the files are handed out slowest first (SLOWEST_FIRST, from the full run's
 `--durations`; scripts/test.sh passes `--no-loadscope-reorder`, since xdist's own order is by number
@@ -24,18 +25,20 @@ from tests.long import FULL, SKIP_REASON
 # The files of the longest wall time in the full run (tests/<path>, slowest first); the rest keep
 # their collection order after these. Only the order changes: every test runs.
 SLOWEST_FIRST = (
-    "legs/test_legs_cpu.py",  # the demo leg set: about 7 minutes
-    "legs/test_walkthrough_report.py",
-    "dagster/test_demo_browser_in_clone.py",
-    "dagster/test_dagster_browser.py",
-    "dagster/test_report_html_browser.py",
-    "legs/test_demo_cpu_track.py",
-    "legs/test_legs_fast.py",
-    "legs/test_leg_run.py",
-    "dagster/test_dagster_cpu_legs.py",
-    "legs/test_leg_identity.py",
+    "legs/test_legs_cpu.py",  # the demo leg set (430 s), the faulted throughput legs (56 s), the clean-exit canary
+    "ray/test_ray_legs.py",  # 154 s, and a Ray cluster of its own (the node-loss tests' is in the serial phase)
+    "legs/test_walkthrough_report.py",  # 143 s
+    "dagster/test_dagster_browser.py",  # 120 s
+    "dagster/test_pipes_gpu_proof.py",  # 85 s + 17 s + 12 s
+    "legs/test_demo_cpu_track.py",  # 62 s + 43 s
+    "dagster/test_demo_browser_in_clone.py",  # 80 s
+    "dagster/test_dagster_acceptance.py",  # five of 12-14 s
+    "legs/test_leg_run.py",  # 47 s
+    "dagster/test_dagster_staleness.py",  # 36 s
+    "dagster/test_dagster_instance_postgres.py",
     "legs/test_pipes_child.py",
     "legs/test_leg_run_trust.py",
+    "legs/test_leg_identity.py",
 )
 
 

@@ -13,7 +13,8 @@ from tests.ray.conftest import PREFIX
 from tests.ray.writers import append_reruns
 from tica.ledger import PostgresLedger
 
-# serial with the node-loss tests: one Ray cluster (tests/ray/conftest.py) serves all three files
+# serial beside the node-loss tests, whose cluster (tests/ray/conftest.py) it shares: a few seconds of
+# writes, not worth a cluster of its own in the two-worker phase
 pytestmark = [pytest.mark.scale, pytest.mark.serial]
 
 

@@ -16,8 +16,7 @@ from tests.ray.ray_project import TRACK, leg_json, ray_defs, ray_project, ray_ru
 from tica.evidence import EvidenceItem
 from tica.ledger import PostgresLedger
 
-# serial with the node-loss tests: one Ray cluster (tests/ray/conftest.py) serves all three files
-pytestmark = [pytest.mark.scale, pytest.mark.serial]
+pytestmark = pytest.mark.scale
 
 
 def test_a_run_on_ray_nodes_lands_its_verdicts_in_the_postgres_ledger(ray_cluster, pg_dsn, tmp_path):
