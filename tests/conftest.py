@@ -56,7 +56,8 @@ def pytest_configure(config):
                                        "the postgres_server fixture); `scripts/test.sh --fast` leaves these out")
     config.addinivalue_line("markers", "serial: times a signal, a deadline or a short wait against the clock (a "
                                        "contender's hold, a 1 s timeout, a race with a process started a moment "
-                                       "before); the full run runs it after its two-worker phase, in one process")
+                                       "before); the full run runs it after its two-worker phase, in one process "
+                                       "(scripts/test.sh finds those tests' files by the text `pytest.mark.serial`)")
 
 
 def _slowest_first(item) -> int:
