@@ -33,7 +33,6 @@ SLOWEST_FIRST = (
     "legs/test_demo_cpu_track.py",  # 62 s + 43 s
     "dagster/test_demo_browser_in_clone.py",  # 80 s
     "dagster/test_dagster_acceptance.py",  # five of 12-14 s
-    "legs/test_leg_run.py",  # 47 s
     "dagster/test_dagster_staleness.py",  # 36 s
     "dagster/test_dagster_instance_postgres.py",
     "legs/test_pipes_child.py",
