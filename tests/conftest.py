@@ -1,15 +1,45 @@
 """Suite-wide: tests marked `long` run only under TICA_TESTS=full (tests/long.py); tests using the
-postgres_server fixture are marked `postgres`. Under pytest-xdist (`TICA_TEST_WORKERS=2 bash
-scripts/test.sh`, and `--fast`) `--dist loadfile` keeps each file on one worker, so its module
-fixtures are made once; a session fixture (the demo leg set, the accepted track) is made once per
-worker that runs a test of its. (xdist's `loadgroup` groups nothing under pytest 9: it tags a
-group onto `item._nodeid`, which pytest 9 no longer reads.)"""
+postgres_server fixture are marked `postgres`.
+
+The full run (`bash scripts/test.sh`) has two phases: every test not marked `serial` on two
+pytest-xdist workers (`--dist loadfile`: each file on one worker, so its module fixtures are made
+once; a session fixture, once per worker that runs a test of it), then the `serial` tests in one
+process. `serial` marks a test that times a signal, a deadline or a short wait against the clock:
+with both cores busy such tests failed. The tests of the demo leg set (tests/legs/conftest.py, the
+costliest fixture) live in one file, tests/legs/test_legs_cpu.py, so the set is made once. The Ray
+cluster (tests/ray/conftest.py, about 11 s) is made twice: for tests/ray/test_ray_legs.py on a
+worker, and for the serial Ray tests. (xdist's `loadgroup` groups nothing under pytest 9: it tags a
+group onto `item._nodeid`, which pytest 9 no longer reads.)
+
+Under xdist the files are handed out slowest first (SLOWEST_FIRST, from the full run's
+`--durations`; scripts/test.sh passes `--no-loadscope-reorder`, since xdist's own order is by number
+of tests, which puts a one-test file of two minutes last): a long file started last would leave
+one worker idle while the other finishes it."""
 
 from __future__ import annotations
 
 import pytest
 
 from tests.long import FULL, SKIP_REASON
+
+# The files of the longest wall time in the full run (tests/<path>, slowest first); the rest keep
+# their collection order after these. Only the order changes: every test runs.
+SLOWEST_FIRST = (
+    "legs/test_legs_cpu.py",  # the demo leg set (430 s), the faulted throughput legs (56 s), the clean-exit canary
+    "ray/test_ray_legs.py",  # 154 s, and a Ray cluster of its own (the node-loss tests' is in the serial phase)
+    "legs/test_walkthrough_report.py",  # 143 s
+    "dagster/test_dagster_browser.py",  # 120 s
+    "dagster/test_pipes_gpu_proof.py",  # 85 s + 17 s + 12 s
+    "legs/test_demo_cpu_track.py",  # 62 s + 43 s
+    "dagster/test_demo_browser_in_clone.py",  # 80 s
+    "dagster/test_dagster_acceptance.py",  # five of 12-14 s
+    "dagster/test_dagster_staleness.py",  # 36 s
+    "dagster/test_dagster_instance_postgres.py",
+    "legs/test_pipes_child.py",
+    "legs/test_leg_run_trust.py",
+    "legs/test_leg_identity.py",
+)
+
 
 @pytest.fixture(scope="session")
 def baseline(tmp_path_factory):
@@ -23,6 +53,15 @@ def baseline(tmp_path_factory):
 def pytest_configure(config):
     config.addinivalue_line("markers", "postgres: starts a real Postgres server (set on every test using "
                                        "the postgres_server fixture); `scripts/test.sh --fast` leaves these out")
+    config.addinivalue_line("markers", "serial: times a signal, a deadline or a short wait against the clock (a "
+                                       "contender's hold, a 1 s timeout, a race with a process started a moment "
+                                       "before); the full run runs it after its two-worker phase, in one process "
+                                       "(scripts/test.sh finds those tests' files by the text `pytest.mark.serial`)")
+
+
+def _slowest_first(item) -> int:
+    path = item.nodeid.split("::", 1)[0].removeprefix("tests/")
+    return SLOWEST_FIRST.index(path) if path in SLOWEST_FIRST else len(SLOWEST_FIRST)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -32,3 +71,5 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
         if "postgres_server" in item.fixturenames:
             item.add_marker(pytest.mark.postgres)
+    if hasattr(config, "workerinput"):  # an xdist worker: its order is the order the files are handed out
+        items.sort(key=_slowest_first)  # stable: each file's tests keep their order

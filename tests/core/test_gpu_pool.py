@@ -73,6 +73,7 @@ def finished(out: Path, proc: subprocess.Popen) -> GpuLease:
     return GpuLease.model_validate_json(out.read_text())
 
 
+@pytest.mark.serial  # contenders in processes, timed holds
 @pytest.mark.processes
 def test_a_second_process_waits_while_the_one_gpu_is_held(tmp_path):
     config = pool_config(tmp_path, 1)
@@ -86,6 +87,7 @@ def test_a_second_process_waits_while_the_one_gpu_is_held(tmp_path):
     assert overlapping_leases([a, b]) == []
 
 
+@pytest.mark.serial  # two holds must overlap in time
 @pytest.mark.processes
 def test_without_locking_two_leases_overlap_and_the_detector_says_so(tmp_path):
     """Negative control of the test above: the same contention with locking off shares GPU 0,
@@ -100,6 +102,7 @@ def test_without_locking_two_leases_overlap_and_the_detector_says_so(tmp_path):
     assert [(o.index, o.first, o.second) for o in overlaps] == [(0, "leg-a", "leg-b")]
 
 
+@pytest.mark.serial  # waited_s < 0.5 beside a 1.5 s hold
 @pytest.mark.processes
 def test_two_legs_on_a_two_gpu_pool_run_at_once_on_different_devices(tmp_path):
     config = pool_config(tmp_path, 2)
@@ -113,6 +116,7 @@ def test_two_legs_on_a_two_gpu_pool_run_at_once_on_different_devices(tmp_path):
     assert overlapping_leases([a, b]) == []
 
 
+@pytest.mark.serial  # waited_s < 1 after the holder's SIGKILL
 @pytest.mark.processes
 def test_a_crashed_holders_lock_dies_with_it(tmp_path):
     config = pool_config(tmp_path, 1)
@@ -123,6 +127,7 @@ def test_a_crashed_holders_lock_dies_with_it(tmp_path):
         assert lease.indices == [0] and lease.waited_s < 1
 
 
+@pytest.mark.serial  # a 0.5 s bound timed to < 3 s
 @pytest.mark.processes
 def test_a_bounded_wait_names_the_busy_devices_and_their_holders(tmp_path):
     config = pool_config(tmp_path, 1)
@@ -139,6 +144,7 @@ def test_a_bounded_wait_names_the_busy_devices_and_their_holders(tmp_path):
     holder.wait()
 
 
+@pytest.mark.serial  # a 0.5 s sleep, then a 1 s bound
 @pytest.mark.processes
 def test_a_multi_gpu_lease_keeps_nothing_while_it_waits(tmp_path):
     """All or none: a leg waiting for 2 GPUs does not sit on the free one."""

@@ -329,6 +329,7 @@ def _append_during(path: str, n: int, out) -> None:
         out.put(f"{type(err).__name__}: {err}")
 
 
+@pytest.mark.serial  # a 4 s query bound, a 1 s head start
 @pytest.mark.processes
 def test_a_typed_query_never_holds_a_writer_out_and_is_interrupted(tmp_path, capsys, monkeypatch):
     """Issue 32: a long typed scan held the DuckDB file and a verdict produced meanwhile was not

@@ -20,7 +20,7 @@ from tica_assets.keys import evidence_key
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.long  # ~4 min of real vLLM servers; its short slices: tests/legs/test_clean_exit_cpu.py (the same legs,
+@pytest.mark.long  # ~4 min of real vLLM servers; its short slices: tests/legs/test_legs_cpu.py (the same legs,
 # judged) and test_dagster_legs.py::test_cpu_runner_runs_each_leg_through_pipes_with_its_arm_switch (Pipes)
 def test_clean_exit_legs_run_for_real_through_pipes(project, tmp_path, monkeypatch):
     monkeypatch.undo()  # the real judge and canaries, not the stand-ins

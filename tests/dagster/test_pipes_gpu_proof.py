@@ -57,6 +57,7 @@ def test_one_gpu_the_legs_take_turns(tmp_path):
     assert summary["concurrent_on_different_devices"] == [] and summary["same_device_overlaps"] == []
 
 
+@pytest.mark.serial  # a 15 s deadline
 def test_past_its_deadline_the_proof_still_writes_what_it_has(tmp_path):
     """A device call has a hard limit: the proof reports before it, never nothing."""
     t0 = time.time()

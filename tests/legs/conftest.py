@@ -1,5 +1,7 @@
 """One full demo leg set on the tiny model, produced once per session and shared by the tests
-that assert on it (vLLM engine starts are the cost: about a minute each on two CPU cores)."""
+that assert on it (vLLM engine starts are the cost: about a minute each on two CPU cores). Those
+tests live in one file, test_legs_cpu.py: `--dist loadfile` gives a file to one worker, so the set
+is made once per run, not once per worker that has a test of it."""
 
 from __future__ import annotations
 

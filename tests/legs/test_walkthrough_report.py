@@ -26,11 +26,22 @@ from pathlib import Path
 import pytest
 
 from tests.legs import walkthrough_project as W
+from tests.legs.test_ingest_lm_eval import _question as quality_question
 from tica.evidence import EvidenceItem
+from tica.judges import judge_criteria
+from tica.items.quality.judge import judge_quality
+from tica.items.throughput.judge import check_workload
+from tica.question import ThroughputCriteria, parse_question
+from tica.receipts import load_bench_leg
 from tica.seal import check_seal
+from tica.verdict import Verdict
 
 # who may have written a judged leg.json: the tools' own producers, never this test
 PRODUCERS = {"tica leg run", "lm_eval", "verl"}
+CLEAN_EXIT = parse_question({
+    "name": "leg-run-clean-exit", "item": "clean_exit", "compared": "x", "computation": "x", "pass_line": "x",
+    "noise_floor": 0.0, "repeats": 1, "pairing_order": ["AB"], "invalid_leg_rule": "none",
+    "criteria": {"item": "clean_exit", "required_roles": ["client", "api_server", "engine_core", "worker"]}})
 
 
 def _ledger_query(env: dict, sql: str) -> list[dict]:
@@ -66,6 +77,28 @@ def test_runs_you_already_have_are_judged_together_in_the_tracks_report(tiny_mod
         leg = json.loads(run.stdout)  # --json: one object, the leg
         assert leg["sealed"] and leg["item"] == "throughput", run.stderr[-3000:]
     assert json.loads(bench["bi0"].stdout)["exit"] == 0, bench["bi0"].stderr[-3000:]  # a clean BI=0 leg
+    # that BI=0 leg as the judges read it: every process `tica leg run` saw exited on its own under
+    # the recipe's shutdown timeout (vLLM's own log of applying it), the workload as asked, no
+    # device name invented on a CPU box, the bench's receipt checks clean, the clean-exit cell passes
+    bi0_leg = folder / "throughput" / "r1-bi0-c2"
+    meta = json.loads((bi0_leg / "leg.json").read_text())
+    assert {p["role"] for p in meta["processes"]} == {"client", "api_server", "engine_core", "worker"}
+    assert all((p["end_state"], p["exit_code"]) == ("exited", 0) for p in meta["processes"]), meta["processes"]
+    cfg = meta["resolved_config"]
+    assert (cfg["num_warmups"], cfg["input_len"], cfg["output_len"], cfg["ignore_eos"], cfg["num_prompts"]) == \
+        (W.WORKLOAD["warmups"], W.WORKLOAD["input_len"], W.WORKLOAD["output_len"], True, W.WORKLOAD["num_prompts"])
+    assert cfg["weights_hash"].startswith("blake3:") and cfg["shutdown_timeout"] == 30
+    assert meta["kernels"]["rollout"]["shutdown_timeout"] == 30
+    assert "name" not in meta["device"]
+    bench_leg = load_bench_leg(bi0_leg)
+    criteria = ThroughputCriteria(input_len=W.WORKLOAD["input_len"], output_len=W.WORKLOAD["output_len"],
+                                  concurrencies=(W.WORKLOAD["concurrency"],),
+                                  num_prompts={W.WORKLOAD["concurrency"]: W.WORKLOAD["num_prompts"]},
+                                  warmups=W.WORKLOAD["warmups"])
+    assert check_workload(bench_leg, criteria).problems == []
+    assert bench_leg.bench.completed == W.WORKLOAD["num_prompts"] and bench_leg.bench.output_throughput > 0
+    cell = judge_criteria("clean_exit", CLEAN_EXIT, [bi0_leg])
+    assert cell.verdict is Verdict.PASS, cell.reasons
     t_bench = time.time() - t0
     quality = W.lm_eval_legs(folder, tiny_model, work)
     for arm, run in quality.items():
@@ -130,6 +163,16 @@ def test_runs_you_already_have_are_judged_together_in_the_tracks_report(tiny_mod
     assert run_bi1["env"]["VLLM_BATCH_INVARIANT"] == "1"  # all the hf "bi1" run had
     ingested = json.loads((folder / "quality" / "bi1" / "leg.json").read_text())
     assert not ingested.get("env") and not ingested.get("device") and not ingested.get("kernels")  # not invented
+    # the same pair as `tica judge quality` reads it (docs/leg-run.md's lm_eval walkthrough, whose
+    # commands these runs are): each `tica leg run` recorded its arm's switch, identical lm_eval
+    # runs differ in no contract item, and what lm_eval does not record is unknown, never a pass
+    for arm in ("bi0", "bi1"):
+        run_leg = json.loads((folder / "quality" / f"lm_eval-run-{arm}" / "leg.json").read_text())
+        assert run_leg["env"]["VLLM_BATCH_INVARIANT"] == ("1" if arm == "bi1" else "0")
+    cell = judge_quality(quality_question(W.LIMIT), [folder / "quality" / "bi0", folder / "quality" / "bi1"])
+    assert cell.numbers["n"] == W.LIMIT and cell.numbers["contract_differs"] == []
+    assert any("not recorded (unknown)" in r and "device.name" in r for r in cell.reasons), cell.reasons
+    assert cell.verdict is not Verdict.PASS
 
     # forward (verl's file logger, then its MLflow store as a second run): each judged, with unknowns
     verdicts = _ledger_query(env, "SELECT verdict_id, verdict, rerun_of FROM verdicts WHERE item = 'forward' ORDER BY seq")

@@ -13,7 +13,9 @@ from tests.ray.conftest import PREFIX
 from tests.ray.writers import append_reruns
 from tica.ledger import PostgresLedger
 
-pytestmark = pytest.mark.scale
+# serial beside the node-loss tests, whose cluster (tests/ray/conftest.py) it shares: a few seconds of
+# writes, not worth a cluster of its own in the two-worker phase
+pytestmark = [pytest.mark.scale, pytest.mark.serial]
 
 
 def test_eight_writers_on_different_nodes_lose_nothing_and_the_chain_verifies(ray_cluster, pg_dsn):

@@ -22,7 +22,7 @@ from tica.evidence import EvidenceItem
 from tica.ledger import PostgresLedger
 from tica_assets.keys import evidence_key
 
-pytestmark = pytest.mark.scale
+pytestmark = [pytest.mark.scale, pytest.mark.serial]  # they time the runner's reaction to a lost node (< 10 s, < 20 s)
 
 SLEEP_S = 120  # the victim leg's work: the test must end well before it would
 
