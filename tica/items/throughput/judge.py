@@ -806,8 +806,8 @@ def judge_throughput(question: Question, leg_paths: Sequence[str | Path]) -> Ver
           ", ".join(f"{a} x{x:.3g}" for a, x in e["tiers"].items())] for c, e in per_c.items()])
 
     for c, s in aggregate_overruns:
-        findings.fail(f"c={c}: {loss_in_words(criteria.formula, s)}, over the {percent(budget[c])} budget "
-                      f"(aggregate overrun: {label} = {s:.4g} > {budget[c]:g})")
+        findings.fail(f"c={c}: {loss_in_words(criteria.formula, s)}, over the {percent(budget[c])} budget: an "
+                      f"aggregate overrun, {label.split(': ', 1)[-1]} = {s:.4g} > {budget[c]:g}")
     for c, r, l in single_overruns:
         findings.note(f"c={c} round {r}: loss {l:.4g} over the budget {budget[c]:g} (single-round overrun)")
     if criteria.formula is None or not budget:
