@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shlex
 from pathlib import Path
 from typing import Any, Literal
 
@@ -18,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from tica import canonical
 from tica.errors import ManifestError, pydantic_errors, read_yaml_mapping
 from tica.evidence import Component, EvidenceItem
+from tica.named_files import named_file_digests
 from tica.source import WORKING_TREE, checkout_commit
 
 DIGEST_PREFIXES = ("sha256:", "blake3:", "xxh3-128:")
@@ -285,32 +285,16 @@ NAMED_FILE_FIELDS: dict[Component, tuple[str, ...]] = {
 }
 
 
-def _tokens(text: str) -> list[str]:
-    try:
-        words = shlex.split(text)
-    except ValueError:
-        words = text.split()
-    return [part for w in words for part in (w, w.split("=", 1)[-1]) if part]
+def named_file_texts(manifest: Manifest) -> list[tuple[str, str]]:
+    """(component, field text) of every field that may name a file (NAMED_FILE_FIELDS)."""
+    return [(component.value, str(getattr(getattr(manifest, "eval_contract" if component is Component.EVAL_CONTRACT
+                                                   else "recipe"), field)))
+            for component, fields in NAMED_FILE_FIELDS.items() for field in fields]
 
 
 def named_files(manifest: Manifest, folder: Path) -> dict[Component, dict[str, str]]:
     """{component: {path as named: sha256 of the file}} for every file the fields name."""
-    folder = folder.resolve()
-    out: dict[Component, dict[str, str]] = {}
-    for component, fields in NAMED_FILE_FIELDS.items():
-        section = getattr(manifest, "eval_contract" if component is Component.EVAL_CONTRACT else "recipe")
-        for field in fields:
-            for token in _tokens(str(getattr(section, field))):
-                if token.startswith("-") or len(token) > 4096:
-                    continue
-                try:
-                    path = (folder / token).resolve()
-                    regular = path.is_file() and (path == folder or folder in path.parents)
-                except (OSError, ValueError):
-                    continue
-                if regular:
-                    out.setdefault(component, {})[token] = "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
-    return out
+    return {Component(c): files for c, files in named_file_digests(named_file_texts(manifest), folder).items()}
 
 
 def load_manifest(path: str | Path) -> LoadedManifest:

@@ -36,16 +36,47 @@ def add_parser(subparsers: Any) -> None:
 
 
 def cmd_candidate_fingerprint(args: argparse.Namespace) -> int:
-    from tica.candidate import identify_file
+    from tica import identity_cache
 
-    ident = identify_file(args.manifest)
-    if json_out(args, {"track": ident.track, "candidate_id": ident.candidate_id,
-                       "components": {c.value: fp for c, fp in ident.components.items()}}):
+    # an unchanged candidate's answer, checked against every input it was read from (no pydantic, no YAML)
+    answer = identity_cache.cached_answer(args.manifest)
+    if answer is None:
+        answer = _identify_and_keep(args.manifest)
+    if json_out(args, answer):
         return 0
-    print(f"track      {ident.track}\ncandidate  {ident.candidate_id}")
-    for component, fp in ident.components.items():
-        print(f"  {component.value:<14} {fp}")
+    print(f"track      {answer['track']}\ncandidate  {answer['candidate_id']}")
+    for component, fp in answer["components"].items():
+        print(f"  {component:<14} {fp}")
     return 0
+
+
+def _identify_and_keep(manifest: str) -> dict[str, Any]:
+    from pathlib import Path
+
+    from tica import identity_cache
+    from tica.candidate import identify
+    from tica.errors import ManifestError, yaml_mapping_of
+    from tica.manifest import load_manifest, named_file_texts
+    from tica.source import WORKING_TREE
+
+    loaded = load_manifest(manifest)
+    # whether the source is the working tree, read from the bytes that were loaded (keep() refuses
+    # an answer whose manifest changed since)
+    source = yaml_mapping_of(Path(loaded.path).read_bytes(), loaded.path, ManifestError).get("source")
+    working_tree = not isinstance(source, dict) or source.get("commit") == WORKING_TREE
+    before = identity_cache.Inputs(loaded.path, None if loaded.checkpoint_path is None else str(loaded.checkpoint_path),
+                                   None if loaded.checkpoint_root is None else str(loaded.checkpoint_root),
+                                   named_file_texts(loaded.manifest), working_tree)
+    ident = identify(loaded)
+    answer = {"track": ident.track, "candidate_id": ident.candidate_id,
+              "components": {c.value: fp for c, fp in ident.components.items()}}
+    # the working tree's commit as git gave it to the answer (None: no checkout, the manifest keeps
+    # "working-tree"); git reads it again on the next run
+    resolved = loaded.manifest.source.commit
+    commit = resolved if working_tree and resolved != WORKING_TREE else None
+    identity_cache.keep(before, loaded.text_hash.removeprefix("sha256:"),
+                        {c.value: files for c, files in loaded.named_files.items()}, commit, answer)
+    return answer
 
 
 def cmd_candidate_diff(args: argparse.Namespace) -> int:
