@@ -896,8 +896,9 @@ class StartedServer:
         return [rec, *engines], unobserved
 
     def reap_leftovers(self) -> list[str]:
-        """After the records are taken: SIGKILL engine processes still alive, so none outlives the leg."""
-        return common.reap_leftovers(self.engine_pids + self.worker_pids)
+        """After the records are taken: SIGKILL engine processes still alive, so none outlives the leg,
+        then wait out the rest of the server's session, so nothing writes to its log after the seal."""
+        return common.reap_leftovers(self.engine_pids + self.worker_pids) + common.drain_group(self.proc.pid)
 
     def config(self) -> dict[str, Any]:
         out: dict[str, Any] = {"how": "started by tica leg run (--server-cmd)", "command": self.argv, "url": self.url,

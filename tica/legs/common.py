@@ -672,6 +672,37 @@ def first_match(pattern: str, text: str) -> str | None:
     return m.group(0).strip() if m else None
 
 
+def _group_members(pgid: int) -> list[int]:
+    """The live (not zombie) processes of a process group."""
+    out = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if os.getpgid(p.pid) == pgid and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p.pid)
+        except (psutil.Error, OSError):
+            continue
+    return out
+
+
+def drain_group(pgid: int, timeout: float = 10.0) -> list[str]:
+    """Wait for every process of a group (a server started in a session of its own) to end, so none
+    writes into the leg's log after the seal (multiprocessing's resource tracker warns at its exit,
+    after vLLM's own shutdown); SIGKILL what is left after `timeout`. Says what it had to kill."""
+    deadline = time.monotonic() + timeout
+    while (left := _group_members(pgid)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if not left:
+        return []
+    try:
+        os.killpg(pgid, _signal.SIGKILL)
+    except OSError:
+        return []
+    deadline = time.monotonic() + 5.0
+    while _group_members(pgid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return [f"SIGKILL to the server's process group {pgid}: pids {left} still ran {timeout:.0f} s after it stopped"]
+
+
 def reap_leftovers(pids: list[int]) -> list[str]:
     """SIGKILL the engine processes still alive after their exits were recorded (as running), so
     none outlives its leg; says what was killed."""
