@@ -142,11 +142,16 @@ def test_a_process_identity_is_read_from_the_living_process_and_never_guessed():
     is gone nothing is read, and a record without one carries no identity (unknown)."""
     import subprocess
     import sys
+    import time
 
     import psutil
 
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(5)"])
     try:
+        # until the child has exec'd, its command line is the parent's or empty (read as unknown)
+        deadline = time.monotonic() + 5
+        while "-c" not in psutil.Process(proc.pid).cmdline() and time.monotonic() < deadline:
+            time.sleep(0.01)
         ident = common.process_identity(proc.pid)
         assert ident["create_time"] == psutil.Process(proc.pid).create_time()
         assert ident["cmdline"][1:] == ["-c", "import time; time.sleep(5)"]
