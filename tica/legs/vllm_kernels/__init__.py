@@ -12,8 +12,9 @@ Layout:
                 and ``TorchReference`` (any device/dtype, plain torch, for tests)
   autograd.py   torch.autograd.Functions: forward = a kernel set's op, backward = written here
   model.py      ``KernelLlama``: fp32 master weights under HF names, the forward fused like vLLM
-  moe.py        ``KernelQwen3Moe``: a Qwen3-MoE forward on vLLM's MoE kernels (forward only), with
-                routing receipts; routing.py compares receipts (stdlib only)
+  moe.py        ``KernelMoe``: Qwen3-MoE, Mixtral and Qwen2-MoE on vLLM's MoE kernels, with routing
+                receipts; moe_backward.py its MoE block's analytic backward and check;
+                routing.py compares receipts (stdlib only)
   gradcheck.py  analytic backward vs float64 autograd of the reference, with a planted-error control
   probe.py      batch-invariance probe of each forward kernel on the GPU (kernel_probe.json)
   legio.py      leg directories per docs/receipts.md (stdlib/numpy + tica.seal/tica.metrics)

@@ -1,9 +1,11 @@
-"""``KernelQwen3Moe``: a Qwen3-MoE decoder whose forward is vLLM 0.26's own kernels (forward only).
+"""``KernelMoe``: a mixture-of-experts decoder whose forward is vLLM 0.26's own kernels, for the
+three layouts of ``MOE_LAYOUTS`` (Qwen3-MoE, Mixtral, Qwen2-MoE with its shared expert).
 
-The layer order is vLLM's ``Qwen3MoeDecoderLayer``: input norm, attention with a per-head RMSNorm
-of q and k before the rotary (``q_norm`` / ``k_norm``: vLLM's RMSNorm over [tokens, heads,
-head_dim], one row per head), post-attention norm, then the sparse MoE block (or a dense MLP on
-``mlp_only_layers``). The dense ops are ``KernelLlama``'s (model.py: the Triton matmul, the
+The layer order is vLLM's decoder layer: input norm, attention (Qwen3: a per-head RMSNorm of q and
+k before the rotary, ``q_norm`` / ``k_norm``: vLLM's RMSNorm over [tokens, heads, head_dim], one
+row per head; Qwen2-MoE: q/k/v biases), post-attention norm, then the sparse MoE block (or a dense
+MLP on ``mlp_only_layers``); Qwen2-MoE adds its shared expert as vLLM's ``Qwen2MoeMLP`` computes
+it, ``sigmoid(shared_expert_gate(x)) * mlp(x)`` in bf16, to the routed experts' output. The dense ops are ``KernelLlama``'s (model.py: the Triton matmul, the
 candidate's norm, rotary, paged FA3, the logprob op of the model runner vLLM used: 0.26 serves
 Qwen3-MoE on its V1 runner, so ``VllmKernels(logprob="v1_sampler")``). The MoE block is what vLLM's
 ``FusedMoE`` runs for an unquantized model on its TRITON backend under ``VLLM_BATCH_INVARIANT=1``:
@@ -19,8 +21,9 @@ Qwen3-MoE on its V1 runner, so ``VllmKernels(logprob="v1_sampler")``). The MoE b
 
 Every forward records **routing receipts** (``routes``: per MoE layer the expert ids and gate
 weights of each packed token, as routing.py compares them). ``TorchMoeReference`` is the same
-math in plain torch (any device and dtype) for CPU tests. No backward: the MoE block's gradient
-(router and experts) is the next step of issue 33; ``hidden`` refuses to run with grad enabled.
+math in plain torch (any device and dtype) for CPU tests. The backward: the dense ops' autograd
+Functions (autograd.py) and the MoE block's (moe_backward.py: router and experts, analytic, at the
+forward's route).
 
 Measured on an H100 (tests/fixtures/h200/calls/moe_trainer, run2): with overlay3 the packed forward's
 logprobs equal vLLM's bitwise (2048 decode, 19602 prefill), and so do its routes on every row.
@@ -29,6 +32,7 @@ logprobs equal vLLM's bitwise (2048 decode, 19602 prefill), and so do its routes
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -36,9 +40,28 @@ import torch.nn.functional as F
 
 from . import autograd as A
 from .model import KernelLlama, load_safetensors_dir
+from .moe_backward import moe_block
 from .routing import LayerRoutes
 
-MOE_ARCHITECTURES = ("Qwen3MoeForCausalLM",)
+
+
+@dataclass(frozen=True)
+class MoeLayout:
+    """Where an architecture keeps its MoE block's weights, as vLLM 0.26's model loads them."""
+
+    block: str  # the sparse block's prefix inside a layer
+    expert_names: tuple[str, str, str]  # the checkpoint's gate, up and down projections of one expert
+    qk_norm: bool  # a per-head RMSNorm of q and k before the rotary (Qwen3)
+    shared_expert: bool  # a dense expert every token goes through, gated by sigmoid(x . g) (Qwen2-MoE)
+    renormalize: bool | None  # None: the config's norm_topk_prob decides
+
+
+MOE_LAYOUTS = {
+    "Qwen3MoeForCausalLM": MoeLayout("mlp.", ("gate_proj", "up_proj", "down_proj"), True, False, None),
+    "MixtralForCausalLM": MoeLayout("block_sparse_moe.", ("w1", "w3", "w2"), False, False, True),
+    "Qwen2MoeForCausalLM": MoeLayout("mlp.", ("gate_proj", "up_proj", "down_proj"), False, True, None),
+}
+MOE_ARCHITECTURES = tuple(MOE_LAYOUTS)
 
 
 class TorchMoeReference:
@@ -131,13 +154,19 @@ def layer_routes(ids: torch.Tensor, weights: torch.Tensor) -> LayerRoutes:
                        int(ids.shape[-1]))
 
 
-class KernelQwen3Moe(KernelLlama):
+class KernelMoe(KernelLlama):
+    """A MoE decoder (Qwen3-MoE, Mixtral, Qwen2-MoE: ``MOE_LAYOUTS``) on vLLM's kernels."""
+
     supported_architectures = MOE_ARCHITECTURES
 
     def __init__(self, config: dict, state_dict: dict[str, torch.Tensor], kernels, moe_kernels, *,
                  compute_dtype: torch.dtype | None = None, device=None) -> None:
-        if config.get("shared_expert_intermediate_size"):
-            raise NotImplementedError("shared experts (Qwen2-MoE style) are not implemented")
+        arch = (config.get("architectures") or ["?"])[0]
+        if arch not in MOE_LAYOUTS:
+            raise NotImplementedError(f"KernelMoe supports {MOE_ARCHITECTURES}, not {arch}")
+        self.layout = MOE_LAYOUTS[arch]
+        if config.get("shared_expert_intermediate_size") and not self.layout.shared_expert:
+            raise NotImplementedError(f"shared experts in a {arch} checkpoint: vLLM's {arch} has none")
         if config.get("hidden_act", "silu") != "silu":
             raise NotImplementedError(f"activation {config.get('hidden_act')!r}: only silu (vLLM's too)")
         n_layers = int(config["num_hidden_layers"])
@@ -146,7 +175,8 @@ class KernelQwen3Moe(KernelLlama):
         self.moe_kernels = moe_kernels
         self.n_experts = num_experts(config)
         self.top_k = int(config["num_experts_per_tok"])
-        self.renormalize = bool(config.get("norm_topk_prob", False))
+        fixed = self.layout.renormalize
+        self.renormalize = bool(config.get("norm_topk_prob", False)) if fixed is None else fixed
         dense = set(config.get("mlp_only_layers") or [])
         step = int(config.get("decoder_sparse_step") or 1)
         self.sparse_layers = [i for i in range(n_layers)
@@ -164,9 +194,10 @@ class KernelQwen3Moe(KernelLlama):
         bqkv = self.fused(p + "self_attn.", ("q_proj", "k_proj", "v_proj"), "bias")
         qkv = self._lin(p + "self_attn.qkv_proj", h, wqkv, bqkv)
         q, k, v = qkv.split([H * D, KVH * D, KVH * D], dim=-1)
-        # vLLM: q.view(T, H, D) -> RMSNorm (rms_norm_batch_invariant flattens to rows of D)
-        q = A.rms_norm(K, q.reshape(T * H, D), self.w(p + "self_attn.q_norm.weight"), self.eps).reshape(T, H * D)
-        k = A.rms_norm(K, k.reshape(T * KVH, D), self.w(p + "self_attn.k_norm.weight"), self.eps).reshape(T, KVH * D)
+        if self.layout.qk_norm:
+            # vLLM: q.view(T, H, D) -> RMSNorm (rms_norm_batch_invariant flattens to rows of D)
+            q = A.rms_norm(K, q.reshape(T * H, D), self.w(p + "self_attn.q_norm.weight"), self.eps).reshape(T, H * D)
+            k = A.rms_norm(K, k.reshape(T * KVH, D), self.w(p + "self_attn.k_norm.weight"), self.eps).reshape(T, KVH * D)
         q, k = A.rotary(K, pos, q, k, D, self.cos_sin)
         o = A.attention(K, q.reshape(T, H, D), k.reshape(T, KVH, D), v.reshape(T, KVH, D),
                         cu_seqlens, max_seqlen, D ** -0.5)
@@ -174,29 +205,34 @@ class KernelQwen3Moe(KernelLlama):
 
     def expert_weights(self, p: str) -> tuple[torch.Tensor, torch.Tensor]:
         """vLLM's stacked expert weights of one layer: w13 [E, 2I, H] (gate rows, then up), w2 [E, H, I]."""
+        g, u, d = self.layout.expert_names
+        b = p + self.layout.block + "experts."
         e = range(self.n_experts)
-        w13 = torch.stack([torch.cat([self.w(f"{p}mlp.experts.{j}.gate_proj.weight"),
-                                      self.w(f"{p}mlp.experts.{j}.up_proj.weight")], 0) for j in e])
-        w2 = torch.stack([self.w(f"{p}mlp.experts.{j}.down_proj.weight") for j in e])
+        w13 = torch.stack([torch.cat([self.w(f"{b}{j}.{g}.weight"), self.w(f"{b}{j}.{u}.weight")], 0) for j in e])
+        w2 = torch.stack([self.w(f"{b}{j}.{d}.weight") for j in e])
         return w13, w2
 
     def _moe(self, i: int, p: str, h):
-        logits = self._lin(p + "mlp.gate", h, self.w(p + "mlp.gate.weight"))
-        weights, ids = self.moe_kernels.route(h, logits, self.top_k, self.renormalize)
-        self.routes[i] = (ids.detach(), weights.detach())
+        b = p + self.layout.block
+        logits = self._lin(b + "gate", h, self.w(b + "gate.weight"))
         w13, w2 = self.expert_weights(p)
-        return self.moe_kernels.experts(h, w13, w2, weights, ids)
+        out, weights, ids = moe_block(self.moe_kernels, h, logits, w13, w2, self.top_k, self.renormalize)
+        self.routes[i] = (ids.detach(), weights.detach())
+        if self.layout.shared_expert:
+            # vLLM's Qwen2MoeMLP with its expert_gate, then FusedMoE's shared_output + fused_output
+            shared = self._dense_mlp(b + "shared_expert.", h)
+            gate = self._lin(b + "shared_expert_gate", h, self.w(b + "shared_expert_gate.weight"))
+            out = torch.sigmoid(gate) * shared + out
+        return out
 
     def _dense_mlp(self, p: str, h):
-        gu = self._lin(p + "mlp.gate_up_proj", h, self.fused(p + "mlp.", ("gate_proj", "up_proj")))
-        return self._lin(p + "mlp.down_proj", A.silu_and_mul(self.kernels, gu), self.w(p + "mlp.down_proj.weight"))
+        """A dense MLP under prefix p (``<layer>.mlp.`` or a shared expert's)."""
+        gu = self._lin(p + "gate_up_proj", h, self.fused(p, ("gate_proj", "up_proj")))
+        return self._lin(p + "down_proj", A.silu_and_mul(self.kernels, gu), self.w(p + "down_proj.weight"))
 
     def hidden(self, ids: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int) -> torch.Tensor:
-        if torch.is_grad_enabled() and any(m.requires_grad for m in self.master):
-            raise NotImplementedError("KernelQwen3Moe is forward only (the MoE backward is issue 33's next "
-                                      "step): call it under torch.no_grad()")
         if self.tp != 1:
-            raise NotImplementedError("KernelQwen3Moe runs vLLM's TP=1 layout only")
+            raise NotImplementedError("KernelMoe runs vLLM's TP=1 layout only")
         K = self.kernels
         pos = torch.cat([torch.arange(int(e - s), device=ids.device)
                          for s, e in zip(cu_seqlens[:-1].tolist(), cu_seqlens[1:].tolist())])
@@ -214,7 +250,7 @@ class KernelQwen3Moe(KernelLlama):
             self._record(f"{i}.attn_out", h)
             h, residual = self._fused_add(h, residual, self.w(p + "post_attention_layernorm.weight"))
             self._record(f"{i}.mlp_in", h)
-            h = self._moe(i, p, h) if i in self.sparse_layers else self._dense_mlp(p, h)
+            h = self._moe(i, p, h) if i in self.sparse_layers else self._dense_mlp(p + "mlp.", h)
             self._record(f"{i}.mlp_out", h)
         h, _ = self._fused_add(h, residual, self.w("model.norm.weight"))
         self._record("final", h)
@@ -234,7 +270,7 @@ class KernelQwen3Moe(KernelLlama):
 
 
 def moe_from_dir(model_dir: str | Path, kernels, moe_kernels, *, device="cpu",
-                 compute_dtype: torch.dtype | None = None) -> KernelQwen3Moe:
+                 compute_dtype: torch.dtype | None = None) -> KernelMoe:
     cfg = json.loads((Path(model_dir) / "config.json").read_text())
     sd = load_safetensors_dir(model_dir, device=device)
-    return KernelQwen3Moe(cfg, sd, kernels, moe_kernels, compute_dtype=compute_dtype, device=device)
+    return KernelMoe(cfg, sd, kernels, moe_kernels, compute_dtype=compute_dtype, device=device)
