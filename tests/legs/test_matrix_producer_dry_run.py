@@ -42,3 +42,30 @@ def test_a_dry_run_writes_sealed_cells_the_judge_reads(tmp_path):
     assert set(row["tica/variants"]) >= {"product", "unpadded_lm_head", "decode_rows_255"}
     summary = json.loads((work / "logs" / "stock-tiny_qwen.summary.json").read_text())
     assert summary["update"].startswith("not run")
+
+
+def test_a_moe_dry_run_writes_both_sides_routes_and_the_moe_update(tmp_path):
+    """A MoE shape: every cell's arrays hold both sides' routes per scored token (here the reference
+    model's own, so equal), the router fault gets its leg, the update runs the MoE backward with its
+    check and control; still bi0 legs, so nothing passes."""
+    import numpy as np
+
+    out, work = tmp_path / "out", tmp_path / "work"
+    r = subprocess.run([sys.executable, "-m", "tica.legs.vllm_kernels.producers", "matrix", "--dry-run",
+                        "--shapes", "tiny_moe", "--candidates", "stock", "--loads", "c1,c64", "--out", str(out),
+                        "--work", str(work), "--budget", "600", "--min-cell-s", "1"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    names = {p.name for p in (work / "legs").iterdir()}
+    assert {"mx-stock-tiny_moe-c64-fault_torch_router", "mx-stock-tiny_moe-c64-prefill_post_update"} <= names
+    for name in names:
+        z = np.load(work / "legs" / name / "arrays" / "step_0001.npz")
+        assert z["rollout_experts"].shape == z["trainer_experts"].shape == (z["token_ids"].size, 2, 2)
+        assert (z["rollout_experts"] == z["trainer_experts"]).all()
+    row = json.loads((work / "legs" / "mx-stock-tiny_moe-c1-prefill" / "metrics.jsonl").read_text())
+    assert row["tica/routes"]["prefill"].startswith("the reference model's own routes")
+    update = json.loads((work / "logs" / "stock-tiny_moe.summary.json").read_text())["update"]
+    assert update["moe_backward_check"]["pass"] and update["moe_backward_check"]["control_caught"]
+    assert "moe" in update["backward_impls"] and update["grad_finite"]
+    cells = matrix_cells(QUESTION, work)
+    assert cells and all(c.verdict == Verdict.INCONCLUSIVE for c in cells)

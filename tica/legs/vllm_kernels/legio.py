@@ -173,7 +173,7 @@ def step_row(step: int, checkpoint: str, trainer_lp: np.ndarray, rollout_lp: np.
 
 
 def write_step_arrays(forward_dir: Path, step: int, *, token_ids, seq_lens, trainer_logprobs, rollout_logprobs,
-                      decode_logprobs=None, decode_mask=None) -> Path:
+                      decode_logprobs=None, decode_mask=None, rollout_experts=None, trainer_experts=None) -> Path:
     d = forward_dir / "arrays"
     d.mkdir(parents=True, exist_ok=True)
     arrays = {
@@ -185,10 +185,13 @@ def write_step_arrays(forward_dir: Path, step: int, *, token_ids, seq_lens, trai
     if decode_logprobs is not None:
         arrays["decode_logprobs"] = np.asarray(decode_logprobs, dtype=np.float32)
         arrays["decode_mask"] = np.asarray(decode_mask, dtype=np.bool_)
+    if rollout_experts is not None or trainer_experts is not None:  # a MoE's routes: both sides, [tokens, layers, k]
+        arrays["rollout_experts"] = np.asarray(rollout_experts, dtype=np.int32)
+        arrays["trainer_experts"] = np.asarray(trainer_experts, dtype=np.int32)
     n = arrays["token_ids"].size
     assert int(arrays["seq_lens"].sum()) == n
     for k, a in arrays.items():
-        assert k == "seq_lens" or a.size == n, (k, a.size, n)
+        assert k == "seq_lens" or a.shape[0] == n, (k, a.shape, n)
     p = d / f"step_{step:04d}.npz"
     np.savez_compressed(p, **arrays)
     return p

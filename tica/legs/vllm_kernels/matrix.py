@@ -46,6 +46,9 @@ CANDIDATES = ("stock", "overlay3")
 MATRIX_SHAPES = ("llama3.2-1b_l4", "qwen2.5-0.5b_l4", "smollm2-135m_l16", "qwen2.5-1.5b_l8", "gpt2vocab-mha_l2",
                  "gqa8-v32001_l4")
 MATRIX_CFG = dict(FORWARD_CFG, max_num_batched_tokens=2048, max_num_seqs=512, gpu_memory_utilization=0.12)
+# a MoE cell: vLLM returns each request's routed experts (the rollout side of the routing receipt);
+# room for the larger bf16 weights beside the trainer's
+MATRIX_MOE_CFG = dict(MATRIX_CFG, enable_return_routed_experts=True, gpu_memory_utilization=0.15)
 SEED = 20261201
 VARIANTS = {  # name: (what it changes from the product trainer, kernel attributes, model attributes)
     "product": ("nothing", {}, {}),
@@ -127,9 +130,15 @@ def vllm_rollout(llm, prompts, gens, seeds) -> dict:
     sp = SamplingParams(temperature=1.0, max_tokens=1, prompt_logprobs=0, detokenize=False, seed=7)
     pouts = llm.generate([TokensPrompt(prompt_token_ids=fulls[j]) for j in order], sp, use_tqdm=False)
     prefill: list = [None] * len(fulls)
+    pre_routes: list = [None] * len(fulls)
     for j, o in zip(order, pouts):
         prefill[j] = [pl[t].logprob for pl, t in zip(o.prompt_logprobs[1:], fulls[j][1:])]
-    return {"fulls": fulls, "gens": gen_tok, "decode": dec, "prefill": prefill}
+        pre_routes[j] = o.outputs[0].routed_experts
+    # vLLM's routed experts (enable_return_routed_experts, the engine's rollout routing record):
+    # [rows the model ran for the request, MoE layers, top-k]; None where the engine returns none
+    return {"fulls": fulls, "gens": gen_tok, "decode": dec, "prefill": prefill,
+            "routes": {"decode": [o.outputs[0].routed_experts for o in outs], "prefill": pre_routes,
+                       "source": "vLLM's routed experts (enable_return_routed_experts)"}}
 
 
 def fake_rollout(model, prompts, gens, seeds) -> dict:
@@ -149,7 +158,14 @@ def fake_rollout(model, prompts, gens, seeds) -> dict:
         prefill.append([float(x) for x in lp[o:o + n]])
         dec.append([float(x) for x in lp[o + n - len(t):o + n]])
         o += n
-    return {"fulls": fulls, "gens": gen_tok, "decode": dec, "prefill": prefill}
+    ro = {"fulls": fulls, "gens": gen_tok, "decode": dec, "prefill": prefill}
+    if hasattr(model, "routes_array"):  # a MoE: the routes of the forward that gave the logprobs
+        routes, per, o = model.routes_array(), [], 0
+        for f in fulls:
+            per.append(routes[o:o + len(f) - 1])  # the rows the engine runs: all but the last token
+            o += len(f)
+        ro["routes"] = {"decode": per, "prefill": per, "source": "the reference model's own routes (CPU dry run)"}
+    return ro
 
 
 # ------------------------------------------------------------------------------- the trainer side
@@ -208,6 +224,50 @@ def nbits(a, b) -> int:
     return int(np.count_nonzero(a.view(np.uint32) != b.view(np.uint32)))
 
 
+MOE_FAULTS = (("fault_torch_router", "router:torch_softmax_topk",
+               "torch's fp32 softmax and top-k choose each route instead of vLLM's topk_softmax"),)
+
+
+def plant(model, target: str):
+    """Plant one fault in the product trainer; returns the undo."""
+    if target == MOE_FAULTS[0][1]:
+        from .moe import TorchRouterFault
+
+        inner = model.moe_kernels
+        model.moe_kernels = TorchRouterFault(inner)
+        return lambda: setattr(model, "moe_kernels", inner)
+    model.fault = target
+    return lambda: setattr(model, "fault", None)
+
+
+def cell_routes(ro: dict, kind: str, trainer_routes):
+    """(rollout experts, trainer experts, where they came from) per scored token of one cell: the
+    route of the row whose output scores the token (token j's logprob is row j-1's). Prefill cells
+    score tokens 1..L-1 (rows 0..L-2); decode cells the generated tokens (the last G rows of those).
+    Arrays are None, with the reason, where vLLM returned no routes or fewer rows than scored."""
+    import numpy as np
+
+    if trainer_routes is None:
+        return None, None, "not a MoE"
+    got = (ro.get("routes") or {}).get(kind)
+    r_parts, t_parts, o = [], [], 0
+    for i, (f, g) in enumerate(zip(ro["fulls"], ro["gens"])):
+        lo = len(f) - 1 - len(g) if kind == "decode" else 0
+        hi = len(f) - 1
+        rr = None if got is None else got[i]
+        if rr is None or np.asarray(rr).ndim != 3 or len(rr) < hi:
+            have = None if rr is None else np.asarray(rr).shape
+            return None, None, (f"vLLM returned no routed experts for sequence {i}" if rr is None else
+                                f"vLLM returned routed experts of shape {have} for sequence {i}, {hi} rows needed")
+        r_parts.append(np.asarray(rr)[lo:hi])
+        t_parts.append(trainer_routes[o + lo:o + hi])
+        o += len(f)
+    r, t = np.concatenate(r_parts), np.concatenate(t_parts)
+    if r.shape != t.shape:
+        return None, None, f"vLLM's routes are {list(r.shape[1:])} per token, the trainer's {list(t.shape[1:])}"
+    return r, t, f"{ro['routes']['source']}, " + ("generate call" if kind == "decode" else "prompt_logprobs scoring call")
+
+
 def run_load(legs: Path, cand: str, shape: str, load: str, ro: dict, model, kernels, dev: str, ck: str,
              common: dict, started: str, *, kind_suffix: str = "", probe: dict | None = None) -> dict:
     """Every variant on this load's rollouts; writes the decode and prefill legs (the product
@@ -239,8 +299,9 @@ def run_load(legs: Path, cand: str, shape: str, load: str, ro: dict, model, kern
                           "prefill_n_diff": nbits(lp, pre_roll),
                           "largest_call_rows": dict(getattr(kernels, "largest_call", {}))}
         if name == "product":
-            product = (lp, dmask)
-    lp, dmask = product
+            product = (lp, dmask, model.routes_array() if hasattr(model, "routes_array") else None)
+    lp, dmask, trainer_routes = product
+    routes = {kind: cell_routes(ro, kind, trainer_routes) for kind in ("decode", "prefill")}
     vllm_self = nbits(dec_roll, pre_roll[dmask])
     shape_rec = {"tica/load": load, "tica/load_spec": LOADS[load].__dict__ | {"n_sequences": len(ro["fulls"])},
                  "tica/variants": variants, "tica/vllm_decode_vs_prefill_n_bitwise_diff": vllm_self,
@@ -248,12 +309,16 @@ def run_load(legs: Path, cand: str, shape: str, load: str, ro: dict, model, kern
                  "tica/packed_rows": int(sum(len(f) for f in ro["fulls"])),
                  "tica/row_call_elems": getattr(kernels, "row_limit", None),
                  "tica/largest_kernel_call_rows": variants["product"]["largest_call_rows"]}
+    if trainer_routes is not None:  # a MoE: where each side's routes came from, or why a cell has none
+        shape_rec["tica/routes"] = {kind: r[2] for kind, r in routes.items()}
     kern = {"trainer": kernels_describe(kernels), "rollout": common["rollout_kernels"]}
     for kind, tr, roll, tok, lens in (
             ("decode", lp[dmask], dec_roll, [t for g in ro["gens"] for t in g], [len(g) for g in ro["gens"]]),
             ("prefill", lp, pre_roll, [t for f in ro["fulls"] for t in f[1:]], [len(f) - 1 for f in ro["fulls"]])):
         d = legs / leg_name(cand, shape, load, kind + kind_suffix)
-        legio.write_step_arrays(d, 1, token_ids=tok, seq_lens=lens, trainer_logprobs=tr, rollout_logprobs=roll)
+        r_ex, t_ex, _ = routes[kind]
+        legio.write_step_arrays(d, 1, token_ids=tok, seq_lens=lens, trainer_logprobs=tr, rollout_logprobs=roll,
+                                rollout_experts=r_ex, trainer_experts=t_ex)
         row = legio.step_row(1, ck, tr, roll, dict(shape_rec, **{"tica/scored": kind}))
         legio.write_jsonl(d / "metrics.jsonl", [row])
         if probe is not None and kind == "prefill":
@@ -266,15 +331,17 @@ def run_load(legs: Path, cand: str, shape: str, load: str, ro: dict, model, kern
                                        if kind == "decode" else "vLLM prompt_logprobs=0 over prompt + response")
         legio.write_meta(d, meta)
     if load == FAULT_LOAD and not kind_suffix:  # per shape, beside its control (tica.judges.planted)
-        for fname, target, what in FAULTS:
-            model.fault = target
+        for fname, target, what in FAULTS + (MOE_FAULTS if trainer_routes is not None else ()):
+            undo = plant(model, target)
             try:
                 flp, fmask = trainer_rows(model, ro, dev)
+                f_routes = cell_routes(ro, "decode", model.routes_array()) if trainer_routes is not None else (None, None, "")
             finally:
-                model.fault = None
+                undo()
             d = legs / leg_name(cand, shape, load, fname)
             legio.write_step_arrays(d, 1, token_ids=[t for g in ro["gens"] for t in g], seq_lens=[len(g) for g in ro["gens"]],
-                                    trainer_logprobs=flp[fmask], rollout_logprobs=dec_roll)
+                                    trainer_logprobs=flp[fmask], rollout_logprobs=dec_roll,
+                                    rollout_experts=f_routes[0], trainer_experts=f_routes[1])
             legio.write_jsonl(d / "metrics.jsonl", [legio.step_row(1, ck, flp[fmask], dec_roll, {"tica/planted_fault": target})])
             meta = legio.new_meta("forward", legio.kernels_arm(), trainer="vllm_kernels", started_at=started)
             meta["ended_at"] = legio.now()
@@ -308,6 +375,46 @@ def kernels_describe(kernels) -> dict:
                 logprob=LOGPROB_OPS.get(getattr(kernels, "logprob", None), "unknown"))
 
 
+def trainer_model(m0: Path, kernels, dev: str, moe: bool):
+    """The product trainer's model: KernelLlama, or KernelMoe on vLLM's MoE kernels (the torch
+    reference's on a CPU dry run)."""
+    from .model import from_dir
+
+    if not moe:
+        return from_dir(m0, kernels, device=dev)
+    from .moe import TorchMoeReference, VllmMoeKernels, moe_from_dir
+
+    return moe_from_dir(m0, kernels, TorchMoeReference if dev == "cpu" else VllmMoeKernels(), device=dev)
+
+
+def moe_shape(model) -> dict:
+    return {"architecture": model.arch, "experts": model.n_experts, "top_k": model.top_k,
+            "renormalize": model.renormalize, "moe_layers": model.sparse_layers,
+            "shared_expert": model.layout.shared_expert, "kernels": model.moe_kernels.describe()
+            if hasattr(model.moe_kernels, "describe") else getattr(model.moe_kernels, "name", "?")}
+
+
+def reloaded_experts_equal(llm, model) -> dict:
+    """After the reload: each MoE layer's w13/w2 in vLLM against the trainer's stacked deployed bytes."""
+    import torch
+
+    want = {i: model.expert_weights(f"model.layers.{i}.") for i in model.sparse_layers}
+
+    def check(m):
+        got = {}
+        for n, prm in m.named_parameters():
+            parts = n.split(".")
+            if ("w13_weight" in n or "w2_weight" in n) and "layers" in parts:
+                i = int(parts[parts.index("layers") + 1])
+                ref = want[i][0 if "w13" in n else 1]
+                got[n] = bool(prm.shape == ref.shape and torch.equal(prm.data, ref.to(prm.dtype)))
+        return got
+
+    with torch.no_grad():
+        got = llm.apply_model(check)[0]
+    return {"tensors": len(got), "equal": sum(got.values()), "differ": sorted(k for k, v in got.items() if not v)}
+
+
 def product_trainer(candidate: str, rollout) -> tuple:
     """The product trainer for `candidate` beside its running engine: vLLM's Triton matmul, its paged
     FA3 layout and block size, the candidate's norm; refused when the overlay parts vLLM runs in this
@@ -319,9 +426,13 @@ def product_trainer(candidate: str, rollout) -> tuple:
     if parts != list(CANDIDATE_PARTS[candidate] or []):
         raise SystemExit(f"candidate {candidate} wants overlay parts {CANDIDATE_PARTS[candidate]} but vLLM "
                          f"runs {parts}: refusing to record it")
-    block = int(rollout.llm.llm_engine.vllm_config.cache_config.block_size)
+    vc = rollout.llm.llm_engine.vllm_config
+    block = int(vc.cache_config.block_size)
+    # the logprob op of the model runner vLLM chose (0.26 runs MoE models on V1 unless listed for V2,
+    # and V1 whenever routed experts are returned)
+    v2 = bool(getattr(vc, "use_v2_model_runner", True))
     kernels = VllmKernels(linear="triton", norm="overlay" if "rmsnorm" in parts else "stock", attention_layout="paged",
-                          block_size=block)
+                          block_size=block, logprob="v2_runner" if v2 else "v1_sampler")
     rollout_kernels = {"attention": "FLASH_ATTN", **rollout.selected(), "block_size": block,
                        "rms_norm_residual": "overlay: bf16 add + Triton rms_norm" if "rmsnorm" in parts
                        else "_C.fused_add_rms_norm (stock 0.26)",
@@ -345,13 +456,14 @@ def cmd_matrix_cell(a) -> int:
     ck0 = weights_hash(m0)
     dev = "cpu" if dry else "cuda"
     started = legio.now()
-    from .model import from_dir
+    from .moe import MOE_ARCHITECTURES
 
+    moe = cfg["architectures"][0] in MOE_ARCHITECTURES
     if dry:
         from .kernels import TorchReference
 
         kernels = TorchReference
-        model = from_dir(m0, kernels, device=dev)
+        model = trainer_model(m0, kernels, dev, moe)
         roll = lambda p, g, s: fake_rollout(model, p, g, s)  # noqa: E731
         rollout_kernels = {"fake": "CPU dry run: the reference model"}
         parts = list(CANDIDATE_PARTS[a.candidate] or [])
@@ -362,7 +474,8 @@ def cmd_matrix_cell(a) -> int:
 
         with engine_start_lock(Path(a.lock)):
             t = time.time()
-            rollout = VllmRollout(m0, **MATRIX_CFG)  # the overlay, if any, came in as vLLM's general plugin
+            # the overlay, if any, came in as vLLM's general plugin
+            rollout = VllmRollout(m0, **(MATRIX_MOE_CFG if moe else MATRIX_CFG))
             log(f"{a.candidate} {a.shape}: engine up in {time.time() - t:.1f}s")
         # registered after vLLM's own exit handlers, so it runs before them (atexit is last in, first out)
         atexit.register(hold_start_lock_until_exit, Path(a.lock))
@@ -371,7 +484,7 @@ def cmd_matrix_cell(a) -> int:
 
         pin = check_vllm()
         kernels, rollout_kernels, parts = product_trainer(a.candidate, rollout)
-        model = from_dir(m0, kernels, device=dev)  # the lm_head padded to 64 rows: VllmKernels.vocab_pad
+        model = trainer_model(m0, kernels, dev, moe)  # the lm_head padded to 64 rows: VllmKernels.vocab_pad
         roll = lambda p, g, s: vllm_rollout(llm, p, g, s)  # noqa: E731
     from .overlay import overlay_record
 
@@ -381,9 +494,11 @@ def cmd_matrix_cell(a) -> int:
                          "num_attention_heads": cfg["num_attention_heads"],
                          "num_key_value_heads": cfg["num_key_value_heads"], "head_dim": cfg["head_dim"],
                          "vocab_size": cfg["vocab_size"], "tie_word_embeddings": cfg["tie_word_embeddings"],
-                         "attention_bias": cfg["attention_bias"], "weights": "random, seeded, built on the device",
+                         "attention_bias": cfg.get("attention_bias", cfg.get("qkv_bias")),
+                         **({"moe": moe_shape(model)} if moe else {}),
+                         "weights": "random, seeded, built on the device",
                          "candidate": a.candidate, "source_overlay": overlay_record(parts) if parts else None,
-                         **MATRIX_CFG, "matrix_seed": SEED, "vllm_check": pin,
+                         **(MATRIX_MOE_CFG if moe else MATRIX_CFG), "matrix_seed": SEED, "vllm_check": pin,
                          "trainer_packing": "all sequences of a load in one varlen batch; no knowledge of engine steps"}}
     probe = None
     if not dry:
@@ -408,8 +523,16 @@ def cmd_matrix_cell(a) -> int:
     # one update on the c64 batch, reloaded into vLLM, then c64 again (new prompts) on the new weights
     ro = kept[UPDATE_LOAD]
     upd = update_step(model, ro, dev, Path(a.work) / f"m1-{a.candidate}-{a.shape}", m0)
+    if moe:
+        from .moe_backward import moe_gradcheck_with_control
+
+        # the MoE block's backward on this device's kernels against float64 autograd, with its control
+        upd["moe_backward_check"] = moe_gradcheck_with_control(model.moe_kernels, device=dev,
+                                                               dtype=model.compute_dtype, tol=2e-2)
     if llm is not None:
         upd["reloaded_params"] = rollout.reload(upd["path"] / "model.safetensors")
+        if moe:
+            upd["reloaded_experts_equal"] = reloaded_experts_equal(llm, model)
     prompts, gens, seeds = workload(UPDATE_LOAD, cfg["vocab_size"], salt=1)
     ro2 = roll(prompts, gens, seeds)
     common["config"] = dict(common["config"], update={k: v for k, v in upd.items() if k != "path"})

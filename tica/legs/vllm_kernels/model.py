@@ -180,6 +180,9 @@ class KernelLlama(torch.nn.Module):
             gu = self._lin(p + "mlp.gate_up_proj", h, self.fused(p + "mlp.", ("gate_proj", "up_proj")))
             a = A.silu_and_mul(K, gu)
             h = self._lin(p + "mlp.down_proj", a, self.w(p + "mlp.down_proj.weight"))
+        return self._final_norm(h, residual)
+
+    def _final_norm(self, h, residual):
         if self.fault == FAULT_FINAL_NORM:
             # planted fault: HF transformers' LlamaRMSNorm (bf16 residual add, fp32 variance, weight * x.to(bf16))
             r = residual + h

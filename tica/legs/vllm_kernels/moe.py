@@ -120,6 +120,20 @@ class VllmMoeKernels:
                 "experts": self.EXPERTS + " (Triton fused_moe_kernel x2, silu_and_mul, _moe_C.moe_sum)"}
 
 
+class TorchRouterFault:
+    """A planted fault: torch's fp32 softmax and top-k choose the route in place of the kernel set's
+    ``topk_softmax``; the experts are the kernel set's."""
+
+    name = "torch_router_fault"
+    route = staticmethod(TorchMoeReference.route)
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+
+    def experts(self, x, w13, w2, weights, ids):
+        return self.inner.experts(x, w13, w2, weights, ids)
+
+
 def per_expert_state_dict(sd: dict[str, torch.Tensor], n_layers: int) -> dict[str, torch.Tensor]:
     """HF names with one tensor per expert: a checkpoint that stores a layer's experts fused
     (``mlp.experts.gate_up_proj`` [E, 2I, H], ``mlp.experts.down_proj`` [E, H, I]: transformers
@@ -252,13 +266,19 @@ class KernelMoe(KernelLlama):
             self._record(f"{i}.mlp_in", h)
             h = self._moe(i, p, h) if i in self.sparse_layers else self._dense_mlp(p + "mlp.", h)
             self._record(f"{i}.mlp_out", h)
-        h, _ = self._fused_add(h, residual, self.w("model.norm.weight"))
+        h = self._final_norm(h, residual)
         self._record("final", h)
         return h
 
     def _record(self, name: str, x: torch.Tensor) -> None:
         if self.trace is not None:
             self.trace[name] = x.detach().clone()
+
+    def routes_array(self):
+        """The last forward's expert ids as int32 [packed tokens, MoE layers, top-k] (numpy)."""
+        import numpy as np
+
+        return np.stack([self.routes[i][0].cpu().numpy() for i in self.sparse_layers], axis=1).astype(np.int32)
 
     def routing_receipt(self, start: int = 0, stop: int | None = None) -> list[LayerRoutes]:
         """The last forward's routes of packed tokens [start, stop), one entry per MoE layer in order."""

@@ -46,6 +46,7 @@ class MoeBlockFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, gy, _gw, _gids):
         x, logits, w13, w2, ids = ctx.saved_tensors
+        A._BACKWARD_USED[MOE_OP] = "analytic at the forward's route (moe_backward.py), per-expert matmuls"
         dx, dlogits, dw13, dw2 = moe_block_grads(x, logits, w13, w2, ids, ctx.renormalize, gy)
         return None, dx, dlogits, dw13, dw2, None, None
 
