@@ -28,9 +28,10 @@ from tica.evidence import EvidenceItem
 from tica.judging import Findings, cell, leg_label, md_table, skipped_leg, wrong_question
 from tica.confounders import confounder_markdown, confounder_table, require_recorded, unquantified
 from tica.items.quality.criteria import QualityCriteria
+from tica.items.quality.receipts import load_recorded_contract
 from tica.question import Question
 from tica.receipts import (CONTRACT_FILE, RESULTS_FILE, Leg, ProblemResult, RecordedEvalContract, load_json, load_leg,
-                           load_quality_results, load_recorded_contract)
+                           load_quality_results)
 from tica.verdict import Verdict, VerdictCell
 
 _SHOW = 5
