@@ -42,7 +42,7 @@ from tica.errors import InputError, field_line, input_bytes, pydantic_errors
 from tica.ingest_trackers import mlflow_version_tag, read_mlflow_run, read_wandb_history
 from tica.metrics import VERL_FORWARD_KEYS
 from tica.receipts import (BENCH_FILE, CONTRACT_FILE, LEG_FILE, METRICS_FILE, RESULTS_FILE, ForwardStep, LegMeta,
-                           ProblemResult, RecordedEvalContract, _validate, load_bench, load_json,
+                           ProblemResult, RecordedEvalContract, validate_receipt, load_bench, load_json,
                            load_jsonl, load_quality_results, load_step_metrics)
 from tica.progress import Progress
 from tica.seal import seal_leg, sha256_file
@@ -200,7 +200,7 @@ def _forward_leg(path: Path, unit: str, rows: list[tuple[int, dict[str, Any]]], 
         if not any(k in row for k in VERL_FORWARD_KEYS):
             skipped.append(n)
             continue
-        _validate(ForwardStep, row, path, f"{unit} {n}")  # a bad row is named by where the source holds it
+        validate_receipt(ForwardStep, row, path, f"{unit} {n}")  # a bad row is named by where the source holds it
         kept.append(row)
     if not kept:
         raise InputError(path, "<file>", f"no step holds a forward metric ({', '.join(VERL_FORWARD_KEYS)})")
@@ -269,7 +269,7 @@ def ingest_problems(path: str | Path, out: str | Path, arm: str, contract: str |
     files = {RESULTS_FILE: raw}
     if contract is not None:
         contract = Path(contract)
-        _validate(RecordedEvalContract, load_json(contract), contract)
+        validate_receipt(RecordedEvalContract, load_json(contract), contract)
         files[CONTRACT_FILE] = _raw(contract)
     meta = _meta(path, "quality", arm, producer, producer_version)
     return _write_leg(Path(out), path, "per-problem JSONL", {LEG_FILE: _json_bytes(meta), **files})
@@ -640,7 +640,7 @@ def ingest_lm_eval(path: str | Path, out: str | Path, arm: str, task: str | None
         if isinstance(filtered, list) and filtered and isinstance(filtered[0], str):
             result["extracted"] = filtered[0]
         # truncated: lm_eval does not record whether max_gen_toks cut the answer: unknown.
-        _validate(ProblemResult, result, samples_file, f"line {n}")
+        validate_receipt(ProblemResult, result, samples_file, f"line {n}")
         results.append(result)
     if not results:
         raise InputError(samples_file, "<file>", "no docs: an empty samples file is no measurement")

@@ -209,7 +209,12 @@ def md_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
     return "\n".join(lines)
 
 
-def wrong_question(item: EvidenceItem, question: Question) -> str | None:
-    if question.item is not item:
-        return f"question {question.name!r} is for {question.item.value}, not {item.value}"
-    return None
+def wrong_question_cell(item: EvidenceItem, question: Question) -> VerdictCell | None:
+    """Every judge's first look: a question of another item is an inconclusive cell that says so,
+    judged before any leg is read; None when the question is the item's own."""
+    if question.item is item:
+        return None
+    bad = f"question {question.name!r} is for {question.item.value}, not {item.value}"
+    findings = Findings()
+    findings.inconclusive(bad)
+    return cell(item, question, findings, bad)

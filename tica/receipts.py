@@ -27,7 +27,6 @@ from tica.seal import SEAL_FILE, check_seal, seal_digest, sha256_file
 LEG_FILE = "leg.json"
 METRICS_FILE = "metrics.jsonl"
 ARRAYS_DIR = "arrays"
-POST_FORWARD_DIR = "post_forward"
 RESULTS_FILE = "results.jsonl"
 CONTRACT_FILE = "contract.json"
 BENCH_FILE = "bench.json"
@@ -360,7 +359,7 @@ class GradcheckFile(_Receipt):
 
 def load_gradcheck(path: str | Path) -> GradcheckFile:
     path = Path(path)
-    return _validate(GradcheckFile, load_json(path), path)
+    return validate_receipt(GradcheckFile, load_json(path), path)
 
 
 def as_read(value: Any) -> Any:
@@ -430,7 +429,9 @@ def read_receipt(path: str | Path) -> Any:
     return as_read(strict_io.read_json(path))
 
 
-def _validate(model: type[BaseModel], data: Any, path: Path, where: str = "") -> Any:
+def validate_receipt(model: type[BaseModel], data: Any, path: Path, where: str = "") -> Any:
+    """`data` read through `model`; a ReceiptError naming the file and the field (under `where`,
+    e.g. a line) where it does not validate. Every receipt loader reads through here, a room's too."""
     try:
         return model.model_validate(data)
     except ValidationError as err:
@@ -443,7 +444,7 @@ def _validate(model: type[BaseModel], data: Any, path: Path, where: str = "") ->
 def load_step_metrics(path: str | Path, model: type[BackwardStep] | type[ForwardStep]) -> list[Any]:
     """Steps in file order; duplicates, decreasing steps and mixed step bases are refused."""
     path = Path(path)
-    steps = [_validate(model, row, path, f"line {n}") for n, row in enumerate(load_jsonl(path), 1)]
+    steps = [validate_receipt(model, row, path, f"line {n}") for n, row in enumerate(load_jsonl(path), 1)]
     seen: set[int] = set()
     for n, s in enumerate(steps, 1):
         if s.step in seen:
@@ -647,17 +648,7 @@ class RecordedEvalContract(_Receipt):
 
 def load_quality_results(path: str | Path) -> list[ProblemResult]:
     path = Path(path)
-    return [_validate(ProblemResult, row, path, f"line {n}") for n, row in enumerate(load_jsonl(path), 1)]
-
-
-def load_recorded_contract(path: str | Path) -> RecordedEvalContract | None:
-    """A quality leg's contract.json as recorded, items it leaves out unknown; None when the leg
-    has no contract.json (the whole contract is unknown). A recorded item that is malformed, or a
-    field that is no contract item, is still refused naming the field."""
-    path = Path(path)
-    if not path.exists():
-        return None
-    return _validate(RecordedEvalContract, load_json(path), path)
+    return [validate_receipt(ProblemResult, row, path, f"line {n}") for n, row in enumerate(load_jsonl(path), 1)]
 
 
 # ---------------------------------------------------------------- throughput (vllm bench serve JSON)
@@ -717,7 +708,7 @@ class BenchResult(BaseModel):
 def load_bench(path: str | Path) -> BenchResult:
     path = Path(path)
     data = load_json(path)
-    bench = _validate(BenchResult, data, path)
+    bench = validate_receipt(BenchResult, data, path)
     # Every number that can enter a loss or a table must be a finite number (+inf is not > 0's friend).
     for key, value in bench.model_dump().items():
         if isinstance(value, float) and not math.isfinite(value):
@@ -758,7 +749,7 @@ def verify_seal(leg_dir: str | Path) -> str:
 
 def load_leg_meta(path: str | Path) -> LegMeta:
     path = Path(path)
-    return _validate(LegMeta, load_json(path), path)
+    return validate_receipt(LegMeta, load_json(path), path)
 
 
 def write_leg_meta(leg_dir: str | Path, meta: dict[str, Any]) -> LegMeta:
@@ -773,7 +764,7 @@ def write_leg_meta(leg_dir: str | Path, meta: dict[str, Any]) -> LegMeta:
         raise ReceiptError(path, "<json>", str(err)) from None
     if not isinstance(read, dict):
         raise ReceiptError(path, "<root>", "must be a JSON object")
-    model = _validate(LegMeta, read, path)
+    model = validate_receipt(LegMeta, read, path)
     path.write_text(text)
     return model
 
@@ -893,4 +884,4 @@ def load_recipe_dry_runs(path: str | Path) -> tuple[RecipeDryRuns, str]:
         path = path / "recipe_dry_runs.json"
     else:
         digest = "sha256:" + sha256_file(path) if path.is_file() else ""
-    return _validate(RecipeDryRuns, load_json(path), path), digest
+    return validate_receipt(RecipeDryRuns, load_json(path), path), digest

@@ -9,11 +9,11 @@ import pytest
 
 from tica.canaries import edit_json, edit_jsonl, edit_meta
 from tica.errors import ReceiptError
+from tica.items.quality.receipts import load_recorded_contract
 from tica.judges import judge_criteria
 from tica.receipts import (
     ForwardStep,
     load_bench_leg,
-    load_recorded_contract,
     load_leg,
     load_step_arrays,
     load_step_metrics,

@@ -18,8 +18,9 @@ from tica.errors import InputError
 from tica.ingest import SOURCE_FILE, ingest_lm_eval
 from tica.cli.ingest import main
 from tica.items.quality.judge import judge_quality
+from tica.items.quality.receipts import load_recorded_contract
 from tica.question import load_question, parse_question
-from tica.receipts import load_leg_meta, load_quality_results, load_recorded_contract
+from tica.receipts import load_leg_meta, load_quality_results
 from tica.verdict import Verdict
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"

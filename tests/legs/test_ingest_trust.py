@@ -24,7 +24,8 @@ from tica.errors import InputError
 from tica.ingest import SOURCE_FILE, ingest_bench, ingest_lm_eval, leg_unknowns
 from tica.cli.ingest import main
 from tica.items.quality.judge import judge_quality
-from tica.receipts import load_leg_meta, load_recorded_contract
+from tica.items.quality.receipts import load_recorded_contract
+from tica.receipts import load_leg_meta
 from tica.verdict import Verdict
 
 from .test_ingest import _bench_file

@@ -10,7 +10,7 @@ from typing import Any
 from tica.errors import ReceiptError
 from tica import digests
 from tica.evidence import EvidenceItem
-from tica.judging import Findings, cell, led, md_table, wrong_question
+from tica.judging import Findings, cell, led, md_table, wrong_question_cell
 from tica.confounders import require_recorded
 from tica.items.artifacts.criteria import ArtifactsCriteria
 from tica.messages import digest, in_leg
@@ -24,10 +24,9 @@ CONTENT_HASH = re.compile(r"^(blake3|sha256|xxh3|xxh3-128|xxh128):[0-9a-f]{16,}$
 
 def judge_artifacts(question: Question, leg_paths: Sequence[str | Path]) -> VerdictCell:
     item = EvidenceItem.ARTIFACTS
+    if (wrong := wrong_question_cell(item, question)) is not None:
+        return wrong
     findings = Findings()
-    if (bad := wrong_question(item, question)) is not None:
-        findings.inconclusive(bad)
-        return cell(item, question, findings, bad)
     criteria: ArtifactsCriteria = question.criteria  # type: ignore[assignment]
     rows: list[list[Any]] = []
     hashes: dict[str, str] = {}

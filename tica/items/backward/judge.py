@@ -16,7 +16,7 @@ from tica.confounders import require_recorded
 from tica.evidence import EvidenceItem
 from tica.grad_reading import GRAD_HEADERS, is_quantized, read_grads
 from tica.items.backward.criteria import BackwardCriteria
-from tica.judging import Findings, cell, led, leg_label, md_table, skipped_leg, wrong_question
+from tica.judging import Findings, cell, led, leg_label, md_table, skipped_leg, wrong_question_cell
 from tica.question import Question
 from tica.receipts import METRICS_FILE, BackwardStep, Leg, load_leg, load_step_metrics
 from tica.verdict import Verdict, VerdictCell
@@ -24,10 +24,9 @@ from tica.verdict import Verdict, VerdictCell
 
 def judge_backward(question: Question, leg_paths: Sequence[str | Path]) -> VerdictCell:
     item = EvidenceItem.BACKWARD
+    if (wrong := wrong_question_cell(item, question)) is not None:
+        return wrong
     findings = Findings()
-    if (bad := wrong_question(item, question)) is not None:
-        findings.inconclusive(bad)
-        return cell(item, question, findings, bad)
     criteria: BackwardCriteria = question.criteria  # type: ignore[assignment]
     legs = [load_leg(p) for p in leg_paths]
     numbers: dict[str, Any] = {"legs": []}

@@ -17,7 +17,7 @@ from typing import Any
 
 from tica.evidence import EvidenceItem
 from tica.items.clean_exit.criteria import CleanExitCriteria
-from tica.judging import Findings, cell, md_table, shown, wrong_question
+from tica.judging import Findings, cell, md_table, shown, wrong_question_cell
 from tica.confounders import require_recorded
 from tica.messages import clip, unparenthesized
 from tica.process_exits import SIDES, exit_problem, shutdown_note
@@ -133,10 +133,9 @@ def server_roles(required: Sequence[str], meta: LegMeta, served_legs: Sequence[A
 
 def judge_clean_exit(question: Question, leg_paths: Sequence[str | Path]) -> VerdictCell:
     item = EvidenceItem.CLEAN_EXIT
+    if (wrong := wrong_question_cell(item, question)) is not None:
+        return wrong
     findings = Findings()
-    if (bad := wrong_question(item, question)) is not None:
-        findings.inconclusive(bad)
-        return cell(item, question, findings, bad)
     criteria: CleanExitCriteria = question.criteria  # type: ignore[assignment]
     legs = [load_leg(p) for p in leg_paths]
     rows: list[list[Any]] = []

@@ -19,7 +19,7 @@ from tica.confounders import confounder_markdown, confounder_table, require_reco
 from tica.evidence import EvidenceItem
 from tica.forward_reading import STEP_HEADERS, read_forward
 from tica.items.forward.criteria import ForwardCriteria
-from tica.judging import Findings, cell, led, leg_label, md_table, skipped_leg, worst, wrong_question
+from tica.judging import Findings, cell, led, leg_label, md_table, skipped_leg, worst, wrong_question_cell
 from tica.question import Question
 from tica.receipts import Leg, load_leg
 from tica.verdict import Verdict, VerdictCell
@@ -59,10 +59,9 @@ _NO_LEG = {"bi1": "no BI=1 forward leg: the bitwise claim has no evidence",
 
 def judge_forward(question: Question, leg_paths: Sequence[str | Path]) -> VerdictCell:
     item = EvidenceItem.FORWARD
+    if (wrong := wrong_question_cell(item, question)) is not None:
+        return wrong
     findings = Findings()
-    if (bad := wrong_question(item, question)) is not None:
-        findings.inconclusive(bad)
-        return cell(item, question, findings, bad)
     criteria: ForwardCriteria = question.criteria  # type: ignore[assignment]
     legs: list[Leg] = [load_leg(p) for p in leg_paths]
     numbers: dict[str, Any] = {"legs": [], "arms": list(criteria.arms), "bi0_reference_mean": criteria.bi0_reference_mean,

@@ -25,12 +25,13 @@ from typing import Any
 import tica.stats.quality as threshold_test
 from tica import digests
 from tica.evidence import EvidenceItem
-from tica.judging import Findings, cell, leg_label, md_table, skipped_leg, wrong_question
+from tica.judging import Findings, cell, leg_label, md_table, skipped_leg, wrong_question_cell
 from tica.confounders import confounder_markdown, confounder_table, require_recorded, unquantified
 from tica.items.quality.criteria import QualityCriteria
+from tica.items.quality.receipts import load_recorded_contract
 from tica.question import Question
 from tica.receipts import (CONTRACT_FILE, RESULTS_FILE, Leg, ProblemResult, RecordedEvalContract, load_json, load_leg,
-                           load_quality_results, load_recorded_contract)
+                           load_quality_results)
 from tica.verdict import Verdict, VerdictCell
 
 _SHOW = 5
@@ -108,10 +109,9 @@ def _one_problem_per_prompt(findings: Findings, arm: str, results: Sequence[Prob
 
 def judge_quality(question: Question, leg_paths: Sequence[str | Path]) -> VerdictCell:
     item = EvidenceItem.QUALITY
+    if (wrong := wrong_question_cell(item, question)) is not None:
+        return wrong
     findings = Findings()
-    if (bad := wrong_question(item, question)) is not None:
-        findings.inconclusive(bad)
-        return cell(item, question, findings, bad)
     criteria: QualityCriteria = question.criteria  # type: ignore[assignment]
     legs = [load_leg(p) for p in leg_paths]
     hashes = {str(l.path): l.digest for l in legs}

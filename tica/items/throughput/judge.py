@@ -49,7 +49,7 @@ from typing import Any
 import tica.stats.throughput as budget_test
 from tica import leg_times
 from tica.evidence import EvidenceItem
-from tica.judging import Findings, cell, did_not_run, fmt, led, md_table, wrong_question
+from tica.judging import Findings, cell, did_not_run, fmt, led, md_table, wrong_question_cell
 from tica.confounders import confounder_markdown, confounder_table, require_recorded, unquantified
 from tica.messages import digest
 from tica.process_exits import exit_problems
@@ -631,10 +631,9 @@ def loss_in_words(formula: ThroughputFormula | None, loss: float) -> str:
 
 def judge_throughput(question: Question, leg_paths: Sequence[str | Path]) -> VerdictCell:
     item = EvidenceItem.THROUGHPUT
+    if (wrong := wrong_question_cell(item, question)) is not None:
+        return wrong
     findings = Findings()
-    if (bad := wrong_question(item, question)) is not None:
-        findings.inconclusive(bad)
-        return cell(item, question, findings, bad)
     criteria: ThroughputCriteria = question.criteria  # type: ignore[assignment]
     not_run = not_run_legs(leg_paths)
     for p, meta in not_run.items():

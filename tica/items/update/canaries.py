@@ -23,6 +23,7 @@ from tica.canary_legs import set_row as _set_row
 from tica.canary_legs import write_leg as _write_leg
 from tica.evidence import EvidenceItem
 from tica.items.update.criteria import UpdateCriteria
+from tica.items.update.receipts import POST_FORWARD_DIR
 from tica.metrics import forward_metrics
 from tica.question import Question
 from tica.seal import seal_leg
@@ -49,7 +50,7 @@ def build_update(question: Question, dest: Path) -> list[Path]:
                                                           "how": "a fresh trainer, the same weights and batch"}})
     post_steps = list(range(1, c.post_update_steps + 1))
     files = {"metrics.jsonl": _jsonl(rows),
-             **_forward_files("bi1", post_steps, 0.01, 3, lambda s: updated, "post_forward/")}
+             **_forward_files("bi1", post_steps, 0.01, 3, lambda s: updated, f"{POST_FORWARD_DIR}/")}
     meta = _meta("update", "bi1", trainer="vllm_kernels", processes=[_proc("trainer", 6100), _proc("engine_core", 6101)])
     return [_write_leg(dest / "update_bi1", meta, files)]
 
@@ -68,7 +69,7 @@ def needs_rerun(question: Question | None) -> str | None:
 
 def shift_post_forward(leg: Path, delta: float) -> None:
     """Every post-update rollout logprob off by `delta`, metrics recomputed honestly."""
-    post = leg / "post_forward"
+    post = leg / POST_FORWARD_DIR
     rows = []
     for path in sorted((post / "arrays").glob("step_*.npz")):
         with np.load(path) as z:
@@ -93,10 +94,10 @@ def update_as_bi0(q: Question, legs: list[Path]) -> None:
 
 def drop_post_update_step(q: Question, legs: list[Path]) -> None:
     leg = legs[0]
-    rows = [json.loads(l) for l in (leg / "post_forward" / "metrics.jsonl").read_text().splitlines() if l.strip()]
+    rows = [json.loads(l) for l in (leg / POST_FORWARD_DIR / "metrics.jsonl").read_text().splitlines() if l.strip()]
     last = rows[-1]["step"]
-    (leg / "post_forward" / "arrays" / f"step_{last:04d}.npz").unlink(missing_ok=True)
-    edit_jsonl(leg / "post_forward" / "metrics.jsonl", lambda rs: [r for r in rs if r["step"] != last], leg)
+    (leg / POST_FORWARD_DIR / "arrays" / f"step_{last:04d}.npz").unlink(missing_ok=True)
+    edit_jsonl(leg / POST_FORWARD_DIR / "metrics.jsonl", lambda rs: [r for r in rs if r["step"] != last], leg)
 
 
 # The must_record canary every item has is tica.canaries' (it reads the question, not the item);
@@ -107,12 +108,12 @@ CANARIES: tuple[Canary, ...] = (
     Canary("update.rollout_reloads", E.UPDATE, "weights synced to the rollout engine", FAIL,
            lambda q, legs: edit_jsonl(legs[0] / "metrics.jsonl", _set_row(0, reloaded_by_rollout=False), legs[0])),
     Canary("update.post_forward_bitwise", E.UPDATE, "forward re-checked after the update", FAIL,
-           lambda q, legs: perturb_arrays(legs[0], 1, "post_forward")),
+           lambda q, legs: perturb_arrays(legs[0], 1, POST_FORWARD_DIR)),
     Canary("update.post_forward_on_new_weights", E.UPDATE, "the re-check reads the updated weights", FAIL,
-           lambda q, legs: edit_jsonl(legs[0] / "post_forward" / "metrics.jsonl",
+           lambda q, legs: edit_jsonl(legs[0] / POST_FORWARD_DIR / "metrics.jsonl",
                                       _set_row(0, checkpoint_version=_ckpt(1)), legs[0])),
     Canary("update.post_forward_present", E.UPDATE, "no post-update forward is not a pass", INCONCLUSIVE,
-           lambda q, legs: (shutil.rmtree(legs[0] / "post_forward"), seal_leg(legs[0])) and None),
+           lambda q, legs: (shutil.rmtree(legs[0] / POST_FORWARD_DIR), seal_leg(legs[0])) and None),
     Canary("update.post_update_steps", E.UPDATE, "every one of the frozen post-update steps present", INCONCLUSIVE,
            drop_post_update_step),
     Canary("update.rerun_grad_norm", E.UPDATE, "a rerun of the step gives the same grad norm", FAIL,

@@ -15,10 +15,11 @@ from tica.evidence import EvidenceItem
 from tica.forward_reading import STEP_HEADERS, read_forward
 from tica.grad_reading import GRAD_HEADERS, is_quantized, read_grads
 from tica.items.update.criteria import UpdateCriteria
-from tica.judging import Findings, cell, led, leg_label, skipped_leg, md_table, wrong_question
+from tica.items.update.receipts import POST_FORWARD_DIR
+from tica.judging import Findings, cell, led, leg_label, skipped_leg, md_table, wrong_question_cell
 from tica.confounders import require_recorded
 from tica.question import Question
-from tica.receipts import METRICS_FILE, POST_FORWARD_DIR, Leg, UpdateStep, load_leg, load_step_metrics
+from tica.receipts import METRICS_FILE, Leg, UpdateStep, load_leg, load_step_metrics
 from tica.verdict import Verdict, VerdictCell
 
 UPDATE_HEADERS = ["step", "optimizer", "tensors changed", "tensors total", "updated weights", "reloaded by rollout",
@@ -54,10 +55,9 @@ def rerun_cell(s: UpdateStep) -> str:
 
 def judge_update(question: Question, leg_paths: Sequence[str | Path]) -> VerdictCell:
     item = EvidenceItem.UPDATE
+    if (wrong := wrong_question_cell(item, question)) is not None:
+        return wrong
     findings = Findings()
-    if (bad := wrong_question(item, question)) is not None:
-        findings.inconclusive(bad)
-        return cell(item, question, findings, bad)
     criteria: UpdateCriteria = question.criteria  # type: ignore[assignment]
     legs = [load_leg(p) for p in leg_paths]
     numbers: dict[str, Any] = {"legs": [], "post_update_steps": criteria.post_update_steps}
