@@ -40,6 +40,11 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader | tee "$OUT/run.log"
 CARRY=/tmp/tica_carry
+moe_lib() {  # vLLM's _moe_C, which the kit drops (scripts/h200/build_carries.sh moe writes .devstage/m1)
+  if [ -f .devstage/m1/moe_C.so.xz ] && [ ! -f /tmp/site/vllm/_moe_C_stable_libtorch.abi3.so ]; then
+    python3 -c "import lzma, shutil; shutil.copyfileobj(lzma.open('.devstage/m1/moe_C.so.xz'), open('/tmp/site/vllm/_moe_C_stable_libtorch.abi3.so', 'wb'), 1 << 24)"
+  fi
+}
 recv() {  # keep this call's carried parts; once all three are here, join and check the GGUF, install wheels
   mkdir -p $CARRY
   for d in .devstage/q1 .devstage/q2 .devstage/q2a .devstage/q2b .devstage/q3; do [ -d $d ] && cp $d/* $CARRY/; done
@@ -99,7 +104,9 @@ case "$1" in
   matrix)
     # the shape/load matrix (issue 14): every (candidate, shape) in its own process, three at a time;
     # stock vLLM 0.26 and 0.26 + the RMSNorm overlay (a vLLM general plugin); extra args go to `matrix`,
-    # e.g. --shapes a,b to continue an earlier call's shapes
+    # e.g. --shapes a,b to continue an earlier call's shapes. MoE shapes (issue 33) need vLLM's _moe_C:
+    # carry .devstage/m1 in the call, and run them one at a time (--parallel 1: the trainer's AdamW state)
+    moe_lib
     nvidia-smi -L | tee -a "$OUT/run.log"
     python3 -m tica.legs.vllm_kernels.producers matrix --out "$OUT" --work /tmp/tica_matrix --budget 560 \
       "${@:2}" 2>&1 | tee -a "$OUT/run.log"
@@ -149,9 +156,7 @@ case "$1" in
     # issue 33's probes (scripts/h200/moe_probe.py): a seeded Qwen3-MoE-style model and its dense control,
     # served with vLLM's online FP8, stock and overlay3, under BI=1. The MoE layer needs vLLM's _moe_C,
     # which the kit drops: carry .devstage/m1 (scripts/h200/build_carries.sh moe) in this call.
-    if [ -f .devstage/m1/moe_C.so.xz ] && [ ! -f /tmp/site/vllm/_moe_C_stable_libtorch.abi3.so ]; then
-      python3 -c "import lzma, shutil; shutil.copyfileobj(lzma.open('.devstage/m1/moe_C.so.xz'), open('/tmp/site/vllm/_moe_C_stable_libtorch.abi3.so', 'wb'), 1 << 24)"
-    fi
+    moe_lib
     # vLLM's FP8 path imports compressed_tensors (and it loguru), which the image lacks: carry .devstage/m2
     if ls .devstage/m2/*.whl >/dev/null 2>&1 && [ ! -d /tmp/site/compressed_tensors ]; then
       python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .devstage/m2/*.whl
