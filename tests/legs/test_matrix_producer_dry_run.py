@@ -52,12 +52,12 @@ def test_a_moe_dry_run_writes_both_sides_routes_and_the_moe_update(tmp_path):
 
     out, work = tmp_path / "out", tmp_path / "work"
     r = subprocess.run([sys.executable, "-m", "tica.legs.vllm_kernels.producers", "matrix", "--dry-run",
-                        "--shapes", "tiny_moe", "--candidates", "stock", "--loads", "c1,c64", "--out", str(out),
+                        "--shapes", "tiny_moe", "--candidates", "stock", "--loads", "c1,c16", "--out", str(out),
                         "--work", str(work), "--budget", "600", "--min-cell-s", "1"],
                        cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     names = {p.name for p in (work / "legs").iterdir()}
-    assert {"mx-stock-tiny_moe-c64-fault_torch_router", "mx-stock-tiny_moe-c64-prefill_post_update"} <= names
+    assert {"mx-stock-tiny_moe-c16-fault_torch_router", "mx-stock-tiny_moe-c16-prefill_post_update"} <= names
     for name in names:
         z = np.load(work / "legs" / name / "arrays" / "step_0001.npz")
         assert z["rollout_experts"].shape == z["trainer_experts"].shape == (z["token_ids"].size, 2, 2)

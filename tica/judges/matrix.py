@@ -207,7 +207,9 @@ def matrix_canaries(question: Question, root: str | Path) -> list[tuple[str, Can
 def summary_table(cells: Iterable[MatrixCell]) -> str:
     """Markdown: one row per (run, candidate, shape, scored), one column per load (pass, or the
     differing tokens)."""
-    loads = ("c1", "c64", "c320", "chunked")
+    cells = list(cells)
+    known = ("c1", "c16", "c64", "c256s", "c320", "chunked", "packed_limit")  # the producer's order; others after
+    loads = sorted({c.load for c in cells}, key=lambda x: (known.index(x) if x in known else len(known), x))
     grid: dict[tuple, dict[str, str]] = {}
     for c in cells:
         key = (c.run, c.candidate, c.shape, c.scored.replace("_post_update", " (after update)"))

@@ -22,7 +22,7 @@ from .forward_leg import FAULTS, cmd_bi0, cmd_bi0_megatron
 from .legio import log
 from .overlay import CANDIDATE_PARTS, candidate_env, write_plugin_dist
 from .rollout import ENGINES
-from .matrix import CANDIDATES, DEFAULT_LOADS, MATRIX_SHAPES, cmd_matrix, cmd_matrix_cell
+from .matrix import CANDIDATES, DEFAULT_LOADS, MATRIX_SHAPES, MOE_LOADS, cmd_matrix, cmd_matrix_cell
 from .seeded_model import SHAPES, make_model
 from .server import ARM_A, CONCURRENCIES, PAIRING_ORDER, STOP_MARGIN_S, cmd_bench_client, cmd_throughput
 
@@ -222,11 +222,12 @@ def main(argv=None) -> int:
     p.add_argument("--budget", type=float, default=560)
     p.add_argument("--parallel", type=int, default=3, help="cells at once on the one GPU")
     p.add_argument("--min-cell-s", type=float, default=90, help="start no cell later than this before the deadline")
-    p.add_argument("--loads", default=",".join(DEFAULT_LOADS),
-                   help="comma-separated (default: all but packed_limit, which is asked for by name); the update needs c64")
+    p.add_argument("--loads", default="",
+                   help="comma-separated (default: a dense shape's " + ",".join(DEFAULT_LOADS) + ", a MoE shape's "
+                   + ",".join(MOE_LOADS) + "; packed_limit is asked for by name); the update needs c64 (MoE: c16)")
     p.add_argument("--dry-run", action="store_true")
     p = sub.add_parser("matrix-cell")
-    p.add_argument("--loads", default=",".join(DEFAULT_LOADS))
+    p.add_argument("--loads", default="")
     for x in ("--candidate", "--shape", "--model", "--legs", "--work", "--summary", "--lock"):
         p.add_argument(x, required=True)
     p.add_argument("--dry-run", action="store_true")

@@ -92,10 +92,25 @@ LOADS = {
     # _C.silu_and_mul call of llama3.2-1b's width goes wrong (the trainer calls it in bounded ranges)
     PACKED_LOAD: Load(136, (1990, 2000), (8, 16)),
 }
+# A MoE cell's loads: the same kinds (one long sequence, mixed prefill chunks and decode rows,
+# decode steps of 256 rows and more, a chunked long prompt) at fewer tokens, since each token also
+# carries its routes (layers x top-k expert ids a side) and the committed receipts must stay small.
+LOADS.update({
+    "c16": Load(16, (32, 256), (16, 64)),
+    "c256s": Load(256, (4, 12), (6, 12)),
+})
+MOE_LOADS = ("c1", "c16", "c256s", "chunked")
 # packed_limit costs two ~273k-token vLLM passes per cell: asked for by name (--loads), never by default
-DEFAULT_LOADS = tuple(name for name in LOADS if name != PACKED_LOAD)
+DEFAULT_LOADS = ("c1", "c64", "c320", "chunked")
 UPDATE_LOAD = "c64"
 FAULT_LOAD = "c64"
+MOE_UPDATE_LOAD = "c16"  # a MoE cell's update batch and planted faults'
+
+
+def cell_loads(requested: str, moe: bool) -> tuple[list[str], str]:
+    """(loads, the update's load) of one cell: the requested ones, else its kind's defaults."""
+    loads = [x for x in requested.split(",") if x] or list(MOE_LOADS if moe else DEFAULT_LOADS)
+    return loads, MOE_UPDATE_LOAD if moe else UPDATE_LOAD
 LR = 5e-3
 
 
@@ -330,7 +345,8 @@ def run_load(legs: Path, cand: str, shape: str, load: str, ro: dict, model, kern
                                        rollout_logprobs="vLLM sampled-token logprobs (SamplingParams.logprobs=0)"
                                        if kind == "decode" else "vLLM prompt_logprobs=0 over prompt + response")
         legio.write_meta(d, meta)
-    if load == FAULT_LOAD and not kind_suffix:  # per shape, beside its control (tica.judges.planted)
+    if load == (FAULT_LOAD if trainer_routes is None else MOE_UPDATE_LOAD) and not kind_suffix:
+        # per shape, beside its control (tica.judges.planted)
         for fname, target, what in FAULTS + (MOE_FAULTS if trainer_routes is not None else ()):
             undo = plant(model, target)
             try:
@@ -507,7 +523,7 @@ def cmd_matrix_cell(a) -> int:
         probe = probe_model(kernels, cfg)
     summary = {"candidate": a.candidate, "shape": a.shape, "loads": []}
     kept = {}
-    loads = [x for x in a.loads.split(",") if x] if getattr(a, "loads", None) else list(DEFAULT_LOADS)
+    loads, update_load = cell_loads(getattr(a, "loads", None) or "", moe)
     for load in loads:
         t = time.time()
         prompts, gens, seeds = workload(load, cfg["vocab_size"])
@@ -516,12 +532,12 @@ def cmd_matrix_cell(a) -> int:
         summary["loads"].append(run_load(legs, a.candidate, a.shape, load, ro, model, kernels, dev, ck0, common,
                                          started, probe=probe if load == "c1" else None))
         log(f"  {load} in {time.time() - t:.1f}s")
-    if UPDATE_LOAD not in kept:  # a partial run (--loads): no update, said in the summary
-        summary["update"] = f"not run: {UPDATE_LOAD} was not among the loads"
+    if update_load not in kept:  # a partial run (--loads): no update, said in the summary
+        summary["update"] = f"not run: {update_load} was not among the loads"
         Path(a.summary).write_text(json.dumps(summary, indent=1, default=str))
         return 0
     # one update on the c64 batch, reloaded into vLLM, then c64 again (new prompts) on the new weights
-    ro = kept[UPDATE_LOAD]
+    ro = kept[update_load]
     upd = update_step(model, ro, dev, Path(a.work) / f"m1-{a.candidate}-{a.shape}", m0)
     if moe:
         from .moe_backward import moe_gradcheck_with_control
@@ -533,10 +549,10 @@ def cmd_matrix_cell(a) -> int:
         upd["reloaded_params"] = rollout.reload(upd["path"] / "model.safetensors")
         if moe:
             upd["reloaded_experts_equal"] = reloaded_experts_equal(llm, model)
-    prompts, gens, seeds = workload(UPDATE_LOAD, cfg["vocab_size"], salt=1)
+    prompts, gens, seeds = workload(update_load, cfg["vocab_size"], salt=1)
     ro2 = roll(prompts, gens, seeds)
     common["config"] = dict(common["config"], update={k: v for k, v in upd.items() if k != "path"})
-    summary["loads"].append(run_load(legs, a.candidate, a.shape, UPDATE_LOAD, ro2, model, kernels, dev, upd["hash"],
+    summary["loads"].append(run_load(legs, a.candidate, a.shape, update_load, ro2, model, kernels, dev, upd["hash"],
                                      common, started, kind_suffix="_post_update"))
     summary["update"] = {k: v for k, v in upd.items() if k != "path"}
     Path(a.summary).write_text(json.dumps(summary, indent=1, default=str))
