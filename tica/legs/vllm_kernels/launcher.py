@@ -221,6 +221,7 @@ def main(argv=None) -> int:
     p.add_argument("--candidates", default=",".join(CANDIDATES))
     p.add_argument("--budget", type=float, default=560)
     p.add_argument("--parallel", type=int, default=3, help="cells at once on the one GPU")
+    p.add_argument("--cells", default="", help="candidate/shape,... in this order, instead of shapes x candidates")
     p.add_argument("--min-cell-s", type=float, default=90, help="start no cell later than this before the deadline")
     p.add_argument("--loads", default="",
                    help="comma-separated (default: a dense shape's " + ",".join(DEFAULT_LOADS) + ", a MoE shape's "

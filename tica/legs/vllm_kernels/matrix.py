@@ -410,6 +410,14 @@ def moe_shape(model) -> dict:
             if hasattr(model.moe_kernels, "describe") else getattr(model.moe_kernels, "name", "?")}
 
 
+def recorded(check) -> dict:
+    """A diagnostic's result, or the error it raised, recorded (the cell goes on to its next legs)."""
+    try:
+        return check()
+    except Exception as err:  # noqa: BLE001 - recorded in the receipt, not hidden
+        return {"error": f"{type(err).__name__}: {str(err)[:400]}"}
+
+
 def reloaded_experts_equal(llm, model) -> dict:
     """After the reload: each MoE layer's w13/w2 in vLLM against the trainer's stacked deployed bytes."""
     import torch
@@ -543,12 +551,12 @@ def cmd_matrix_cell(a) -> int:
         from .moe_backward import moe_gradcheck_with_control
 
         # the MoE block's backward on this device's kernels against float64 autograd, with its control
-        upd["moe_backward_check"] = moe_gradcheck_with_control(model.moe_kernels, device=dev,
-                                                               dtype=model.compute_dtype, tol=2e-2)
+        upd["moe_backward_check"] = recorded(lambda: moe_gradcheck_with_control(
+            model.moe_kernels, device=dev, dtype=model.compute_dtype, tol=2e-2))
     if llm is not None:
         upd["reloaded_params"] = rollout.reload(upd["path"] / "model.safetensors")
         if moe:
-            upd["reloaded_experts_equal"] = reloaded_experts_equal(llm, model)
+            upd["reloaded_experts_equal"] = recorded(lambda: reloaded_experts_equal(llm, model))
     prompts, gens, seeds = workload(update_load, cfg["vocab_size"], salt=1)
     ro2 = roll(prompts, gens, seeds)
     common["config"] = dict(common["config"], update={k: v for k, v in upd.items() if k != "path"})
@@ -649,6 +657,10 @@ def cmd_matrix(a) -> int:
     logs.mkdir(exist_ok=True)
     shapes = [s for s in a.shapes.split(",") if s]
     cands = [c for c in a.candidates.split(",") if c]
+    # --cells candidate/shape,...: these cells in this order (what matters most first, under a deadline)
+    order = [tuple(x.split("/", 1)) for x in (getattr(a, "cells", "") or "").split(",") if x]
+    if order:
+        shapes = list(dict.fromkeys(s for _, s in order))
     dev = "cpu" if a.dry_run else "cuda"
     status: dict = {"started": legio.now(), "budget_s": a.budget, "cells": {}, "models": {}}
     plugin = work / "overlay_plugin"
@@ -662,7 +674,7 @@ def cmd_matrix(a) -> int:
         if not (md / "config.json").exists():
             status["models"][s] = make_model(md, s, seed=7, device=dev)
             log(f"model {s}: {status['models'][s]}")
-    queue = [(c, s) for s in shapes for c in cands]
+    queue = order or [(c, s) for s in shapes for c in cands]
     attempts: dict[str, int] = {}
     running: list[tuple] = []
     me = [sys.executable, "-m", "tica.legs.vllm_kernels.producers", "matrix-cell"]
