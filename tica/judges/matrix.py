@@ -34,7 +34,8 @@ from tica.errors import ReceiptError
 from tica.items.forward.judge import judge_forward
 from tica.judges.planted import CanaryStatus, canary_status
 from tica.question import Question
-from tica.receipts import load_jsonl, read_receipt
+from tica.receipts import load_jsonl, load_step_arrays, read_receipt, step_arrays_path
+from tica.routing import compare_routing
 from tica.verdict import Verdict
 
 # A load is any name without '-' (the producer's LOADS grow: a new load is judged, never dropped);
@@ -60,6 +61,8 @@ class MatrixCell(BaseModel):
     vllm_decode_vs_prefill: int | None
     cause: str | None  # None exactly when the cell passed
     reasons: tuple[str, ...]
+    # a MoE cell's routes compared (tica.routing): None where the leg recorded no routes
+    routing: str | None = None
 
 
 def _row(leg: Path) -> dict:
@@ -124,6 +127,15 @@ def _cause(scored: str, row: dict, cfg: dict, control_passed: bool | None, peer_
     return "; ".join(causes) or "unexplained: no recorded probe accounts for it"
 
 
+def _routing(leg: Path):
+    """The cell's routes compared, or None where its arrays hold none (a dense model's)."""
+    arrays = load_step_arrays(step_arrays_path(leg, 1))
+    if arrays.rollout_experts is None or arrays.trainer_experts is None:
+        return None
+    return compare_routing(arrays.seq_lens, arrays.rollout_experts, arrays.trainer_experts,
+                           arrays.rollout_logprobs, arrays.trainer_logprobs)
+
+
 def _is_control(cfg: dict, other: dict) -> bool:
     v = cfg.get("vocab_size")
     return (isinstance(v, int) and v % 64 != 0 and other.get("vocab_size") == _pad64(v)
@@ -172,15 +184,21 @@ def matrix_cells(question: Question, root: str | Path) -> list[MatrixCell]:
                           and m2["load"] == m["load"] and m2["scored"] == m["scored"]
                           and judged[leg2][0] is Verdict.PASS for run2, leg2, m2 in legs)
         overlay = cfg.get("source_overlay") or {}
+        routing = _safe(_routing, leg, None)
+        cause = None
+        if verdict is Verdict.FAIL:
+            cause = _cause(m["scored"], row, cfg, control, peer_passed)
+            if routing is not None and not routing.identical:  # a MoE's first divergence is its first route flip
+                cause = f"{routing.sentence()}; {cause}"
+        elif verdict is not Verdict.PASS:
+            cause = f"not judged: {verdict.value}"
         cells.append(MatrixCell(
             run=run, candidate=m["candidate"], overlay_parts=tuple(overlay.get("parts") or
                                                                  (["rmsnorm"] if overlay else [])),
             shape=m["shape"], load=m["load"], scored=m["scored"], verdict=verdict,
             n_diff=row.get("tica/n_bitwise_diff"), n_tokens=row.get("tica/n_tokens"),
             vllm_decode_vs_prefill=row.get("tica/vllm_decode_vs_prefill_n_bitwise_diff"),
-            cause=None if verdict is Verdict.PASS else (
-                _cause(m["scored"], row, cfg, control, peer_passed) if verdict is Verdict.FAIL else f"not judged: {verdict.value}"),
-            reasons=reasons))
+            cause=cause, reasons=reasons, routing=None if routing is None else routing.sentence()))
     return cells
 
 
