@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from operator import itemgetter
 from typing import Any
 
 from tica.errors import InputError, LedgerIntegrityError
@@ -31,7 +32,7 @@ from tica.ledger.chain import GENESIS, Head, VerifyReport, extend_chain, merge_c
 from tica.ledger.connect import connect_postgres, psycopg_module, redacted
 from tica.ledger.in_db import DuckDBSql, in_db_enabled, in_db_report
 from tica.ledger.interface import QUERY_MAX_ROWS, LedgerLockTimeout, LedgerMissing, QueryRefused
-from tica.ledger.rows import checked_payload, table_stream
+from tica.ledger.rows import by_table, checked_payload, gc_paused, table_stream
 from tica.ledger.schema import (CHAIN_COLUMNS, INDEXES, TABLES, TRACK_VERDICTS_SQL, VERIFY_CHUNK_ROWS, VIEWS,
                                 dropped_tables, insert_sql)
 
@@ -253,14 +254,14 @@ class PostgresLedger:
                 return [dict(zip(cols, r)) for r in cur.fetchall()]
 
             wanted = decide(rows)
-            prepared = [(table, checked_payload(table, row)) for table, row in wanted]
-            if wanted and (hidden := _write_hazards(con)):
-                raise LedgerIntegrityError(f"{self.path}: {hidden[0]}: a write could be dropped or changed unseen; "
-                                           "nothing was written")
-            head = con.execute("SELECT seq, row_hash FROM ledger_chain ORDER BY seq DESC LIMIT 1").fetchone()
-            chained = extend_chain((head[0], head[1]) if head else (0, GENESIS), prepared)
-            for table, chain, payload in chained:
-                _insert(con, table, chain, payload)
+            with gc_paused(len(wanted)):
+                prepared = [(table, checked_payload(table, row)) for table, row in wanted]
+                if wanted and (hidden := _write_hazards(con)):
+                    raise LedgerIntegrityError(f"{self.path}: {hidden[0]}: a write could be dropped or changed unseen; "
+                                               "nothing was written")
+                head = con.execute("SELECT seq, row_hash FROM ledger_chain ORDER BY seq DESC LIMIT 1").fetchone()
+                chained = extend_chain((head[0], head[1]) if head else (0, GENESIS), prepared)
+                _insert_rows(con, chained)
             if chained:  # the head this transaction wrote, read back before anything is acknowledged
                 last = chained[-1][1]
                 back = con.execute("SELECT seq, row_hash FROM ledger_chain ORDER BY seq DESC LIMIT 1").fetchone()
@@ -384,6 +385,30 @@ class PostgresLedger:
     def session(self) -> Iterator["PostgresLedger"]:
         """Each append is its own locked transaction here: a session needs no connection of its own."""
         yield self
+
+
+def _insert_rows(con, chained: Sequence[tuple[str, Mapping[str, Any], Mapping[str, Any]]]) -> None:
+    """Chained rows (extend_chain's) into their tables, each table's in seq order: a table's single
+    row by INSERT, its several by one COPY (a statement per row was most of a batch's time: 0.21x a
+    plain executemany at 10,000 rows), each statement's stored count checked. COPY fires triggers
+    and ignores rules; neither may exist when this runs (_write_hazards), and one that did could only
+    store fewer rows, which the count names."""
+    for table, run in by_table(chained).items():
+        if len(run) == 1:
+            _insert(con, table, *run[0])
+            continue
+        names = [n for n, _ in TABLES[table]]
+        payload_of, chain_of = itemgetter(*names), itemgetter(*CHAIN_COLUMNS)
+        cur = con.cursor()
+        with cur.copy(f"COPY {table} ({', '.join((*CHAIN_COLUMNS, *names))}) FROM STDIN") as copy:
+            for chain, payload in run:
+                if len(payload) != len(names):  # checked_payload's: every column, nothing else
+                    raise LedgerIntegrityError(f"{table} seq {chain['seq']}: not a checked payload; nothing was written")
+                values = payload_of(payload)
+                copy.write_row((*chain_of(chain), *(values if len(names) > 1 else (values,))))
+        if cur.rowcount != len(run):  # a BEFORE trigger returning NULL
+            raise LedgerIntegrityError(f"{table} seqs {run[0][0]['seq']} to {run[-1][0]['seq']}: the store took "
+                                       f"{len(run)} rows but stored {cur.rowcount}; nothing was written")
 
 
 def _insert(con, table: str, chain: Mapping[str, Any], payload: Mapping[str, Any]) -> None:
