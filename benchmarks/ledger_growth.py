@@ -172,7 +172,6 @@ class Store:
 
     name = ""
     views: dict[str, str] = VIEWS
-    indexes: dict[str, str] = INDEXES
 
     def plain_schema(self) -> list[str]:
         out = []
@@ -180,7 +179,7 @@ class Store:
             cols = ", ".join(f"{n} {self.type(t)}" for n, t in columns)
             out.append(f"CREATE TABLE {table} (seq BIGINT PRIMARY KEY, {cols})")
         out += [f"CREATE VIEW {n} AS {self.views[n]}" for n in PLAIN_VIEW_NAMES]
-        out += [f"CREATE INDEX {n} ON {on}" for n, on in self.indexes.items()]  # the ledger's own, for a like peer
+        out += [f"CREATE INDEX {n} ON {on}" for n, on in INDEXES.items()]  # the ledger's own, for a like peer
         return out
 
     def type(self, t: str) -> str:
@@ -293,9 +292,8 @@ class PgStore(Store):
         import psycopg
 
         from tica.ledger import PG_VIEWS, PostgresLedger
-        from tica.ledger.postgres_store import PG_INDEXES
 
-        self.psycopg, self.views, self.indexes = psycopg, PG_VIEWS, PG_INDEXES
+        self.psycopg, self.views = psycopg, PG_VIEWS
         self.dsn, self.plain_dsn = dsn_ledger, dsn_plain
         self.ledger = PostgresLedger(dsn_ledger).init()
         with psycopg.connect(dsn_plain) as con:

@@ -1,5 +1,6 @@
 """The `track_verdicts` view a person queries (issue 32: 2.1 s on Postgres at 100,000 verdicts, 192 ms on
-DuckDB), on a ledger grown as benchmarks/ledger_growth.py grows it, beside its peers, side by side.
+DuckDB; target < 300 ms on Postgres), on a ledger grown as benchmarks/ledger_growth.py grows it,
+beside its peers, side by side.
 
     .venv/bin/python benchmarks/ledger_view.py                     # 100,000 verdicts (~2-4 min)
     .venv/bin/python benchmarks/ledger_view.py --verdicts 10000 --no-previous
@@ -15,7 +16,8 @@ and one track's rows (`... WHERE track = ?`, what a person types for one track):
   columns (the peer: what the view costs without the ledger);
 - `previous`: the view's text before issue 32 (PG_PREVIOUS_VIEWS) run as a subquery on the ledger,
   once, cancelled after --previous-timeout (--no-previous skips it);
-- `DuckDB`: DuckDB's view on the same rows in a DuckDB ledger.
+- `DuckDB`: DuckDB's view on the same rows in a DuckDB ledger, beside its own plain peer (DuckDB's
+  view over plain tables), and its text before issue 32 (PREVIOUS_VIEWS) as a subquery, once.
 
 Prints each figure, its ratio to the plain peer, and PASS/MISS for the target (< 300 ms on Postgres).
 """
@@ -36,6 +38,7 @@ from ledger_growth import DuckStore, PgStore, QueryTimeout, Workload, postgres  
 
 from tica.ledger import extend_chain  # noqa: E402
 from tica.ledger.postgres_store import PG_PREVIOUS_VIEWS  # noqa: E402
+from tica.ledger.schema import PREVIOUS_VIEWS  # noqa: E402
 
 TARGET_MS = 300.0
 WHOLE = "SELECT * FROM track_verdicts"
@@ -85,6 +88,7 @@ def main() -> int:
     import psycopg
 
     previous = f"SELECT * FROM ({PG_PREVIOUS_VIEWS['track_verdicts'][0]}) previous"
+    duck_previous = f"SELECT * FROM ({PREVIOUS_VIEWS['track_verdicts'][0]}) previous"
     results: dict[str, tuple[float, int]] = {}
     with tempfile.TemporaryDirectory() as tmp, postgres() as (dsn_ledger, dsn_plain):
         t0 = time.perf_counter()
@@ -101,22 +105,28 @@ def main() -> int:
                 results[f"plain {name}"] = timed(q, sql, params, args.repeats)
             with duck.reader(plain=False, timeout_s=600) as q:
                 results[f"duckdb {name}"] = timed(q, sql, params, args.repeats)
+            with duck.reader(plain=True, timeout_s=600) as q:
+                results[f"duckplain {name}"] = timed(q, sql, params, args.repeats)
             if not args.no_previous:
+                where = " WHERE track = ?" if params else ""
                 with pg.reader(plain=False, timeout_s=args.previous_timeout) as q:
-                    text = previous + (" WHERE track = ?" if params else "")
-                    results[f"previous {name}"] = once(q, text, params)
+                    results[f"previous {name}"] = once(q, previous + where, params)
+                with duck.reader(plain=False, timeout_s=args.previous_timeout) as q:
+                    results[f"duckprev {name}"] = once(q, duck_previous + where, params)
     print(f"Postgres {server} (jit {jit}), DuckDB {duckdb.__version__}, psycopg {psycopg.__version__}; "
           f"{args.verdicts} verdicts; median of {args.repeats} after a warm-up (previous: one run)")
     for name, label in (("whole", WHOLE), ("track", ONE.replace("?", repr(args.track)))):
-        peer_ms, peer_rows = results[f"plain {name}"]
         print(f"\n{label}")
         for key, what in (("ledger", "Postgres ledger, this code's view"), ("plain", "Postgres plain tables (peer)"),
-                          ("previous", "Postgres ledger, the view before issue 32"), ("duckdb", "DuckDB ledger's view")):
+                          ("previous", "Postgres ledger, the view before issue 32"),
+                          ("duckdb", "DuckDB ledger's view"), ("duckplain", "DuckDB plain tables (peer)"),
+                          ("duckprev", "DuckDB ledger, the view before issue 32")):
             if f"{key} {name}" not in results:
                 continue
             ms, rows = results[f"{key} {name}"]
+            peer_ms = results[f"{'duckplain' if key.startswith('duck') else 'plain'} {name}"][0]
             shown = f">{args.previous_timeout * 1e3:.0f}" if ms == float("inf") else f"{ms:.1f}"
-            ratio = "" if key == "plain" or ms == float("inf") else f"  {ms / peer_ms:.2f}x the peer"
+            ratio = "" if key in ("plain", "duckplain") or ms == float("inf") else f"  {ms / peer_ms:.2f}x its peer"
             print(f"  {what:<44} {shown:>9} ms  {rows:>4} rows{ratio}")
         ms = results[f"ledger {name}"][0]
         prev = results.get(f"previous {name}", (None,))[0]

@@ -7,14 +7,14 @@ replaces the text and adds the new index; any other text is still named by verif
 
 from __future__ import annotations
 
-import random
-
 import psycopg
 import pytest
 
 from tests.core.test_ledger_report_query import build_story
+from tests.core.test_ledger_track_verdicts_view import random_story
 from tica.ledger import Ledger, PostgresLedger
-from tica.ledger.postgres_store import PG_INDEXES, PG_PREVIOUS_VIEWS, PG_VIEWS
+from tica.ledger import INDEXES
+from tica.ledger.postgres_store import PG_PREVIOUS_VIEWS, PG_VIEWS
 
 pytestmark = pytest.mark.scale
 
@@ -49,44 +49,6 @@ def _assert_identical(pg: PostgresLedger, duck: Ledger | None) -> int:
         assert _sorted(pg.query(f"{ALL} WHERE track = ?", [track])[1]) == \
             _sorted(duck.query(f"{ALL} WHERE track = ?", [track])[1])
     return len(rows)
-
-
-def random_story(seed: int, one_track_each: bool) -> list[list[tuple[str, dict]]]:
-    """Batches of rows (one append_many each) of a random ledger that gives every part of the view
-    something to say. `one_track_each`: a candidate recorded twice is recorded on the same track
-    (candidate_tracks differs between the stores for one recorded on two: DuckDB's any_value,
-    Postgres's first by seq; the view's text is the same on both)."""
-    rng = random.Random(seed)
-    tracks = ["t0", "t1", "t2", None]
-    items = ["forward", "backward", "quality", None]
-    cands = [f"c{k}" for k in range(8)]
-    own = {c: rng.choice(tracks) for c in cands}
-    checks = ["canaries_caught", "receipts_sealed", "frozen_before_run", "advisory", "extra"]
-    maybe = (lambda v: None if rng.random() < 0.1 else v)
-    batches, n = [], 0
-    for step in range(90):
-        n += 1
-        kind = rng.random() if step < 60 else 0.2 + rng.random() * 0.4  # then mostly invalidations
-        if kind < 0.2:
-            cand = rng.choice(cands)
-            rows = [("candidates", {"candidate_id": cand, "track": own[cand] if one_track_each else rng.choice(tracks)})]
-        elif kind < 0.45:
-            old, new = rng.choice(cands), rng.choice([*cands, None])
-            track = own[old] if rng.random() < 0.8 else rng.choice(tracks)  # mostly the track it voids on
-            rows = [("invalidations", {"invalidation_id": f"i{n}", "track": track,
-                                       "old_candidate_id": old, "new_candidate_id": new,
-                                       "component": maybe(rng.choice(["weights", "runtime", "dataset"])),
-                                       "item": rng.choice(items), "cause": maybe(f"changed {n}")})]
-        else:
-            vid = f"v{n}" if rng.random() < 0.9 else rng.choice(["v1", "v2", None])  # duplicate or missing ids
-            rows = [("verdicts", {"verdict_id": vid, "candidate_id": rng.choice([*cands, "ghost"]),
-                                  "item": rng.choice(items), "verdict": rng.choice(["pass", "fail", "inconclusive"]),
-                                  "summary": f"s{n} ü", "question_hash": f"q{n % 3}", "judge_version": "j"})]
-            rows += [("checks", {"check_id": f"k{n}-{k}", "verdict_id": vid, "name": rng.choice(checks),
-                                 "blocking": rng.choice([0, 1, None]), "passed": rng.choice([0, 1, None]),
-                                 "description": "d"}) for k in range(rng.randint(0, 4))]
-        batches.append(rows)
-    return batches
 
 
 def test_the_view_returns_the_previous_texts_rows_and_duckdbs_on_the_story(pg_dsn, tmp_path):
@@ -127,7 +89,7 @@ def test_a_ledger_with_the_previous_text_verifies_and_its_owners_next_write_repl
     assert _view_text(pg_dsn) == current
     with psycopg.connect(pg_dsn) as con:
         held = {r[0] for r in con.execute("SELECT indexname FROM pg_indexes WHERE schemaname = 'public'")}
-    assert set(PG_INDEXES) <= held
+    assert set(INDEXES) <= held
     after = PostgresLedger(pg_dsn).verify()
     assert after.ok and after.rows == before.rows + 1
 

@@ -27,8 +27,8 @@ from tica.ledger.in_db import DuckDBSql, in_db_enabled, in_db_report
 from tica.ledger.interface import QUERY_MAX_ROWS, LedgerMissing, QueryRefused
 from tica.ledger.locking import writer_lock
 from tica.ledger.rows import OutOfOrder, by_table, checked_payload, gc_paused, table_stream
-from tica.ledger.schema import CHAIN_COLUMNS, INDEXES, TABLES, TRACK_VERDICTS_SQL, VERIFY_CHUNK_ROWS, VIEWS, \
-    dropped_tables, insert_sql
+from tica.ledger.schema import CHAIN_COLUMNS, INDEXES, PREVIOUS_VIEWS, TABLES, TRACK_VERDICTS_SQL, VERIFY_CHUNK_ROWS, \
+    VIEWS, dropped_tables, insert_sql
 
 # SQL a person types (`tica ledger query`) runs on a copy, so it never holds writers out; it is
 # still interrupted after this long and returns at most QUERY_MAX_ROWS rows.
@@ -390,7 +390,7 @@ class Ledger:
         for name, sql in expected.items():
             if name not in found:
                 out.append(f"view {name} is missing")
-            elif found[name] != sql:
+            elif found[name] != sql and found[name] not in _PREVIOUS_VIEW_SQL.get(name, ()):
                 out.append(f"view {name} is not defined as the code defines it (changed behind the ledger)")
         # A view's text is only as good as the names in it: a macro or function stored in the file
         # (none is ever created by this code) can shadow one the views call (row_number, say).
@@ -412,18 +412,27 @@ class Ledger:
 
 _VIEW_SQL: dict[str, str] = {}
 _TABLE_SQL: dict[str, str] = {}
+_PREVIOUS_VIEW_SQL: dict[str, tuple[str, ...]] = {}  # PREVIOUS_VIEWS as DuckDB stores them: verify accepts those
 
 
 def _expected_sql() -> tuple[dict[str, str], dict[str, str]]:
     """Each view's and each table's definition as DuckDB stores it, made once in an empty
-    in-memory ledger."""
+    in-memory ledger (and the views' previous texts, _PREVIOUS_VIEW_SQL)."""
     if not _VIEW_SQL:
         con = duckdb.connect(":memory:")
         try:
             Ledger._ensure_schema(con)
             _TABLE_SQL.update(con.execute("SELECT table_name, sql FROM duckdb_tables()").fetchall())
-            _VIEW_SQL.update({r[0]: r[1] for r in con.execute(
-                "SELECT view_name, sql FROM duckdb_views() WHERE NOT internal").fetchall()})
+            views = {r[0]: r[1] for r in con.execute(
+                "SELECT view_name, sql FROM duckdb_views() WHERE NOT internal").fetchall()}
+            previous: dict[str, tuple[str, ...]] = {}
+            for name, texts in PREVIOUS_VIEWS.items():
+                for text in texts:
+                    con.execute(f"CREATE OR REPLACE VIEW {name} AS {text}")
+                    previous[name] = (*previous.get(name, ()), con.execute(
+                        "SELECT sql FROM duckdb_views() WHERE view_name = ?", [name]).fetchone()[0])
+            _PREVIOUS_VIEW_SQL.update(previous)
+            _VIEW_SQL.update(views)
         finally:
             con.close()
     return _VIEW_SQL, _TABLE_SQL

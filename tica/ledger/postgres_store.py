@@ -47,65 +47,24 @@ ROLE_GRANTS = {READER_ROLE: ("LOGIN", ("SELECT",)), WRITER_ROLE: ("NOLOGIN", ("S
 QUERY_TIMEOUT_S = 10.0
 _LOCK_KEY = 7_315_063_431  # the advisory lock every writer takes before it reads the head
 
-# DuckDB's dialect where Postgres has none: any_value (Postgres 16+) and SELECT * EXCLUDE.
+# DuckDB's dialect where Postgres has none: any_value (Postgres 16+), and SELECT * EXCLUDE in the
+# previous track_verdicts text.
 _TRACK_VERDICT_COLUMNS = ("track, candidate_id, item, verdict, summary, question_hash, judge_version, verdict_seq, "
                           "verdict_id, stale_cause, failed_checks, after_the_fact, checks, stale")
-# track_verdicts as DuckDB's view (its text until issue 32, which verify still accepts:
-# PG_PREVIOUS_VIEWS) computes every candidate's newest verdict per item and the stale cause of each
-# by two correlated subqueries, then keeps one per track and item: at 100,000 verdicts that is
-# 140,000 subquery runs, a plan Postgres costs high enough to JIT-compile (2-60 s). The same rows,
-# winners first: each track's newest verdict per item is the newest of its candidates' newest
-# (max(seq) per track and item, seq unique); then the checks and the stale cause (the invalidations
-# of the item on the track after the verdict whose new candidate is the last one's and not the
-# verdict's own, by a join and a window instead of subqueries) of those winners only. A test holds
-# the rows identical to the previous text's and to DuckDB's view on the same ledger.
-_PG_TRACK_VERDICTS = f"""
-        WITH newest AS (
-            SELECT t.track, max(v.seq) AS seq
-            FROM verdicts v LEFT JOIN candidate_tracks t USING (candidate_id) GROUP BY t.track, v.item),
-        picked AS (
-            SELECT n.track, v.candidate_id, v.item, v.verdict, v.summary, v.question_hash, v.judge_version,
-                   v.seq, v.verdict_id
-            FROM newest n JOIN verdicts v ON v.seq = n.seq),
-        later AS (
-            SELECT p.seq AS verdict_seq, p.candidate_id AS verdict_candidate_id, i.seq, i.new_candidate_id,
-                   i.component, i.cause,
-                   first_value(i.new_candidate_id) OVER (PARTITION BY p.seq ORDER BY i.seq DESC) AS last_new_candidate_id
-            FROM picked p JOIN invalidations i ON i.track = p.track AND i.item = p.item AND i.seq > p.seq),
-        stale AS (
-            SELECT verdict_seq, string_agg(component || ': ' || cause, '; ' ORDER BY seq) AS stale_cause
-            FROM later
-            WHERE new_candidate_id IS DISTINCT FROM verdict_candidate_id AND new_candidate_id = last_new_candidate_id
-            GROUP BY verdict_seq),
-        status AS (
-            SELECT verdict_id,
-                   string_agg(CASE WHEN (blocking = 1 OR name IN ('canaries_caught', 'receipts_sealed', 'frozen_before_run'))
-                                    AND passed = 0 THEN name END, ', ' ORDER BY seq) AS failed_checks,
-                   bool_or(name = 'frozen_before_run' AND passed = 0) AS after_the_fact,
-                   string_agg(name, ', ' ORDER BY seq) AS checks
-            FROM checks WHERE verdict_id IN (SELECT verdict_id FROM picked) GROUP BY verdict_id)
-        SELECT p.track, p.candidate_id, p.item, p.verdict, p.summary, p.question_hash, p.judge_version,
-               p.seq AS verdict_seq, p.verdict_id, x.stale_cause, s.failed_checks,
-               coalesce(s.after_the_fact, false) AS after_the_fact, s.checks, x.stale_cause IS NOT NULL AS stale
-        FROM picked p LEFT JOIN stale x ON x.verdict_seq = p.seq LEFT JOIN status s ON s.verdict_id = p.verdict_id"""
 PG_VIEWS: dict[str, str] = dict(VIEWS) | {
     "candidate_tracks": """
         SELECT candidate_id, (array_agg(track ORDER BY seq))[1] AS track, min(seq) AS first_seq
         FROM candidates GROUP BY candidate_id""",
-    "track_verdicts": _PG_TRACK_VERDICTS,
 }
-# A view's earlier text in this code, the same rows (tested): verify accepts a ledger made before the
-# change until its owner's next write or `init` replaces it (a writer that finds an index missing
-# re-creates the views, and PG_INDEXES gained one with it).
+# A view's earlier text on Postgres, the same rows (tested): verify accepts it (tica.ledger.schema's
+# PREVIOUS_VIEWS are DuckDB's) until the owner's next write re-creates the views (it finds the index
+# INDEXES gained with the new text missing) or `init` does.
 PG_PREVIOUS_VIEWS: dict[str, tuple[str, ...]] = {
     "track_verdicts": (f"""
         SELECT {_TRACK_VERDICT_COLUMNS} FROM (
             SELECT c.*, row_number() OVER (PARTITION BY track, item ORDER BY verdict_seq DESC) AS rn
             FROM current_verdicts c) latest WHERE rn = 1""",),
 }
-# Postgres's indexes: the shared ones, and one that lets track_verdicts find each track's newest
-# verdicts from the index alone (an index-only scan of three narrow columns, not the wide rows).
-PG_INDEXES: dict[str, str] = dict(INDEXES) | {"tica_verdicts_candidate_item_seq": "verdicts (candidate_id, item, seq)"}
 _PG_TYPES = {"VARCHAR": "TEXT", "BIGINT": "BIGINT"}
 _PG_TYPE_OIDS = {"VARCHAR": 25, "BIGINT": 20}  # pg_catalog.text, pg_catalog.int8: fixed in every Postgres
 # Whether verify re-hashes on the server when TICA_VERIFY_IN_DB is unset: not yet. At 100,000
@@ -190,8 +149,8 @@ class PostgresLedger:
         views, indexes = con.execute(
             "SELECT (SELECT count(*) FROM information_schema.views WHERE table_schema = 'public' "
             "AND table_name = ANY(%s)), (SELECT count(*) FROM pg_indexes WHERE schemaname = 'public' "
-            "AND indexname = ANY(%s))", [list(PG_VIEWS), list(PG_INDEXES)]).fetchone()
-        return views == len(PG_VIEWS) and indexes == len(PG_INDEXES)
+            "AND indexname = ANY(%s))", [list(PG_VIEWS), list(INDEXES)]).fetchone()
+        return views == len(PG_VIEWS) and indexes == len(INDEXES)
 
     def init(self) -> "PostgresLedger":
         psycopg = psycopg_module()
@@ -211,7 +170,7 @@ class PostgresLedger:
                             f"row_hash TEXT NOT NULL, recorded_at TEXT NOT NULL, {cols})")
             for name, sql in PG_VIEWS.items():
                 con.execute(f"CREATE OR REPLACE VIEW {name} AS {sql}")
-            for name, on in PG_INDEXES.items():  # a ledger made before them gains them here
+            for name, on in INDEXES.items():  # a ledger made before them gains them here
                 con.execute(f"CREATE INDEX IF NOT EXISTS {name} ON {on}")
             for role, (login, grants) in ROLE_GRANTS.items():
                 if not con.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", [role]).fetchone():
