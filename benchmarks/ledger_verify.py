@@ -5,7 +5,8 @@
 The rows are chained exactly as appends chain them (built in bulk, so building takes seconds,
 not the appends' minutes). A verdict row here carries a 300-character summary, about 2 KB of
 numbers and ten receipt digests: the size of the committed H200 throughput verdicts' rows.
-Prints the full verify time (target <= 2 s at 100k rows), the verify against a published head
+Prints the full verify time (target <= 2 s at 100k rows, issue 15; <= 5 s at 1M rows, issue 32:
+`--rows 1000000`, about 3 minutes, most of it building), the verify against a published head
 (what each report does with the head the previous report verified), and the peer: a plain
 `SELECT *` that fetches the same rows into Python.
 """
@@ -103,7 +104,9 @@ def main() -> None:
         anchored = timed(lambda: ledger.verify(expect=head))
         assert ledger.verify(expect=head).ok
     print(f"plain SELECT * into Python   {peer:6.2f} s  (peer)")
-    print(f"full verify                  {full:6.2f} s  {full / peer:.1f}x the peer (target <= 2 s)")
+    target = 5.0 if args.rows >= 1_000_000 else 2.0  # issue 32: 5 s at 1M rows; issue 15: 2 s at 100k
+    print(f"full verify                  {full:6.2f} s  {full / peer:.1f}x the peer (target <= {target:g} s: "
+          f"{'PASS' if full <= target else 'MISS'})")
     print(f"verify against a head        {anchored:6.2f} s  {anchored / peer:.1f}x the peer")
 
 

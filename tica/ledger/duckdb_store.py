@@ -26,9 +26,9 @@ from tica.ledger.connect import connect_duckdb
 from tica.ledger.in_db import DuckDBSql, in_db_enabled, in_db_report
 from tica.ledger.interface import QUERY_MAX_ROWS, LedgerMissing, QueryRefused
 from tica.ledger.locking import writer_lock
-from tica.ledger.rows import OutOfOrder, checked_payload, table_stream
-from tica.ledger.schema import CHAIN_COLUMNS, INDEXES, TABLES, TRACK_VERDICTS_SQL, VERIFY_CHUNK_ROWS, VIEWS, \
-    dropped_tables, insert_sql
+from tica.ledger.rows import OutOfOrder, by_table, checked_payload, gc_paused, table_stream
+from tica.ledger.schema import CHAIN_COLUMNS, INDEXES, PREVIOUS_VIEWS, TABLES, TRACK_VERDICTS_SQL, VERIFY_CHUNK_ROWS, \
+    VIEWS, dropped_tables, insert_sql
 
 # SQL a person types (`tica ledger query`) runs on a copy, so it never holds writers out; it is
 # still interrupted after this long and returns at most QUERY_MAX_ROWS rows.
@@ -40,8 +40,9 @@ _ARROW = {"BIGINT": "int64", "VARCHAR": "string"}
 
 
 def _insert_batch(con: duckdb.DuckDBPyConnection, table: str,
-                  rows: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]]) -> None:
-    """Rows of one table (chain columns, payload in TABLES' order), in one INSERT ... SELECT."""
+                  rows: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]]) -> int:
+    """Rows of one table (chain columns, payload in TABLES' order), in one INSERT ... SELECT; the
+    count DuckDB says it stored."""
     import pyarrow as pa
 
     columns = [("seq", "BIGINT"), *((c, "VARCHAR") for c in CHAIN_COLUMNS[1:]), *TABLES[table]]
@@ -51,9 +52,10 @@ def _insert_batch(con: duckdb.DuckDBPyConnection, table: str,
     names = ", ".join(name for name, _ in columns)
     con.register("tica_import_batch", batch)
     try:
-        con.execute(f"INSERT INTO {table} ({names}) SELECT {names} FROM tica_import_batch")
+        stored = con.execute(f"INSERT INTO {table} ({names}) SELECT {names} FROM tica_import_batch").fetchone()
     finally:
         con.unregister("tica_import_batch")
+    return stored[0] if stored else -1
 
 
 class Ledger:
@@ -179,12 +181,24 @@ class Ledger:
                     return [dict(zip(cols, r)) for r in cur.fetchall()]
 
                 wanted = decide(rows)
-                prepared = [(table, self._payload(table, row)) for table, row in wanted]
-                head = self._head or con.execute(
-                    "SELECT seq, row_hash FROM ledger_chain ORDER BY seq DESC LIMIT 1").fetchone()
-                chained = extend_chain((head[0], head[1]) if head else (0, GENESIS), prepared)
-                for table, chain, payload in chained:
-                    con.execute(insert_sql(table, payload, "?"), [*(chain[c] for c in CHAIN_COLUMNS), *payload.values()])
+                with gc_paused(len(wanted)):
+                    prepared = [(table, self._payload(table, row)) for table, row in wanted]
+                    head = self._head or next(iter(con.execute(  # fetched whole: no result left open
+                        "SELECT seq, row_hash FROM ledger_chain ORDER BY seq DESC LIMIT 1").fetchall()), None)
+                    chained = extend_chain((head[0], head[1]) if head else (0, GENESIS), prepared)
+                # each table's rows (in seq order) go in as one Arrow batch: a statement per row
+                # costs DuckDB about a millisecond (as much as a plain executemany's)
+                for table, run in by_table(chained).items():
+                    if len(run) == 1:
+                        chain, payload = run[0]
+                        stored = con.execute(insert_sql(table, payload, "?"),
+                                             [*(chain[c] for c in CHAIN_COLUMNS), *payload.values()]).fetchall()
+                        stored = stored[0][0] if stored else -1
+                    else:
+                        stored = _insert_batch(con, table, run)
+                    if stored != len(run):
+                        raise LedgerIntegrityError(f"{self.path}: {table} seqs {run[0][0]['seq']} to {run[-1][0]['seq']}: "
+                                                   f"{len(run)} rows sent, {stored} stored; nothing was written")
                 seqs = [chain["seq"] for _, chain, _ in chained]
                 con.execute("COMMIT")
                 if self._session is not None and chained:  # the lock is held: nobody else moves the head
@@ -376,7 +390,7 @@ class Ledger:
         for name, sql in expected.items():
             if name not in found:
                 out.append(f"view {name} is missing")
-            elif found[name] != sql:
+            elif found[name] != sql and found[name] not in _PREVIOUS_VIEW_SQL.get(name, ()):
                 out.append(f"view {name} is not defined as the code defines it (changed behind the ledger)")
         # A view's text is only as good as the names in it: a macro or function stored in the file
         # (none is ever created by this code) can shadow one the views call (row_number, say).
@@ -398,18 +412,27 @@ class Ledger:
 
 _VIEW_SQL: dict[str, str] = {}
 _TABLE_SQL: dict[str, str] = {}
+_PREVIOUS_VIEW_SQL: dict[str, tuple[str, ...]] = {}  # PREVIOUS_VIEWS as DuckDB stores them: verify accepts those
 
 
 def _expected_sql() -> tuple[dict[str, str], dict[str, str]]:
     """Each view's and each table's definition as DuckDB stores it, made once in an empty
-    in-memory ledger."""
+    in-memory ledger (and the views' previous texts, _PREVIOUS_VIEW_SQL)."""
     if not _VIEW_SQL:
         con = duckdb.connect(":memory:")
         try:
             Ledger._ensure_schema(con)
             _TABLE_SQL.update(con.execute("SELECT table_name, sql FROM duckdb_tables()").fetchall())
-            _VIEW_SQL.update({r[0]: r[1] for r in con.execute(
-                "SELECT view_name, sql FROM duckdb_views() WHERE NOT internal").fetchall()})
+            views = {r[0]: r[1] for r in con.execute(
+                "SELECT view_name, sql FROM duckdb_views() WHERE NOT internal").fetchall()}
+            previous: dict[str, tuple[str, ...]] = {}
+            for name, texts in PREVIOUS_VIEWS.items():
+                for text in texts:
+                    con.execute(f"CREATE OR REPLACE VIEW {name} AS {text}")
+                    previous[name] = (*previous.get(name, ()), con.execute(
+                        "SELECT sql FROM duckdb_views() WHERE view_name = ?", [name]).fetchone()[0])
+            _PREVIOUS_VIEW_SQL.update(previous)
+            _VIEW_SQL.update(views)
         finally:
             con.close()
     return _VIEW_SQL, _TABLE_SQL
