@@ -54,8 +54,10 @@ VIEWS = {
     "ledger_chain": " UNION ALL ".join(
         f"SELECT seq, prev_hash, row_hash, '{t}' AS tbl FROM {t}" for t in TABLES
     ),
+    # a candidate recorded on several tracks belongs to the first (by seq), NULL included: the
+    # same rule as Postgres's text, so both stores give every candidate the same track
     "candidate_tracks": """
-        SELECT candidate_id, any_value(track) AS track, min(seq) AS first_seq
+        SELECT candidate_id, (list(track ORDER BY seq))[1] AS track, min(seq) AS first_seq
         FROM candidates GROUP BY candidate_id""",
     "verdict_history": """
         SELECT v.seq, v.recorded_at, t.track, v.candidate_id, v.item, v.verdict, v.summary,
@@ -170,6 +172,10 @@ INDEXES: dict[str, str] = {
 # before the change, until its next write re-creates the views (the index added with the change is
 # missing there). Postgres's own: tica.ledger.postgres_store.PG_PREVIOUS_VIEWS.
 PREVIOUS_VIEWS: dict[str, tuple[str, ...]] = {
+    # any track of a candidate recorded on several (the same rows wherever a candidate holds one)
+    "candidate_tracks": ("""
+        SELECT candidate_id, any_value(track) AS track, min(seq) AS first_seq
+        FROM candidates GROUP BY candidate_id""",),
     "track_verdicts": ("""
         SELECT * EXCLUDE (rn) FROM (
             SELECT c.*, row_number() OVER (PARTITION BY track, item ORDER BY verdict_seq DESC) AS rn
