@@ -241,10 +241,24 @@ def nbits(a, b) -> int:
 
 MOE_FAULTS = (("fault_torch_router", "router:torch_softmax_topk",
                "torch's fp32 softmax and top-k choose each route instead of vLLM's topk_softmax"),)
+# Where the engine ran the V1 sampler, torch.log_softmax on fp32 logits IS its op (under BI=1 the
+# batch-invariant Triton log_softmax): the planted logprob fault is then the other runner's kernel.
+V1_LOGPROB_FAULT = ("fault_other_runner_logprob", "logprob:v2_runner",
+                    "the V2 runner's logprob kernel instead of the V1 sampler's log_softmax, the op this engine ran")
+
+
+def planted_faults(kernels, moe: bool) -> tuple:
+    faults = tuple(V1_LOGPROB_FAULT if f[0] == "fault_log_softmax" and getattr(kernels, "logprob", None) == "v1_sampler"
+                   else f for f in FAULTS)
+    return faults + (MOE_FAULTS if moe else ())
 
 
 def plant(model, target: str):
     """Plant one fault in the product trainer; returns the undo."""
+    if target == V1_LOGPROB_FAULT[1]:
+        was = model.kernels.logprob
+        model.kernels.logprob = "v2_runner"
+        return lambda: setattr(model.kernels, "logprob", was)
     if target == MOE_FAULTS[0][1]:
         from .moe import TorchRouterFault
 
@@ -347,7 +361,7 @@ def run_load(legs: Path, cand: str, shape: str, load: str, ro: dict, model, kern
         legio.write_meta(d, meta)
     if load == (FAULT_LOAD if trainer_routes is None else MOE_UPDATE_LOAD) and not kind_suffix:
         # per shape, beside its control (tica.judges.planted)
-        for fname, target, what in FAULTS + (MOE_FAULTS if trainer_routes is not None else ()):
+        for fname, target, what in planted_faults(kernels, trainer_routes is not None):
             undo = plant(model, target)
             try:
                 flp, fmask = trainer_rows(model, ro, dev)
