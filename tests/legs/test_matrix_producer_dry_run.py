@@ -21,13 +21,19 @@ ROOT = Path(__file__).resolve().parents[2]
 QUESTION = load_question(ROOT / "demo" / "questions" / "h200-matrix" / "forward.yaml")
 
 
-def test_a_dry_run_writes_sealed_cells_the_judge_reads(tmp_path):
+def dry_run(tmp_path: Path, shape: str, loads: str) -> tuple[Path, Path]:
+    """`producers matrix --dry-run` of one stock cell; (out, work)."""
     out, work = tmp_path / "out", tmp_path / "work"
     r = subprocess.run([sys.executable, "-m", "tica.legs.vllm_kernels.producers", "matrix", "--dry-run",
-                        "--shapes", "tiny_qwen", "--candidates", "stock", "--loads", "c1", "--out", str(out),
+                        "--shapes", shape, "--candidates", "stock", "--loads", loads, "--out", str(out),
                         "--work", str(work), "--budget", "600", "--min-cell-s", "1"],
                        cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    return out, work
+
+
+def test_a_dry_run_writes_sealed_cells_the_judge_reads(tmp_path):
+    out, work = dry_run(tmp_path, "tiny_qwen", "c1")
     status = json.loads((out / "status.json").read_text())
     assert status["cells"]["stock-tiny_qwen"]["rc"] == 0 and status["not_started"] == []
     legs = sorted((work / "legs").iterdir())
@@ -50,12 +56,7 @@ def test_a_moe_dry_run_writes_both_sides_routes_and_the_moe_update(tmp_path):
     check and control; still bi0 legs, so nothing passes."""
     import numpy as np
 
-    out, work = tmp_path / "out", tmp_path / "work"
-    r = subprocess.run([sys.executable, "-m", "tica.legs.vllm_kernels.producers", "matrix", "--dry-run",
-                        "--shapes", "tiny_moe", "--candidates", "stock", "--loads", "c1,c16", "--out", str(out),
-                        "--work", str(work), "--budget", "600", "--min-cell-s", "1"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    _, work = dry_run(tmp_path, "tiny_moe", "c1,c16")
     names = {p.name for p in (work / "legs").iterdir()}
     assert {"mx-stock-tiny_moe-c16-fault_torch_router", "mx-stock-tiny_moe-c16-prefill_post_update"} <= names
     for name in names:

@@ -26,20 +26,15 @@ from tica.legs.vllm_kernels.moe_backward import moe_gradcheck, moe_gradcheck_wit
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    cfg = transformers.Qwen3MoeConfig(
-        vocab_size=96, hidden_size=32, intermediate_size=48, moe_intermediate_size=16, num_hidden_layers=3,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_experts=8, num_experts_per_tok=3,
-        norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[1], max_position_embeddings=64,
-        rope_theta=1e6, tie_word_embeddings=False)
+    """The Qwen3-MoE layout (layer 1 dense: mlp_only_layers)."""
+    return _saved("qwen3_moe", tmp_path_factory)
+
+
+def _saved(layout: str, tmp_path_factory):
     torch.manual_seed(11)
-    model = transformers.Qwen3MoeForCausalLM(cfg).eval()
-    with torch.no_grad():  # weights large enough that routing and q/k norms matter
-        for n, p in model.named_parameters():
-            if p.dim() > 1:
-                p.normal_(0, 0.3)
-            elif "norm" in n:
-                p.uniform_(0.5, 1.5)
-    d = tmp_path_factory.mktemp("tiny_qwen3_moe")
+    model = LAYOUTS[layout]().eval()
+    _randomise(model)
+    d = tmp_path_factory.mktemp(layout)
     model.save_pretrained(d, safe_serialization=True)
     return d, model
 
@@ -75,12 +70,7 @@ LAYOUTS = {
 
 @pytest.fixture(scope="module", params=sorted(LAYOUTS))
 def any_layout(request, tmp_path_factory):
-    torch.manual_seed(11)
-    model = LAYOUTS[request.param]().eval()
-    _randomise(model)
-    d = tmp_path_factory.mktemp(request.param)
-    model.save_pretrained(d, safe_serialization=True)
-    return d, model
+    return _saved(request.param, tmp_path_factory)
 
 
 def hf_logprobs(model, seq):
