@@ -111,6 +111,8 @@ def cell_loads(requested: str, moe: bool) -> tuple[list[str], str]:
     """(loads, the update's load) of one cell: the requested ones, else its kind's defaults."""
     loads = [x for x in requested.split(",") if x] or list(MOE_LOADS if moe else DEFAULT_LOADS)
     return loads, MOE_UPDATE_LOAD if moe else UPDATE_LOAD
+
+
 LR = 5e-3
 
 
@@ -558,7 +560,8 @@ def cmd_matrix_cell(a) -> int:
         summary["update"] = f"not run: {update_load} was not among the loads"
         Path(a.summary).write_text(json.dumps(summary, indent=1, default=str))
         return 0
-    # one update on the c64 batch, reloaded into vLLM, then c64 again (new prompts) on the new weights
+    # one update on the update load's batch, reloaded into vLLM, then that load again (new prompts) on
+    # the new weights
     ro = kept[update_load]
     upd = update_step(model, ro, dev, Path(a.work) / f"m1-{a.candidate}-{a.shape}", m0)
     if moe:

@@ -5,7 +5,8 @@ The layer order is vLLM's decoder layer: input norm, attention (Qwen3: a per-hea
 k before the rotary, ``q_norm`` / ``k_norm``: vLLM's RMSNorm over [tokens, heads, head_dim], one
 row per head; Qwen2-MoE: q/k/v biases), post-attention norm, then the sparse MoE block (or a dense
 MLP on ``mlp_only_layers``); Qwen2-MoE adds its shared expert as vLLM's ``Qwen2MoeMLP`` computes
-it, ``sigmoid(shared_expert_gate(x)) * mlp(x)`` in bf16, to the routed experts' output. The dense ops are ``KernelLlama``'s (model.py: the Triton matmul, the
+it, ``sigmoid(shared_expert_gate(x)) * mlp(x)`` in bf16, to the routed experts' output. The
+dense ops are ``KernelLlama``'s (model.py: the Triton matmul, the
 candidate's norm, rotary, paged FA3, the logprob op of the model runner vLLM used: 0.26 serves
 Qwen3-MoE on its V1 runner, so ``VllmKernels(logprob="v1_sampler")``). The MoE block is what vLLM's
 ``FusedMoE`` runs for an unquantized model on its TRITON backend under ``VLLM_BATCH_INVARIANT=1``:
@@ -26,7 +27,8 @@ Functions (autograd.py) and the MoE block's (moe_backward.py: router and experts
 forward's route).
 
 Measured on an H100 (tests/fixtures/h200/calls/moe_trainer, run2): with overlay3 the packed forward's
-logprobs equal vLLM's bitwise (2048 decode, 19602 prefill), and so do its routes on every row.
+logprobs equal vLLM's bitwise (2048 decode, 19602 prefill), and so do its routes on every row; in
+the MoE matrix (tests/fixtures/h200/matrix_moe.tar.xz) all three layouts, before and after an update.
 """
 
 from __future__ import annotations
