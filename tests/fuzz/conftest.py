@@ -64,9 +64,37 @@ CI = settings(max_examples=CI_EXAMPLES, derandomize=True, deadline=None, databas
               suppress_health_check=_HEALTH, print_blob=True, phases=_PHASES)
 LONG = settings(max_examples=LONG_EXAMPLES, derandomize=False, deadline=None, database=None,
                 suppress_health_check=_HEALTH, print_blob=True, phases=_PHASES)
+# TICA_FUZZ_PER_KIND=N: N examples for each kind of input (receipts: both properties over every
+# item; manifests; questions over every item) instead of TICA_FUZZ_EXAMPLES spread evenly
+PER_KIND = int(os.environ.get("TICA_FUZZ_PER_KIND") or 0)
+KIND_TESTS = {"receipts": 2 * len(ITEMS), "manifests": 1, "questions": len(ITEMS)}
 
-long_only = pytest.mark.skipif(not os.environ.get("TICA_FUZZ_EXAMPLES"),
-                               reason="long fuzz: set TICA_FUZZ_EXAMPLES (total examples) to run")
+
+def long_for(kind: str) -> settings:
+    """The long slice's settings for one test of `kind`."""
+    if not PER_KIND:
+        return LONG
+    return settings(LONG, max_examples=-(-PER_KIND // KIND_TESTS[kind]))
+
+
+# examples each kind ran in this process: the run's summary line (a traceback or a pass on a
+# corrupted input fails its test, so a green run's count is the count of inputs without either)
+EXAMPLES: dict[str, int] = dict.fromkeys(KIND_TESTS, 0)
+
+
+def counted(kind: str) -> None:
+    EXAMPLES[kind] += 1
+
+
+long_only = pytest.mark.skipif(not (os.environ.get("TICA_FUZZ_EXAMPLES") or PER_KIND),
+                               reason="long fuzz: set TICA_FUZZ_EXAMPLES (total examples) or TICA_FUZZ_PER_KIND to run")
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if any(EXAMPLES.values()):
+        terminalreporter.write_line("fuzz examples run in this process: " + ", ".join(
+            f"{kind} {n:,}" for kind, n in EXAMPLES.items()) + " (each without a traceback or a pass on a corrupted input, "
+            "unless a test above failed)")
 
 
 # ---------------------------------------------------------------------------- hangs

@@ -21,8 +21,8 @@ from tica.judges import load_candidate
 from tica.manifest import load_manifest
 from tica.question import load_question
 
-from .conftest import CI, H200_SHAPED, ITEMS, LONG, _deep, judged, long_only, mutate_bytes, no_hang, node_paths, \
-    write_manifest_text
+from .conftest import CI, H200_SHAPED, ITEMS, _deep, counted, judged, long_for, long_only, mutate_bytes, no_hang, \
+    node_paths, write_manifest_text
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -174,9 +174,10 @@ def test_manifest_ci(data, ctx, tmp_path):
 
 @pytest.mark.fuzz
 @long_only
-@LONG
+@long_for("manifests")
 @given(data=st.data())
 def test_manifest_long(data, ctx, tmp_path):
+    counted("manifests")
     manifest_property(data, ctx, tmp_path)
 
 
@@ -210,9 +211,10 @@ def test_question_ci(item, data, ctx, tmp_path):
 @pytest.mark.fuzz
 @long_only
 @pytest.mark.parametrize("item", ITEMS, ids=lambda i: i.value)
-@LONG
+@long_for("questions")
 @given(data=st.data())
 def test_question_long(item, data, ctx, tmp_path):
+    counted("questions")
     question_property(item, data, ctx, tmp_path)
 
 

@@ -22,7 +22,7 @@ from tica.errors import InputError
 from tica.seal import SEAL_FILE, seal_leg
 from tica.verdict import Verdict, VerdictCell
 
-from .conftest import (CI, ITEMS, LONG, Raw, _deep, judged, long_only, mutate_bytes, mutate_json_text,
+from .conftest import (CI, ITEMS, Raw, _deep, counted, judged, long_for, long_only, mutate_bytes, mutate_json_text,
                        mutate_jsonl_text, mutate_npz, to_text)
 
 pytestmark = pytest.mark.filterwarnings("ignore")
@@ -71,9 +71,10 @@ def test_integrity_ci(item, data, ctx):
 @pytest.mark.fuzz
 @long_only
 @pytest.mark.parametrize("item", ITEMS, ids=lambda i: i.value)
-@LONG
+@long_for("receipts")
 @given(data=st.data())
 def test_integrity_long(item, data, ctx):
+    counted("receipts")
     integrity(item, data, ctx)
 
 
@@ -127,9 +128,10 @@ def test_robustness_ci(item, data, ctx):
 @pytest.mark.fuzz
 @long_only
 @pytest.mark.parametrize("item", ITEMS, ids=lambda i: i.value)
-@LONG
+@long_for("receipts")
 @given(data=st.data())
 def test_robustness_long(item, data, ctx):
+    counted("receipts")
     robustness(item, data, ctx)
 
 
