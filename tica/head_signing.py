@@ -69,6 +69,11 @@ def signature_problem(head: Head, public: Ed25519PublicKey) -> str | None:
     """None when `head` carries a valid signature by `public`; else what is wrong."""
     if head.signature is None:
         return "the published head is not signed, and a public key was given: an unsigned head proves nothing"
+    if head.signed_by is not None and head.signed_by != key_id(public):
+        # the label is not under the signature: a head naming another signer than the key that checks it
+        # would have `verify` print a signer it did not check
+        return (f"the published head names its signer {head.signed_by}, but the key given is {key_id(public)}: "
+                "the head file was altered or the wrong key was given")
     try:
         raw = base64.b64decode(head.signature, validate=True)
         public.verify(raw, message(head))

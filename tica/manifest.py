@@ -46,6 +46,14 @@ class Checkpoint(_Strict):
     digest: str | None = Field(None, description="recorded content digest, only when the weights are not here")
     format: Literal["safetensors", "gguf", "dcp", "other"] = "safetensors"
 
+    @field_validator("path", "root")
+    @classmethod
+    def _a_path(cls, v: str | None) -> str | None:
+        # the file system takes neither a NUL byte nor text that is not Unicode (a lone surrogate)
+        if v is not None and ("\x00" in v or any(0xD800 <= ord(c) <= 0xDFFF for c in v)):
+            raise ValueError("a path holds no NUL byte and no unpaired surrogate")
+        return v
+
     @model_validator(mode="after")
     def _one_identity(self) -> "Checkpoint":
         if (self.path is None) == (self.digest is None):
@@ -317,10 +325,11 @@ def load_manifest(path: str | Path) -> LoadedManifest:
             raise ManifestError(path, "checkpoint.root", f"{manifest.checkpoint.root} is not a folder")
     if manifest.checkpoint.path is not None:
         ckpt = (path.parent / manifest.checkpoint.path).resolve()
+        named = manifest.checkpoint.path
         if not ckpt.exists():
-            raise ManifestError(path, "checkpoint.path", f"{ckpt} does not exist")
+            raise ManifestError(path, "checkpoint.path", f"{named} does not exist (relative to the manifest)")
         if ckpt.is_dir() and not any(p.is_file() for p in ckpt.rglob("*")):
-            raise ManifestError(path, "checkpoint.path", f"{ckpt} holds no files")
+            raise ManifestError(path, "checkpoint.path", f"{named} holds no files")
     return LoadedManifest(
         path=path.resolve(),
         manifest=manifest,

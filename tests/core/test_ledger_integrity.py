@@ -288,6 +288,32 @@ def test_a_head_signed_by_another_key_fails(tmp_path):
     assert _verify(ledger, _signed_head(tmp_path, ledger, private), public) == 1
 
 
+def test_a_signed_head_naming_another_signer_fails(tmp_path, capsys):
+    """`signed_by` is not under the signature, so verify compares it with the key it was given
+    (the fuzz found a head whose signer's name was altered verify, and print that name)."""
+    ledger = Ledger(tmp_path / "l.duckdb").init()
+    ledger.append(*_rerun(1))
+    private, public = _keys(tmp_path)
+    head = _signed_head(tmp_path, ledger, private)
+    assert _verify(ledger, head, public) == 0  # control
+    data = json.loads(head.read_text())
+    head.write_text(json.dumps(data | {"signed_by": "ed25519:0000000000000000"}))
+    assert _verify(ledger, head, public) == 1
+    assert "names its signer ed25519:0000000000000000, but the key given is" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("drop", ["signature", "signed_by"])
+def test_a_signed_head_missing_its_signature_or_its_signers_name_is_bad_input(tmp_path, drop):
+    ledger = Ledger(tmp_path / "l.duckdb").init()
+    ledger.append(*_rerun(1))
+    private, public = _keys(tmp_path)
+    head = _signed_head(tmp_path, ledger, private)
+    data = json.loads(head.read_text())
+    del data[drop]
+    head.write_text(json.dumps(data))
+    assert _verify(ledger, head, public) == 4
+
+
 def test_an_unsigned_head_fails_when_a_public_key_is_given(tmp_path):
     ledger = Ledger(tmp_path / "l.duckdb").init()
     ledger.append(*_rerun(1))

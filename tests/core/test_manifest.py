@@ -29,9 +29,14 @@ def test_a_valid_manifest_loads_with_its_checkpoint_resolved(candidate_dir, mani
         (lambda m: m["recipe"].update(bi0="VLLM_BATCH_INVARIANT=1 python x"), "recipe", "switch must select the arm"),
         (lambda m: m["eval_contract"].update(repeats=0), "eval_contract.repeats", "greater than or equal"),
         (lambda m: m.update(track="Has Spaces"), "track", "pattern"),
+        # text the file system cannot take (the long fuzz found both as tracebacks)
+        (lambda m: m.update(checkpoint={"path": "ck\x00pt"}), "checkpoint.path", "no NUL byte"),
+        (lambda m: m.update(checkpoint={"path": "ck\ud800pt"}), "checkpoint.path", "no NUL byte and no unpaired surrogate"),
+        (lambda m: m["checkpoint"].update(root="\x00"), "checkpoint.root", "no NUL byte"),
+        (lambda m: m["checkpoint"].update(root="\udfff"), "checkpoint.root", "unpaired surrogate"),
     ],
     ids=["missing-checkpoint", "path-and-digest", "digest-is-a-name", "unknown-field", "name-not-digest", "missing-workload", "recipe-switch",
-         "zero-repeats", "bad-track"],
+         "zero-repeats", "bad-track", "nul-in-path", "surrogate-in-path", "nul-in-root", "surrogate-in-root"],
 )
 def test_bad_manifests_name_file_and_field(candidate_dir, manifest_data, mutate, field, message):
     mutate(manifest_data)

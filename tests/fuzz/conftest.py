@@ -49,8 +49,8 @@ ITEMS = list(EvidenceItem)
 
 CI_EXAMPLES = int(os.environ.get("TICA_FUZZ_CI_EXAMPLES", "25"))
 LONG_TOTAL = int(os.environ.get("TICA_FUZZ_EXAMPLES") or 0)
-# Long tests: properties A and B per item (2 x 7), manifests, questions per item (7).
-LONG_TESTS = 2 * len(ITEMS) + 1 + len(ITEMS)
+# Long tests: properties A and B per item (2 x 7), manifests, questions per item (7), heads, ingest.
+LONG_TESTS = 2 * len(ITEMS) + 1 + len(ITEMS) + 2
 LONG_EXAMPLES = max(1, LONG_TOTAL // LONG_TESTS)
 HANG_SECONDS = int(os.environ.get("TICA_FUZZ_HANG_SECONDS", "20"))
 
@@ -65,9 +65,10 @@ CI = settings(max_examples=CI_EXAMPLES, derandomize=True, deadline=None, databas
 LONG = settings(max_examples=LONG_EXAMPLES, derandomize=False, deadline=None, database=None,
                 suppress_health_check=_HEALTH, print_blob=True, phases=_PHASES)
 # TICA_FUZZ_PER_KIND=N: N examples for each kind of input (receipts: both properties over every
-# item; manifests; questions over every item) instead of TICA_FUZZ_EXAMPLES spread evenly
+# item; manifests; questions over every item; published heads; ingest inputs) instead of
+# TICA_FUZZ_EXAMPLES spread evenly
 PER_KIND = int(os.environ.get("TICA_FUZZ_PER_KIND") or 0)
-KIND_TESTS = {"receipts": 2 * len(ITEMS), "manifests": 1, "questions": len(ITEMS)}
+KIND_TESTS = {"receipts": 2 * len(ITEMS), "manifests": 1, "questions": len(ITEMS), "heads": 1, "ingest": 1}
 
 
 def long_for(kind: str) -> settings:

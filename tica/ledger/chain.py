@@ -121,6 +121,9 @@ class Head:
         for name in ("signature", "signed_by"):
             if data.get(name) is not None and not isinstance(data[name], str):
                 raise InputError(source, name, f"{data[name]!r} is not text")
+        if (data.get("signature") is None) != (data.get("signed_by") is None):
+            missing = "signed_by" if data.get("signed_by") is None else "signature"
+            raise InputError(source, missing, "a signed head carries its signature and its signer's name, both or neither")
         return cls(seq=seq, row_hash=digest, recorded_at=at, signature=data.get("signature"),
                    signed_by=data.get("signed_by"))
 
