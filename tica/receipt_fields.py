@@ -30,6 +30,7 @@ _LEG = {
     "not_run_reason": "rule: tica/items/clean_exit/judge.py: a leg that did not run is no evidence",
     "errors": "rule: tica/judges/__init__.py: a leg whose producer caught errors is incomplete",
     "telemetry": "rule: tica/items/throughput/judge.py: what each leg of a tiered arm ran under, in the tiers table",
+    "alive_at_end": "rule: tica/items/clean_exit/judge.py: one process's exit stands for each leg it lived through",
 }
 _TIERS = "rule: tica/items/throughput/tiers.py: compared between the fast and the slow legs to name the tiers' cause"
 _TELEMETRY = {
@@ -57,6 +58,12 @@ _PROCESS_IDENTITY = {
     "create_time": "rule: tica/items/clean_exit/judge.py: exits of one create time, name and command line are one process",
     "name": "rule: tica/items/clean_exit/judge.py: exits of one create time, name and command line are one process",
     "cmdline": "rule: tica/items/clean_exit/judge.py: exits of one create time, name and command line are one process",
+}
+_LIVE = {
+    "role": "rule: tica/items/clean_exit/judge.py: the live process must be the exit's, role and pid alike",
+    "pid": "rule: tica/items/clean_exit/judge.py: the live process must be the exit's, role and pid alike",
+    "identity": "rule: tica/items/clean_exit/judge.py: the live process must be the exit's by content",
+    "read_at": "rule: tica/items/clean_exit/judge.py: read alive once the leg's work had ended",
 }
 _STEP = {
     "step": "rule: tica/items/forward/judge.py: every step present, none numbered 0",
@@ -197,7 +204,7 @@ _RECIPE = {
 }
 
 FIELD_RULES: dict[str, dict[str, str]] = {
-    "LegMeta": _LEG, "LegTelemetry": _TELEMETRY, "ProcessExit": _EXIT, "ProcessIdentity": _PROCESS_IDENTITY, "ForwardStep": _FORWARD, "BackwardStep": _BACKWARD,
+    "LegMeta": _LEG, "LegTelemetry": _TELEMETRY, "ProcessExit": _EXIT, "ProcessIdentity": _PROCESS_IDENTITY, "LiveProcess": _LIVE, "ForwardStep": _FORWARD, "BackwardStep": _BACKWARD,
     "UpdateStep": _UPDATE, "UpdateRerun": _UPDATE_RERUN, "BenchResult": _BENCH, "ProblemResult": _PROBLEM, "Sampling": _SAMPLING,
     "RecordedEvalContract": _CONTRACT, "GradcheckOp": _GRADCHECK_OP, "GradcheckRun": _GRADCHECK_RUN,
     "GradcheckFile": _GRADCHECK, **_RECIPE,

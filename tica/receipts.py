@@ -76,6 +76,18 @@ class ProcessExit(_Receipt):
     identity: ProcessIdentity | None = None  # absent: the producer read none (receipts made before it did)
 
 
+class LiveProcess(_Receipt):
+    """A process the producer read alive when a leg's work had ended (`read_at`, ISO time), by content.
+    With a create time before the leg began it shows that process ran through the leg: how one
+    process's single exit stands for every leg it served (a server across rounds, a trainer across
+    its forward and update legs), which a copied exit cannot show."""
+
+    role: Literal["client", "api_server", "engine_core", "worker", "trainer", "trainer_engine_core", "trainer_worker"]
+    pid: int = Field(ge=1)
+    identity: ProcessIdentity
+    read_at: str = Field(min_length=1, description="when the process was read alive (ISO 8601, with its zone)")
+
+
 # Domains of the settings every engine and trainer records alike: (type, low, high, low excluded).
 # A value outside is no such setting, whatever leg or arm records it; keys not named are read by
 # the binding and alike rules as recorded (tica.receipt_fields).
@@ -149,6 +161,8 @@ class LegMeta(_Receipt):
     not_run_reason: str | None = None
     errors: tuple[str, ...] = Field((), strict=False, description="what the producer caught while running: the leg is incomplete")
     telemetry: LegTelemetry | None = Field(None, description="what the leg ran under (clocks, power, load), read only")
+    alive_at_end: tuple[LiveProcess, ...] = Field((), strict=False,
+                                                  description="processes read alive once the leg's work had ended")
 
     @model_validator(mode="after")
     def _settings_in_their_domain(self) -> "LegMeta":

@@ -406,6 +406,116 @@ def test_legs_of_one_round_share_its_server_exits(bound, questions):
     assert cell.verdict is Verdict.PASS, cell.reasons
 
 
+def _alive(leg, roles, *, shift_read_s: float = 5.0) -> list[dict]:
+    """`alive_at_end` entries for the leg's exits of `roles`: each process read alive `shift_read_s`
+    after the leg's work ended (negative: before it ended)."""
+    import datetime as dt
+
+    m = json.loads((leg / "leg.json").read_text())
+    read = (dt.datetime.fromisoformat(m["ended_at"]) + dt.timedelta(seconds=shift_read_s)).isoformat()
+    return [{"role": p["role"], "pid": p["pid"], "identity": p["identity"], "read_at": read}
+            for p in m["processes"] if p["role"] in roles]
+
+
+def _one_server_all_rounds(legs, arm: str = "bi1", **alive) -> list:
+    """Every `arm` leg served by round 1's first leg's server (one process through every round, as on
+    the GPU), each leg reading those processes alive after its work. Returns the arm's legs."""
+    by = _round_legs(legs, arm)
+    first = by[min(by)]
+    for key, leg in by.items():
+        if leg != first:
+            _serve_from(first, leg)
+    for leg in by.values():
+        entries = _alive(leg, _SERVER_ROLES, **alive)
+        edit_meta(leg, lambda m, e=entries: m.update(alive_at_end=e))
+    return list(by.values())
+
+
+def test_one_server_read_alive_through_every_round_stands_for_each_rounds_server(bound, questions):
+    """One server process through every round of an arm (as the GPU runs serve), read alive at the end
+    of each leg it served: its one clean exit is each round's server exit."""
+    legs = bound(E.THROUGHPUT)
+    _one_server_all_rounds(legs)
+    cell = judge_criteria(E.CLEAN_EXIT, questions[E.CLEAN_EXIT], legs)
+    assert cell.verdict is Verdict.PASS, cell.reasons
+
+
+def _drop_first(leg) -> None:
+    edit_meta(leg, lambda m: m.update(alive_at_end=m["alive_at_end"][1:]))
+
+
+def _older_identity(leg) -> None:
+    edit_meta(leg, lambda m: [e.update(identity=_anew(e["identity"], 1.0)) for e in m["alive_at_end"]])
+
+
+def _another_pid(leg) -> None:
+    edit_meta(leg, lambda m: [e.update(pid=e["pid"] + 1) for e in m["alive_at_end"]])
+
+
+def _another_role(leg) -> None:
+    edit_meta(leg, lambda m: [e.update(role="client") for e in m["alive_at_end"]])
+
+
+def _started_before_the_server(leg) -> None:
+    import datetime as dt
+
+    def early(m):
+        created = min(p["identity"]["create_time"] for p in m["processes"] if p["role"] in _SERVER_ROLES)
+        m["started_at"] = dt.datetime.fromtimestamp(created - 60, dt.timezone.utc).isoformat()
+    edit_meta(leg, early)
+
+
+def _no_times(leg) -> None:
+    edit_meta(leg, lambda m: m.update(started_at=None))
+
+
+# Metamorphic: from the passing set above, any one change that stops a leg showing the process ran
+# through it (its live read missing, read before the leg ended, of another process, pid or role, or
+# a leg that began before the process existed) turns the shared exit back into a copy: never a pass.
+@pytest.mark.parametrize("change", [_drop_first, _older_identity, _another_pid, _another_role,
+                                    _started_before_the_server, _no_times])
+def test_a_leg_that_does_not_show_the_shared_server_ran_through_it_is_no_pass(bound, questions, change):
+    legs = bound(E.THROUGHPUT)
+    served = _one_server_all_rounds(legs)
+    change(served[-1])
+    assert_no_pass(judge_criteria(E.CLEAN_EXIT, questions[E.CLEAN_EXIT], legs), "so it shows at most one of them ended")
+
+
+def test_a_live_read_before_the_leg_ended_is_no_pass(bound, questions):
+    legs = bound(E.THROUGHPUT)
+    _one_server_all_rounds(legs, shift_read_s=-1.0)
+    assert_no_pass(judge_criteria(E.CLEAN_EXIT, questions[E.CLEAN_EXIT], legs), "so it shows at most one of them ended")
+
+
+def test_one_server_read_alive_in_both_arms_is_still_one_arms_server(bound, questions):
+    """A server runs under one arm's switch: read alive in the other arm's legs too, its exit still
+    never covers that arm's server."""
+    legs = bound(E.THROUGHPUT)
+    served = _one_server_all_rounds(legs, "bi1")
+    other = _round_legs(legs, "bi0")
+    for leg in other.values():
+        _serve_from(served[0], leg)
+        entries = _alive(leg, _SERVER_ROLES)
+        edit_meta(leg, lambda m, e=entries: m.update(alive_at_end=e))
+    assert_no_pass(judge_criteria(E.CLEAN_EXIT, questions[E.CLEAN_EXIT], legs), "so it shows at most one of them ended")
+
+
+def test_one_bench_client_read_alive_through_both_arms_stands_for_each(bound, questions):
+    """The client carries no arm's switch: one client process that ran every leg of both arms, read
+    alive at each leg's end, is each leg's client; without those reads it is a copy."""
+    legs = bound(E.THROUGHPUT)
+    first = legs[0]
+    client = [p for p in _exits(first) if p["role"] == "client"]
+    for leg in legs:
+        edit_meta(leg, lambda m: m.update(processes=[p for p in m["processes"] if p["role"] != "client"] + client))
+    assert_no_pass(judge_criteria(E.CLEAN_EXIT, questions[E.CLEAN_EXIT], legs), "so it shows at most one of them ended")
+    for leg in legs:
+        entries = _alive(leg, ("client",))
+        edit_meta(leg, lambda m, e=entries: m.update(alive_at_end=e))
+    cell = judge_criteria(E.CLEAN_EXIT, questions[E.CLEAN_EXIT], legs)
+    assert cell.verdict is Verdict.PASS, cell.reasons
+
+
 # ------------------------------------------------------------------ 7. domains
 
 

@@ -309,3 +309,11 @@ def test_each_h200_throughput_leg_takes_the_times_of_its_own_bench_run(tmp_path,
     for arm in ("bi0", "bi1"):
         tel = LegTelemetry(**json.loads((tmp_path / "bench" / f"throughput_{arm}_r1_c1.telemetry.json").read_text()))
         assert tel.served_before == 0 and tel.cuda_graphs is None and tel.cpu_load_1m_end is not None
+    # and the processes that served it, read alive after its end: here the client (this process), the
+    # only one the spec names; a server it names that is gone is left out, never guessed
+    from tica.receipts import LiveProcess
+
+    for arm in ("bi0", "bi1"):
+        (alive,) = [LiveProcess(**e) for e in json.loads((tmp_path / "bench" / f"throughput_{arm}_r1_c1.alive.json").read_text())]
+        times = producers.bench_times(tmp_path / "bench", f"throughput_{arm}_r1_c1")
+        assert (alive.role, alive.pid) == ("client", os.getpid()) and alive.read_at >= times["ended_at"]

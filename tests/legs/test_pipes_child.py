@@ -143,6 +143,12 @@ def test_the_real_producers_dry_run_records_what_ran(tmp_path, monkeypatch):
     assert t0 < start < end < t1
     (trainer,) = meta["processes"]
     assert trainer["role"] == "trainer" and trainer["pid"] == report["pid"] and trainer["exit_code"] == 0
+    # the producer read itself alive after the work, as the process its launcher records (clean exit's
+    # rule for one trainer process behind several legs)
+    (alive,) = meta["alive_at_end"]
+    assert (alive["role"], alive["pid"]) == ("trainer", trainer["pid"])
+    assert alive["identity"]["create_time"] == trainer["identity"]["create_time"] <= start
+    assert datetime.fromisoformat(alive["read_at"]).timestamp() >= end
 
 
 @pytest.mark.serial  # a 3 s timeout on a producer's start

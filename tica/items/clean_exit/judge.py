@@ -22,7 +22,8 @@ from tica.confounders import require_recorded
 from tica.messages import clip, unparenthesized
 from tica.process_exits import SIDES, exit_problem, shutdown_note
 from tica.question import Question
-from tica.receipts import Leg, LegMeta, ProcessExit, load_leg
+from tica import leg_times
+from tica.receipts import Leg, LegMeta, LiveProcess, ProcessExit, load_leg
 from tica.verdict import VerdictCell
 
 # psutil reads a process's create time in clock ticks (1/100 s on Linux): two create times closer
@@ -31,7 +32,7 @@ CREATE_TIME_TICK_S = 0.01
 Identity = tuple[float, "str | None", "tuple[str | None, ...] | None"]
 
 
-def identity_of(p: ProcessExit) -> Identity | None:
+def identity_of(p: ProcessExit | LiveProcess) -> Identity | None:
     """The process's content identity: its create time with its name or command line, as its
     producer read them from the process. None: unknown (not recorded, or a create time alone)."""
     i = p.identity
@@ -59,10 +60,37 @@ def _ran_as(entries: Sequence[tuple[Leg, ProcessExit]]) -> str:
     return " and ".join(f"{leg.arm} {leg.path.name} {p.role} pid {p.pid}" for leg, p in entries)
 
 
+def lived_through(leg: Leg, p: ProcessExit, ident: Identity) -> bool:
+    """Whether the leg shows that the process of this exit ran through it: the leg read it alive,
+    under the same role, pid and identity, once its work had ended, and it was created before the
+    work began. Unknown times show nothing."""
+    try:
+        started, ended = leg_times.parse(leg.meta.started_at), leg_times.parse(leg.meta.ended_at)
+    except ValueError:
+        return False
+    if started is None or ended is None or not started.aware:
+        return False
+    for live in leg.meta.alive_at_end:
+        seen = identity_of(live)
+        if live.role != p.role or live.pid != p.pid or seen is None or not same_process(ident, seen):
+            continue
+        try:
+            read = leg_times.parse(live.read_at)
+        except ValueError:
+            continue
+        if read is not None and leg_times.ordered(ended, read) is True \
+                and ident[0] <= started.at.timestamp() + CREATE_TIME_TICK_S:
+            return True
+    return False
+
+
 def one_process_many_records(legs: Sequence[Leg]) -> list[list[tuple[Leg, ProcessExit]]]:
     """Exits of one identity recorded as more than one process: under two roles or pids, in two
     arms, or in two legs other than one throughput round's (whose legs share one server). Each group
-    is one process, however it is labelled: it shows at most one of those roles ran."""
+    is one process, however it is labelled: it shows at most one of those roles ran. A process that
+    every leg naming it read alive through its work (`lived_through`) served each of them, so its one
+    exit stands for all: a server across rounds, a trainer across its legs, one bench client across
+    both arms (the client carries no arm's switch; a server or trainer runs under one)."""
     known = [(leg, p, ident) for leg in legs for p in leg.meta.processes if (ident := identity_of(p)) is not None]
     groups: list[list[tuple[Leg, ProcessExit, Identity]]] = []
     for entry in known:
@@ -78,6 +106,10 @@ def one_process_many_records(legs: Sequence[Leg]) -> list[list[tuple[Leg, Proces
         paths = {leg.path for leg, _, _ in g}
         # one server serves the concurrencies of one round and arm; another round starts its own
         shared = all(leg.meta.item == "throughput" for leg, _, _ in g) and len({leg.meta.round for leg, _, _ in g}) == 1
+        served_all = len(roles) == 1 and len(pids) == 1 and (len(arms) == 1 or roles == {"client"}) \
+            and all(lived_through(leg, p, ident) for leg, p, ident in g)
+        if served_all:
+            continue
         if len(roles) > 1 or len(pids) > 1 or len(arms) > 1 or (len(paths) > 1 and not shared):
             out.append(list({(id(leg), id(p)): (leg, p) for leg, p, _ in g}.values()))
     return out

@@ -127,9 +127,27 @@ def write_meta(leg_dir: Path, meta: dict) -> None:
         meta["image_digest"] = image_digest()
     # the throughput judge's one-node rule reads it (run13's legs, written before this, record none)
     meta["resolved_config"] = {"node": this_node(), **(meta.get("resolved_config") or {})}
+    if meta["ended_at"] and meta.get("item") != "throughput" and not meta.get("alive_at_end"):
+        # this process ran the leg's work and is the one its launcher records as the trainer: read
+        # alive after the work, it lets its one exit stand for every leg it wrote (clean exit)
+        meta["alive_at_end"] = alive_now({"trainer": [os.getpid()]})
     _write_meta(leg_dir, meta)
     if leg_dir not in _WRITTEN:
         _WRITTEN.append(leg_dir)
+
+
+def alive_now(pids_by_role: dict[str, list[int]]) -> list[dict]:
+    """The processes read alive now, by content (`LiveProcess` entries): a pid whose identity cannot
+    be read (gone, or a create time alone) is left out, never guessed."""
+    from tica.legs.common import process_identity
+
+    out = []
+    for role, pids in pids_by_role.items():
+        for pid in pids:
+            ident = process_identity(pid)
+            if ident.get("create_time") and (ident.get("name") or ident.get("cmdline")):
+                out.append({"role": role, "pid": pid, "identity": ident, "read_at": now()})
+    return out
 
 
 def legs_written() -> list[Path]:

@@ -158,6 +158,9 @@ def cmd_throughput(a) -> int:
         meta = legio.new_meta("throughput", leg["arm"], trainer=None, round=leg["round"], slot=leg["slot"],
                               concurrency=leg["c"], started_at=ran.get("started_at"))
         meta["ended_at"] = ran.get("ended_at")
+        alive = results / f"{name}.alive.json"
+        if alive.is_file():
+            meta["alive_at_end"] = json.loads(alive.read_text())
         tele = results / f"{name}.telemetry.json"
         if tele.is_file():
             meta["telemetry"] = json.loads(tele.read_text())
@@ -263,6 +266,8 @@ def cmd_bench_client(a) -> int:
                 (out / f"{name}.notrun").write_text(f"bench failed: {err!r}"[:2000])
                 log(f"{name}: FAILED {err!r}")
         (out / f"{name}.times.json").write_text(json.dumps({"started_at": started_at, "ended_at": legio.now()}))
+        # read after the leg's end: the processes that served it (its exits are read once, at the run's end)
+        (out / f"{name}.alive.json").write_text(json.dumps(legio.alive_now(roles)))
         telemetry = sampler.summary(served_before=served[leg["arm"]], cuda_graphs=spec.get("cuda_graphs"))
         (out / f"{name}.telemetry.json").write_text(json.dumps(telemetry))
         served[leg["arm"]] += 1
