@@ -45,5 +45,5 @@ echo "The report again:  .venv/bin/tica --ledger data/ledger.duckdb report cpu-t
 if [ "$ui" -eq 0 ]; then
   exit $rc
 fi
-echo "Dagster UI:        http://127.0.0.1:$port  (asset graph: each track's evidence and report)"
+echo "Dagster UI:        http://127.0.0.1:$port  (asset graph: each track's evidence and report; h200-matrix: the matrix tables)"
 exec .venv/bin/dagster dev -w workspace.yaml -h 127.0.0.1 -p "$port"

@@ -8,7 +8,8 @@
 Per track (one manifest in TICA_CANDIDATES_DIR): `<track>/candidate/<component>` (observable,
 data version = fingerprint), `<track>/evidence/<item>` (one per evidence item, deps from the
 invalidation matrix), `<track>/report`; jobs `<track>_evidence` and `<track>_report`; the
-`tica_manifest_sensor`. Every variable: docs/settings.md.
+`tica_manifest_sensor`. Beside the tracks, `h200-matrix/<set>` per committed matrix receipt set
+and the job `h200_matrix` (tica_assets/matrix.py). Every variable: docs/settings.md.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from tica_assets.candidates import candidate_defs
 from tica_assets.evidence import evidence_defs
 from tica_assets.jobs import job_defs
 from tica_assets.keys import leg_runner_key
+from tica_assets.matrix import matrix_defs
 from tica_assets.report import report_defs
 from tica_assets.settings import Settings
 from tica_assets.tracks import discover_tracks
@@ -62,7 +64,8 @@ def build_defs(settings: Settings | None = None, resources: dict | None = None) 
     autorun = autorun_sensor(tracks, settings)
     if autorun is not None:
         sensors.append(autorun)
-    return Definitions.merge(*per_track, Definitions(resources={**resources, **overrides}, sensors=sensors))
+    shared = Definitions(resources={**resources, **overrides}, sensors=sensors)
+    return Definitions.merge(*per_track, matrix_defs(settings), shared)
 
 
 defs = build_defs()

@@ -68,7 +68,7 @@ def test_main_returns_nonzero_when_a_track_run_fails(failing, code, tmp_path, mo
     monkeypatch.setattr(demo, "observe_manifests", lambda defs, instance: None)
     monkeypatch.setattr(demo, "print_report", lambda settings, home, tracks: None)
     assert demo.main(["--models", ""]) == code
-    assert defs.ran == ["cpu_tiny_evidence", "h200_mid4_evidence"]
+    assert defs.ran == ["cpu_tiny_evidence", "h200_mid4_evidence", "h200_matrix"]  # the matrix after the tracks
 
 
 @pytest.mark.parametrize("python_rc", [0, 1])

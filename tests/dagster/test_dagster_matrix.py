@@ -1,0 +1,123 @@
+"""The matrix assets (tica_assets/matrix.py) materialized in-process: the committed matrix receipts
+replayed through the matrix judge, their table in the materialization's metadata. The counts the
+table shows are the pinned ones (tests/fixtures/committed_verdicts.txt); a cell planted to fail
+shows failing, and receipts that cannot be read are not run, never a table of passes."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+from dagster import DagsterInstance, materialize
+
+from tica.items.forward.canaries import flip_route
+from tica.receipt_archive import unpacked
+from tica_assets.definitions import build_defs
+from tica_assets.matrix import MATRIX_JOB, MATRIX_SETS, MatrixSet, matrix_asset, matrix_defs, matrix_key
+from tica_assets.settings import PROJECT_ROOT, Settings
+
+PIN = PROJECT_ROOT / "tests" / "fixtures" / "committed_verdicts.txt"
+SETS = {m.name: m for m in MATRIX_SETS}
+MARK = re.compile(r"^(\d+)/(\d+) pass")
+
+
+@pytest.fixture
+def settings(tmp_path, monkeypatch) -> Settings:
+    monkeypatch.setenv("TICA_RECEIPTS_CACHE", str(tmp_path / "receipts"))
+    return Settings(candidates_dir=tmp_path / "candidates", questions_dir=PROJECT_ROOT / "demo" / "questions",
+                    ledger_path=tmp_path / "ledger.duckdb", data_dir=tmp_path / "data")
+
+
+def metadata(settings: Settings, *sets: MatrixSet) -> dict[str, dict]:
+    """Each set's materialization metadata, by set name, the table as its rows."""
+    result = materialize([matrix_asset(m, settings) for m in sets], instance=DagsterInstance.ephemeral())
+    assert result.success
+    out = {}
+    for event in result.get_asset_materialization_events():
+        meta = event.materialization.metadata
+        shown = {k: getattr(v, "text", None) for k, v in meta.items() if k != "table"}
+        shown["rows"] = [r.data for r in meta["table"].records] if "table" in meta else None
+        out[event.asset_key.path[-1]] = shown
+    return out
+
+
+def pinned(run: str) -> dict[str, int]:
+    out = {}
+    for line in PIN.read_text().splitlines():
+        m = re.fullmatch(rf"matrix/{run}: (\w[\w ]*) x (\d+)", line)
+        if m:
+            out[m[1]] = int(m[2])
+    return out
+
+
+def totals(rows: list[dict], run: str) -> tuple[int, int]:
+    """(cells passed, cells judged) of one run, summed over its table's cells."""
+    passed = judged = 0
+    for row in (r for r in rows if r["run"] == run):
+        for value in row.values():
+            if m := MARK.match(value):
+                passed, judged = passed + int(m[1]), judged + int(m[2])
+    return passed, judged
+
+
+def row(rows: list[dict], run: str, shape: str) -> dict:
+    (found,) = [r for r in rows if r["run"] == run and r["shape"] == shape]
+    return found
+
+
+def test_the_tables_show_the_pinned_verdict_counts(settings):
+    meta = metadata(settings, SETS["matrix"], SETS["matrix_moe"])
+    for name, runs in (("matrix", ("matrix1", "matrix2", "matrix3", "matrix4")), ("matrix_moe", ("moe1",))):
+        rows = meta[name]["rows"]
+        for run in runs:
+            pin = pinned(run)
+            assert pin and totals(rows, run) == (pin["pass"], sum(pin.values())), (name, run)
+        assert meta[name]["verdicts"] == "; ".join(f"{r}: {v} x {n}" for r in runs for v, n in sorted(pinned(r).items()))
+    assert meta["matrix_moe"]["answer"] == "60 cells judged: 14 fail, 46 pass"
+    dense, moe = meta["matrix"]["rows"], meta["matrix_moe"]["rows"]
+    # the README's rows: the non-64 vocabulary fails under overlay3 in matrix3 and passes in matrix4
+    assert row(dense, "matrix3", "gpt2vocab-mha_l2")["overlay3 decode"] == "0/5 pass"
+    assert row(dense, "matrix4", "gpt2vocab-mha_l2")["overlay3 decode"] == "5/5 pass"
+    assert "first route flip" not in dense[0]  # a dense model records no routes
+    qwen3 = row(moe, "moe1", "qwen3-30b-a3b_l2")
+    assert (qwen3["stock decode"], qwen3["stock prefill"], qwen3["overlay3 decode"]) == ("1/5 pass", "5/5 pass", "5/5 pass")
+    assert qwen3["first route flip"].startswith("stock decode c16: routing differs first at sequence 1 position 11, "
+                                                "MoE layer 1")
+    assert row(moe, "moe1", "mixtral-8x7b_l1")["first route flip"] == "routes identical in every failing cell"
+
+
+def test_a_planted_route_flip_fails_its_cell_and_the_table_shows_it(settings, tmp_path):
+    receipts = shutil.copytree(unpacked(PROJECT_ROOT / SETS["matrix_moe"].receipts), tmp_path / "moe")
+    flip_route(receipts / "moe1" / "mx-overlay3-qwen3-30b-a3b_l2-c1-prefill", 1)  # resealed: only the judge can tell
+    meta = metadata(settings, MatrixSet("planted", receipts, "the MoE matrix, one route flipped"))["planted"]
+    qwen3 = row(meta["rows"], "moe1", "qwen3-30b-a3b_l2")
+    assert qwen3["overlay3 prefill"] == "4/5 pass"
+    assert qwen3["first route flip"].startswith("overlay3 prefill c1: routing differs first at sequence 0 position 5")
+    assert meta["verdicts"] == "moe1: fail x 15; moe1: pass x 45"
+
+
+def test_a_cell_whose_seal_is_broken_is_not_a_pass(settings, tmp_path):
+    receipts = shutil.copytree(unpacked(PROJECT_ROOT / SETS["matrix_moe"].receipts), tmp_path / "moe")
+    metrics = receipts / "moe1" / "mx-overlay3-mixtral-8x7b_l1-c16-decode" / "metrics.jsonl"
+    metrics.write_text(metrics.read_text() + "\n")  # one byte more, not resealed
+    meta = metadata(settings, MatrixSet("tampered", receipts, "the MoE matrix, one seal broken"))["tampered"]
+    assert row(meta["rows"], "moe1", "mixtral-8x7b_l1")["overlay3 decode"] == "4/5 pass (1 inconclusive)"
+
+
+def test_missing_receipts_are_not_run_and_show_no_table(settings, tmp_path):
+    gone = MatrixSet("gone", Path("tests/fixtures/h200/matrix_gone.tar.xz"), "nothing")
+    meta = metadata(settings, gone)["gone"]
+    assert meta["rows"] is None and meta["verdicts"] == "not run"
+    assert meta["answer"] == "not run: tests/fixtures/h200/matrix_gone.tar.xz: <file>: no such archive"
+
+
+def test_the_graph_has_the_matrix_where_the_questions_folder_holds_its_question(settings, tmp_path):
+    graph = build_defs(settings).resolve_asset_graph()
+    assert {matrix_key(m.name) for m in MATRIX_SETS} <= set(graph.get_all_asset_keys())
+    assert build_defs(settings).resolve_job_def(MATRIX_JOB) is not None
+    (tmp_path / "questions").mkdir()
+    bare = Settings(candidates_dir=settings.candidates_dir, questions_dir=tmp_path / "questions",
+                    ledger_path=settings.ledger_path, data_dir=settings.data_dir)
+    assert not matrix_defs(bare).assets
