@@ -123,6 +123,9 @@ class LegTelemetry(_Receipt):
     cpu_load_1m_start: float | None = Field(None, ge=0, allow_inf_nan=False)
     cpu_load_1m_end: float | None = Field(None, ge=0, allow_inf_nan=False)
     served_before: int | None = Field(None, ge=0)
+    # the leg's share of the server's counters (tica.legs.telemetry.engine_counts); None: unread
+    prefix_cache_hit_rate: float | None = Field(None, ge=0, le=1, allow_inf_nan=False)
+    preemptions: int | None = Field(None, ge=0)
     cuda_graphs: bool | None = None
     # role (client, api_server, engine_core) -> CPU seconds over wall seconds while the leg ran
     cpu_util: dict[Literal["client", "api_server", "engine_core"],

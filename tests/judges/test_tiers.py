@@ -11,6 +11,7 @@ from tica.receipts import LegTelemetry
 BASE = dict(source="nvidia-smi", samples=40, interval_ms=500, sm_clock_mhz_median=1980.0, mem_clock_mhz_median=3201.0,
             power_w_median=450.0, temperature_c_max=60.0, gpu_util_pct_median=99.0, throttle_reasons=(),
             cpu_load_1m_start=1.0, cpu_load_1m_end=1.0, served_before=1, cuda_graphs=False,
+            prefix_cache_hit_rate=0.5, preemptions=4,
             cpu_util={"engine_core": 0.5, "api_server": 0.3, "client": 0.4})
 
 
@@ -31,11 +32,12 @@ def test_equal_conditions_name_no_cause():
 
 @pytest.mark.parametrize("field,what,_unit,rel", SIGNALS)
 def test_each_signal_that_differs_between_the_tiers_is_named(field, what, _unit, rel):
-    slow_value = base(field) * (1 - 2 * rel) if base(field) else 3.0
+    kind = type(base(field))  # a count stays a whole number
+    slow_value = kind(base(field) * (1 - 2 * rel) if base(field) else 3.0)
     legs = [(100.0, tel(**{field: slow_value})), (140.0, tel()), (101.0, tel(**{field: slow_value})), (139.0, tel())]
     assert what in tier_cause(legs)
     # the control: a difference inside the signal's tolerance names nothing
-    near = base(field) * (1 - rel / 2)
+    near = kind(base(field) * (1 - rel / 2))
     assert "not found" in tier_cause([(100.0, tel(**{field: near})), (140.0, tel())])
 
 
@@ -111,3 +113,29 @@ def test_a_cpu_time_out_of_range_or_of_an_unknown_role_is_refused(bad):
 
     with pytest.raises(ValidationError):
         LegTelemetry(**{**BASE, "cpu_util": bad})
+
+
+def test_a_signal_one_tier_never_recorded_is_said_not_recorded_not_compared():
+    legs = [(100.0, tel(prefix_cache_hit_rate=None)), (140.0, tel())]
+    cause = tier_cause(legs)
+    assert "not found" in cause and "the prefix-cache hit rate not recorded" in cause
+    assert "not recorded" not in tier_cause([(100.0, tel()), (140.0, tel())])
+
+
+def test_a_legs_counters_are_its_own_share_of_the_servers():
+    from tica.legs.telemetry import engine_counts, parse_counters
+
+    text = """# HELP vllm:prefix_cache_hits_total Prefix cache hits, in terms of number of cached tokens.
+# TYPE vllm:prefix_cache_hits_total counter
+vllm:prefix_cache_hits_total{engine="0",model_name="tput"} 2048.0
+vllm:prefix_cache_queries_total{engine="0",model_name="tput"} 4096.0
+vllm:num_preemptions_total{engine="0",model_name="tput"} 1.0
+vllm:prefix_cache_hits_created{engine="0",model_name="tput"} 1.7e9
+"""
+    before = parse_counters(text)
+    assert before == {"prefix_cache_hits": 2048.0, "prefix_cache_queries": 4096.0, "preemptions": 1.0}
+    after = {"prefix_cache_hits": 2048.0 + 900, "prefix_cache_queries": 4096.0 + 1000, "preemptions": 1.0}
+    assert engine_counts(before, after) == {"prefix_cache_hit_rate": 0.9, "preemptions": 0}
+    # unread, or a counter that went back (another server answered): unknown, never 0
+    assert engine_counts({}, after) == {"prefix_cache_hit_rate": None, "preemptions": None}
+    assert engine_counts(after, before)["prefix_cache_hit_rate"] is None

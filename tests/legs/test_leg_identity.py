@@ -317,3 +317,7 @@ def test_each_h200_throughput_leg_takes_the_times_of_its_own_bench_run(tmp_path,
         (alive,) = [LiveProcess(**e) for e in json.loads((tmp_path / "bench" / f"throughput_{arm}_r1_c1.alive.json").read_text())]
         times = producers.bench_times(tmp_path / "bench", f"throughput_{arm}_r1_c1")
         assert (alive.role, alive.pid) == ("client", os.getpid()) and alive.read_at >= times["ended_at"]
+    # no server answered /metrics here: the leg's prefix-cache hits and preemptions are unknown, not 0
+    for arm in ("bi0", "bi1"):
+        tel = json.loads((tmp_path / "bench" / f"throughput_{arm}_r1_c1.telemetry.json").read_text())
+        assert tel["prefix_cache_hit_rate"] is None and tel["preemptions"] is None

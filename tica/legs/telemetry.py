@@ -143,3 +143,51 @@ def cpu_seconds(pids: list[int]) -> float | None:
             return None
         total += t.user + t.system
     return total if pids else None
+
+
+# vLLM's Prometheus counters (vllm/v1/metrics/loggers.py), summed over engines: what a leg's
+# requests found in the prefix cache, and how often the scheduler preempted a request for KV room
+ENGINE_COUNTERS = {"prefix_cache_queries": "vllm:prefix_cache_queries_total",
+                   "prefix_cache_hits": "vllm:prefix_cache_hits_total",
+                   "preemptions": "vllm:num_preemptions_total"}
+
+
+def parse_counters(text: str) -> dict[str, float]:
+    """ENGINE_COUNTERS' values from a Prometheus text exposition (a counter not exposed is absent)."""
+    wanted = {metric: key for key, metric in ENGINE_COUNTERS.items()}
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in wanted:
+            try:
+                value = float(line.rsplit(" ", 1)[1])
+            except (IndexError, ValueError):
+                continue
+            out[wanted[name]] = out.get(wanted[name], 0.0) + value
+    return out
+
+
+def read_counters(base_url: str, timeout: float = 5.0) -> dict[str, float]:
+    """The server's counters now ({} when /metrics cannot be read: unknown)."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{base_url}/metrics", timeout=timeout) as resp:
+            return parse_counters(resp.read().decode("utf-8", "replace"))
+    except Exception:  # a server without metrics, or gone: the leg's counters are unknown
+        return {}
+
+
+def engine_counts(before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
+    """The leg's share of the counters: its prefix-cache hit rate and preemptions (None: unread)."""
+    def delta(key: str) -> float | None:
+        if key not in before or key not in after or after[key] < before[key]:
+            return None
+        return after[key] - before[key]
+
+    queries, hits, preempted = (delta(k) for k in ("prefix_cache_queries", "prefix_cache_hits", "preemptions"))
+    rate = round(hits / queries, 4) if queries and hits is not None and hits <= queries else None
+    return {"prefix_cache_hit_rate": rate, "preemptions": int(preempted) if preempted is not None else None}
+

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tica.legs import common
-from tica.legs.telemetry import Sampler
+from tica.legs.telemetry import Sampler, engine_counts, read_counters
 
 FAULTS = ("kill-engine-core", "truncate-workload")
 
@@ -205,6 +205,7 @@ def run_client(leg_dir: Path, server: Server, model: str, *, concurrency: int, n
             "--save-result", "--result-dir", str(leg_dir), "--result-filename", "bench.json",
             "--metadata", *[f"{k}={v}" for k, v in metadata.items()]]
     cmd = [sys.executable, "-m", "tica.legs.bench_client", *args]
+    counters_before = read_counters(server.url)
     with open(leg_dir / "client.log", "wb") as log, Sampler() as sampler:
         started_at, t0 = common.now(), time.monotonic()
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=common.stoppable())
@@ -215,7 +216,9 @@ def run_client(leg_dir: Path, server: Server, model: str, *, concurrency: int, n
                                 evidence=f"vllm bench serve exited {code} after {time.monotonic() - t0:.1f} s "
                                          "(the producer's child: wait())", identity=identity)
     rec["command"] = cmd
-    return ClientRun(rec, started_at, ended_at, sampler.summary(served_before=served_before, cuda_graphs=None))
+    telemetry = sampler.summary(served_before=served_before, cuda_graphs=None)
+    telemetry.update(engine_counts(counters_before, read_counters(server.url)))
+    return ClientRun(rec, started_at, ended_at, telemetry)
 
 
 def parse_concurrencies(text: str) -> list[int]:

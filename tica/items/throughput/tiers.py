@@ -3,7 +3,8 @@
 Tiers inside one arm (max/min throughput over the question's tier_ratio) keep a concurrency
 inconclusive whatever their cause. This says which recorded condition differs between the fast
 and the slow legs of that arm (GPU clocks, power, temperature, throttling, CPU load, the CPU time
-of the engine, the API server and the client, how many legs the server ran before), so a person sees the candidate cause; it never changes a verdict.
+of the engine, the API server and the client, the prefix-cache hit rate and preemptions of the
+leg's requests, how many legs the server ran before), so a person sees the candidate cause; it never changes a verdict.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ SIGNALS: tuple[tuple[str, str, str, float], ...] = (
     ("cpu_util.engine_core", "the engine's CPU time per second", "", 0.10),
     ("cpu_util.api_server", "the API server's CPU time per second", "", 0.10),
     ("cpu_util.client", "the client's CPU time per second", "", 0.10),
+    ("prefix_cache_hit_rate", "the prefix-cache hit rate", "", 0.10),
+    ("preemptions", "preemptions", "", 0.5),
 )
 # an engine loop this busy while the GPU idles this much is bound by the host, not the GPU
 HOST_BOUND_ENGINE_CPU, HOST_BOUND_GPU_UTIL = 0.9, 80.0
@@ -53,9 +56,12 @@ def tier_cause(legs: Sequence[tuple[float, LegTelemetry | None]]) -> str:
     fast = [t for x, t in legs if x >= mid]
     slow = [t for x, t in legs if x < mid]
     found = []
+    unread = []  # signals some tier never recorded: not compared, and said so
     for name, what, unit, rel in SIGNALS:
         f, s = _median([_signal(t, name) for t in fast]), _median([_signal(t, name) for t in slow])
-        if f is not None and s is not None and abs(f - s) > rel * max(abs(f), abs(s), 1e-9):
+        if f is None or s is None:
+            unread.append(what)
+        elif abs(f - s) > rel * max(abs(f), abs(s), 1e-9):
             found.append(f"{what} {f:g}{unit} in the fast legs against {s:g}{unit} in the slow")
     only_slow = sorted({r for t in slow for r in (t.throttle_reasons or ())} - {r for t in fast for r in (t.throttle_reasons or ())})
     if only_slow:
@@ -71,5 +77,6 @@ def tier_cause(legs: Sequence[tuple[float, LegTelemetry | None]]) -> str:
         return (f"the arm is bound by the host (its engine's loop kept a core at least {HOST_BOUND_ENGINE_CPU:g} busy "
                 f"while the GPU's median utilisation was {gpu:g}%), and nothing recorded differs between the tiers, "
                 "so their cause is not found")
-    return ("nothing the legs recorded (clocks, power, temperature, throttling, CPU load and CPU time, legs served "
-            "before) differs between the tiers, so their cause is not found")
+    not_read = f" ({', '.join(unread)} not recorded)" if unread else ""
+    return ("nothing the legs recorded (clocks, power, temperature, throttling, CPU load and CPU time, prefix-cache "
+            f"hits, preemptions, legs served before) differs between the tiers{not_read}, so their cause is not found")

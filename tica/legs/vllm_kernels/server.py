@@ -221,7 +221,7 @@ def cmd_bench_client(a) -> int:
 
     from . import legio
 
-    from tica.legs.telemetry import Sampler
+    from tica.legs.telemetry import Sampler, engine_counts, read_counters
 
     est: dict[tuple[str, int], float] = {}
     served = {"bi0": 0, "bi1": 0}  # legs each arm's server ran before this one (its warm-up state)
@@ -258,6 +258,8 @@ def cmd_bench_client(a) -> int:
         t = time.time()
         started_at = legio.now()
         roles = {"client": [os.getpid()], **spec.get("processes", {}).get(leg["arm"], {})}
+        base_url = f"http://127.0.0.1:{port}"
+        counters_before = read_counters(base_url)
         with Sampler(processes=roles) as sampler:
             try:
                 main(parser.parse_args(argv))
@@ -269,6 +271,7 @@ def cmd_bench_client(a) -> int:
         # read after the leg's end: the processes that served it (its exits are read once, at the run's end)
         (out / f"{name}.alive.json").write_text(json.dumps(legio.alive_now(roles)))
         telemetry = sampler.summary(served_before=served[leg["arm"]], cuda_graphs=spec.get("cuda_graphs"))
+        telemetry.update(engine_counts(counters_before, read_counters(base_url)))
         (out / f"{name}.telemetry.json").write_text(json.dumps(telemetry))
         served[leg["arm"]] += 1
         est[(leg["arm"], leg["c"])] = time.time() - t
