@@ -24,7 +24,7 @@ SWITCH_KEYS = ("env.VLLM_BATCH_INVARIANT",)
 # Fields that name the leg rather than describe the arm; telemetry is what each leg measured it
 # ran under (clocks, load), compared between tiers (tica.items.throughput.tiers), not a setting of an arm.
 _LEG_IDENTITY = {"schema", "item", "arm", "round", "slot", "concurrency", "started_at", "ended_at",
-                 "processes", "not_run_reason", "profiled", "errors", "telemetry"}
+                 "processes", "not_run_reason", "profiled", "errors", "telemetry", "alive_at_end"}
 
 # The practice's named confounders, so the table says which known one a raw key is.
 _KNOWN: tuple[tuple[str, str], ...] = (
