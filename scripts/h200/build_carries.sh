@@ -3,7 +3,7 @@
 # 98 MB) in three parts that fit beside the kit's carries, and the wheels the GPU image lacks
 # (gguf, megatron-core), and the Dagster wheels for the Pipes proof. Writes .devstage/ at the root of
 # the checkout it belongs to (from any folder), after scripts/setup.sh; needs PyPI. `build_carries.sh moe`
-# writes .devstage/m1 alone (after the kit's build_stage.sh).
+# writes .devstage/m1 alone (after the kit's build_stage.sh); `build_carries.sh fp8` writes .devstage/m2 alone.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 if [ "${1:-}" = moe ]; then  # vLLM's MoE ops library, which the kit drops (run_h200.sh probe), from the kit's wheel
@@ -11,6 +11,13 @@ if [ "${1:-}" = moe ]; then  # vLLM's MoE ops library, which the kit drops (run_
   unzip -q -o .devstage/whl/vllm-0.26.0-*.whl 'vllm/_moe_C_stable_libtorch.abi3.so' -d "$W"
   xz -9 -T0 -c "$W/vllm/_moe_C_stable_libtorch.abi3.so" > .devstage/m1/moe_C.so.xz && rm -rf "$W"
   du -sh .devstage/m1; exit 0
+fi
+if [ "${1:-}" = fp8 ]; then  # what vLLM's FP8 path imports and the GPU image lacks (run_h200.sh fp8_deps)
+  rm -rf .devstage/m2 && mkdir -p .devstage/m2
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d .devstage/m2 \
+    compressed-tensors==0.17.0 loguru==0.7.3
+  du -sh .devstage/m2; exit 0
 fi
 G=$(.venv/bin/python -c "from tica.models.smollm2 import gguf_path; print(gguf_path())")
 rm -rf .devstage/q1 .devstage/q2 .devstage/q3 && mkdir -p .devstage/q1 .devstage/q2 .devstage/q3

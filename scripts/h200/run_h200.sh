@@ -45,6 +45,11 @@ moe_lib() {  # vLLM's _moe_C, which the kit drops (scripts/h200/build_carries.sh
     python3 -c "import lzma, shutil; shutil.copyfileobj(lzma.open('.devstage/m1/moe_C.so.xz'), open('/tmp/site/vllm/_moe_C_stable_libtorch.abi3.so', 'wb'), 1 << 24)"
   fi
 }
+fp8_deps() {  # vLLM's FP8 path imports compressed_tensors (and it loguru), which the image lacks: carry .devstage/m2
+  if ls .devstage/m2/*.whl >/dev/null 2>&1 && [ ! -d /tmp/site/compressed_tensors ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .devstage/m2/*.whl
+  fi
+}
 recv() {  # keep this call's carried parts; once all three are here, join and check the GGUF, install wheels
   mkdir -p $CARRY
   for d in .devstage/q1 .devstage/q2 .devstage/q2a .devstage/q2b .devstage/q3; do [ -d $d ] && cp $d/* $CARRY/; done
@@ -106,7 +111,14 @@ case "$1" in
     # stock vLLM 0.26 and 0.26 + the RMSNorm overlay (a vLLM general plugin); extra args go to `matrix`,
     # e.g. --shapes a,b to continue an earlier call's shapes. MoE shapes (issue 33) need vLLM's _moe_C:
     # carry .devstage/m1 in the call, and run them one at a time (--parallel 1: the trainer's AdamW state)
+    # FP8 cells (issue 33): `<shape>_fp8` serves <shape>'s bf16 weights with vLLM's online FP8
+    # (quantization="fp8"), on loads c1, c64 (MoE: c16) and chunked; needs .devstage/m2
+    # (scripts/h200/build_carries.sh fp8) and, for a MoE shape, m1. After stage_split recv (c1a, c1b), c2:
+    #   run("bash scripts/h200/run_h200.sh matrix --cells overlay3/llama3.2-1b_l4_fp8,stock/llama3.2-1b_l4_fp8,
+    #        overlay3/qwen3-30b-a3b_l2_fp8 --parallel 1 --min-cell-s 100 --budget 540",
+    #       carry=[".devstage/kit", ".devstage/m1", ".devstage/m2"], timeout_s=600)
     moe_lib
+    fp8_deps
     nvidia-smi -L | tee -a "$OUT/run.log"
     python3 -m tica.legs.vllm_kernels.producers matrix --out "$OUT" --work /tmp/tica_matrix --budget 560 \
       "${@:2}" 2>&1 | tee -a "$OUT/run.log"
@@ -157,10 +169,7 @@ case "$1" in
     # served with vLLM's online FP8, stock and overlay3, under BI=1. The MoE layer needs vLLM's _moe_C,
     # which the kit drops: carry .devstage/m1 (scripts/h200/build_carries.sh moe) in this call.
     moe_lib
-    # vLLM's FP8 path imports compressed_tensors (and it loguru), which the image lacks: carry .devstage/m2
-    if ls .devstage/m2/*.whl >/dev/null 2>&1 && [ ! -d /tmp/site/compressed_tensors ]; then
-      python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .devstage/m2/*.whl
-    fi
+    fp8_deps
     nvidia-smi -L | tee -a "$OUT/run.log"
     for quant in ${QUANTS:-fp8}; do
       for model in dense moe; do

@@ -11,13 +11,19 @@ a cell that does not pass, from what the leg recorded beside its arrays, in this
 1. a one-change variant of the trainer that matches bitwise where the product trainer does not
    names the change (e.g. ``vllm_decode_rows``: the generated rows computed as vLLM's pure-decode
    steps compute them, which needs the engine's step composition);
-2. vLLM's own decode and prefill logprobs differing on that batch: the rows depend on the engine
+2. vLLM's own prompt logprobs of one sequence differing scored alone and in the load's batch: a
+   batch-variant engine (issue 33: FP8 experts quantize their input with one scale over the batch),
+   which no trainer can match;
+3. vLLM's own decode and prefill logprobs differing on that batch: the rows depend on the engine
    step (a kernel whose launch or tile follows the step, not isolated by a variant);
-3. a vocabulary that is not a multiple of 64: isolated when a control shape (the same model with the
+4. a vocabulary that is not a multiple of 64: isolated when a control shape (the same model with the
    vocabulary padded to 64) passes the same load in the same matrix, "suspected" when no such
    control ran, and not named at all when the same shape passes the same cell under another
    candidate of the run (the trainer's logits path is the candidate-independent part);
-4. otherwise ``unexplained``.
+5. otherwise ``unexplained``.
+
+A trainer that says it does not follow part of vLLM's computation (an FP8 cell's experts:
+``resolved_config.fp8.trainer.experts``) has that sentence added to its cause.
 
 Nothing here makes a cell pass: a cause is only ever attached to a cell that did not.
 """
@@ -112,6 +118,11 @@ def _cause(scored: str, row: dict, cfg: dict, control_passed: bool | None, peer_
     for name, v in variants.items():
         if name != "product" and v.get(f"{kind}_n_diff") == 0 and product:
             causes.append(f"{name}: {v.get('changes')} matches bitwise ({product} tokens differ without it)")
+    alone = row.get("tica/vllm_alone_vs_batch_n_bitwise_diff")
+    if not causes and isinstance(alone, int) and alone > 0:
+        causes.append(f"batch-variant engine: vLLM's own prompt logprobs of one sequence differ on {alone} of "
+                      f"{row.get('tica/vllm_alone_vs_batch_n_tokens')} tokens scored alone vs in this batch, so no "
+                      "trainer can match them")
     self_gap = row.get("tica/vllm_decode_vs_prefill_n_bitwise_diff")
     if not causes and isinstance(self_gap, int) and self_gap > 0:
         causes.append(f"engine step: vLLM's own decode and prefill logprobs differ on {self_gap} generated tokens "
@@ -124,6 +135,10 @@ def _cause(scored: str, row: dict, cfg: dict, control_passed: bool | None, peer_
         else:
             causes.append(f"vocabulary {vocab} not a multiple of 64 (suspected: no padded control of this shape "
                           "passed this load in this run)")
+    fp8 = cfg.get("fp8")
+    experts = ((fp8.get("trainer") or {}).get("experts")) if isinstance(fp8, dict) else None
+    if isinstance(experts, str):
+        causes.append(f"trainer: {experts}")
     return "; ".join(causes) or "unexplained: no recorded probe accounts for it"
 
 

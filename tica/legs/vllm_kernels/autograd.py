@@ -113,6 +113,18 @@ class LinearFn(torch.autograd.Function):
         return None, dx.to(x.dtype), dw.to(w.dtype), db
 
 
+class Fp8LinearFn(LinearFn):
+    """vLLM's online FP8 linear forward (``fp8``: fp8.Fp8LinearGpu, or its torch reference on a CPU);
+    the backward is the bf16 linear's at the unquantized x and w (straight-through: the gradient
+    flows into the bf16 master as if the weight and activation had not been rounded to FP8)."""
+
+    @staticmethod
+    def forward(ctx, fp8, x, w, b):
+        ctx.save_for_backward(x, w)
+        ctx.has_bias = b is not None
+        return fp8(x, w, b)
+
+
 class RMSNormFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, kernels, x, w, eps):
@@ -416,6 +428,10 @@ def lm_head_logprobs(kernels, h, w, targets, pad_to=1):
 
 def linear(kernels, x, w, b=None):
     return LinearFn.apply(kernels, x, w, b)
+
+
+def fp8_linear(fp8, x, w, b=None):
+    return Fp8LinearFn.apply(fp8, x, w, b)
 
 
 def rms_norm(kernels, x, w, eps):

@@ -107,9 +107,25 @@ FAULT_LOAD = "c64"
 MOE_UPDATE_LOAD = "c16"  # a MoE cell's update batch and planted faults'
 
 
-def cell_loads(requested: str, moe: bool) -> tuple[list[str], str]:
+# An FP8 cell (issue 33): the seeded bf16 shape served with vLLM's online FP8 (`<shape>_fp8`), on
+# fewer loads (one long sequence, a mixed batch that holds the update, a chunked prompt)
+QUANT_SUFFIXES = {"_fp8": "fp8"}
+FP8_LOADS = ("c1", "c64", "chunked")
+FP8_MOE_LOADS = ("c1", "c16", "chunked")
+
+
+def shape_quantization(shape: str) -> tuple[str, str | None]:
+    """(the seeded shape whose bf16 weights the cell serves, the quantization vLLM serves them with)."""
+    for suffix, quant in QUANT_SUFFIXES.items():
+        if shape.endswith(suffix):
+            return shape[:-len(suffix)], quant
+    return shape, None
+
+
+def cell_loads(requested: str, moe: bool, quant: str | None = None) -> tuple[list[str], str]:
     """(loads, the update's load) of one cell: the requested ones, else its kind's defaults."""
-    loads = [x for x in requested.split(",") if x] or list(MOE_LOADS if moe else DEFAULT_LOADS)
+    default = (FP8_MOE_LOADS if moe else FP8_LOADS) if quant else (MOE_LOADS if moe else DEFAULT_LOADS)
+    loads = [x for x in requested.split(",") if x] or list(default)
     return loads, MOE_UPDATE_LOAD if moe else UPDATE_LOAD
 
 
@@ -151,9 +167,13 @@ def vllm_rollout(llm, prompts, gens, seeds) -> dict:
     for j, o in zip(order, pouts):
         prefill[j] = [pl[t].logprob for pl, t in zip(o.prompt_logprobs[1:], fulls[j][1:])]
         pre_routes[j] = o.outputs[0].routed_experts
+    alone = None
+    if len(fulls) > 1:  # the first sequence scored again by itself: vLLM against its own batch
+        o = llm.generate([TokensPrompt(prompt_token_ids=fulls[0])], sp, use_tqdm=False)[0]
+        alone = [pl[t].logprob for pl, t in zip(o.prompt_logprobs[1:], fulls[0][1:])]
     # vLLM's routed experts (enable_return_routed_experts, the engine's rollout routing record):
     # [rows the model ran for the request, MoE layers, top-k]; None where the engine returns none
-    return {"fulls": fulls, "gens": gen_tok, "decode": dec, "prefill": prefill,
+    return {"fulls": fulls, "gens": gen_tok, "decode": dec, "prefill": prefill, "prefill_alone": alone,
             "routes": {"decode": [o.outputs[0].routed_experts for o in outs], "prefill": pre_routes,
                        "source": "vLLM's routed experts (enable_return_routed_experts)"}}
 
@@ -182,6 +202,8 @@ def fake_rollout(model, prompts, gens, seeds) -> dict:
             per.append(routes[o:o + len(f) - 1])  # the rows the engine runs: all but the last token
             o += len(f)
         ro["routes"] = {"decode": per, "prefill": per, "source": "the reference model's own routes (CPU dry run)"}
+    if len(fulls) > 1:  # after the routes: this forward replaces the model's last routes
+        ro["prefill_alone"] = [float(x) for x in trainer_logprobs(model, fulls[:1], "cpu")]
     return ro
 
 
@@ -342,7 +364,14 @@ def run_load(legs: Path, cand: str, shape: str, load: str, ro: dict, model, kern
                  "tica/largest_kernel_call_rows": variants["product"]["largest_call_rows"]}
     if trainer_routes is not None:  # a MoE: where each side's routes came from, or why a cell has none
         shape_rec["tica/routes"] = {kind: r[2] for kind, r in routes.items()}
+    if ro.get("prefill_alone") is not None:
+        # vLLM against itself: the first sequence's prompt_logprobs alone vs in this load's batch (a
+        # batch-variant engine, e.g. FP8 experts scaled over the whole batch, differs here)
+        shape_rec["tica/vllm_alone_vs_batch_n_bitwise_diff"] = nbits(ro["prefill_alone"], ro["prefill"][0])
+        shape_rec["tica/vllm_alone_vs_batch_n_tokens"] = len(ro["prefill"][0])
     kern = {"trainer": kernels_describe(kernels), "rollout": common["rollout_kernels"]}
+    if getattr(model, "fp8_linears", None):
+        kern["trainer"] = dict(kern["trainer"], linear_fp8={"linears": len(model.fp8_linears), **model.fp8.describe()})
     for kind, tr, roll, tok, lens in (
             ("decode", lp[dmask], dec_roll, [t for g in ro["gens"] for t in g], [len(g) for g in ro["gens"]]),
             ("prefill", lp, pre_roll, [t for f in ro["fulls"] for t in f[1:]], [len(f) - 1 for f in ro["fulls"]])):
@@ -499,6 +528,9 @@ def cmd_matrix_cell(a) -> int:
     from .moe import MOE_ARCHITECTURES
 
     moe = cfg["architectures"][0] in MOE_ARCHITECTURES
+    _, quant = shape_quantization(a.shape)
+    engine_cfg = dict(MATRIX_MOE_CFG if moe else MATRIX_CFG, **({"quantization": quant} if quant else {}))
+    fp8_rec = None
     if dry:
         from .kernels import TorchReference
 
@@ -509,13 +541,24 @@ def cmd_matrix_cell(a) -> int:
         parts = list(CANDIDATE_PARTS[a.candidate] or [])
         pin = {"dry_run": True}
         llm = None
+        if quant:
+            fp8_rec = fp8_setup(model, None, moe)
     else:
         from .rollout import VllmRollout
 
-        with engine_start_lock(Path(a.lock)):
+        from .fp8 import VllmLogLines
+
+        with engine_start_lock(Path(a.lock)), VllmLogLines() as vllm_lines:
             t = time.time()
-            # the overlay, if any, came in as vLLM's general plugin
-            rollout = VllmRollout(m0, **(MATRIX_MOE_CFG if moe else MATRIX_CFG))
+            try:
+                # the overlay, if any, came in as vLLM's general plugin
+                rollout = VllmRollout(m0, **engine_cfg)
+            except Exception as err:  # noqa: BLE001 - a quantized engine vLLM refuses: its cells not run, its reason kept
+                if not quant:
+                    raise
+                refused_engine(a, m0, engine_cfg, quant, moe, f"{type(err).__name__}: {str(err)[:1500]}",
+                               vllm_lines.lines)
+                return 0
             log(f"{a.candidate} {a.shape}: engine up in {time.time() - t:.1f}s")
         # registered after vLLM's own exit handlers, so it runs before them (atexit is last in, first out)
         atexit.register(hold_start_lock_until_exit, Path(a.lock))
@@ -526,6 +569,11 @@ def cmd_matrix_cell(a) -> int:
         kernels, rollout_kernels, parts = product_trainer(a.candidate, rollout)
         model = trainer_model(m0, kernels, dev, moe)  # the lm_head padded to 64 rows: VllmKernels.vocab_pad
         roll = lambda p, g, s: vllm_rollout(llm, p, g, s)  # noqa: E731
+        rollout_kernels["vllm_log"] = vllm_lines.lines  # vLLM's own lines about the kernels it chose
+        if quant:
+            fp8_rec = fp8_setup(model, llm, moe)
+            rollout_kernels["quantization"] = {"method": quant, **fp8_rec["vllm"],
+                                               "kv_cache_dtype": str(llm.llm_engine.vllm_config.cache_config.cache_dtype)}
     from .overlay import overlay_record
 
     common = {"rollout_kernels": rollout_kernels,
@@ -538,7 +586,8 @@ def cmd_matrix_cell(a) -> int:
                          **({"moe": moe_shape(model)} if moe else {}),
                          "weights": "random, seeded, built on the device",
                          "candidate": a.candidate, "source_overlay": overlay_record(parts) if parts else None,
-                         **(MATRIX_MOE_CFG if moe else MATRIX_CFG), "matrix_seed": SEED, "vllm_check": pin,
+                         **engine_cfg, "quantization": quant, **({"fp8": fp8_rec} if fp8_rec else {}),
+                         "matrix_seed": SEED, "vllm_check": pin,
                          "trainer_packing": "all sequences of a load in one varlen batch; no knowledge of engine steps"}}
     probe = None
     if not dry:
@@ -547,7 +596,7 @@ def cmd_matrix_cell(a) -> int:
         probe = probe_model(kernels, cfg)
     summary = {"candidate": a.candidate, "shape": a.shape, "loads": []}
     kept = {}
-    loads, update_load = cell_loads(getattr(a, "loads", None) or "", moe)
+    loads, update_load = cell_loads(getattr(a, "loads", None) or "", moe, quant)
     for load in loads:
         t = time.time()
         prompts, gens, seeds = workload(load, cfg["vocab_size"])
@@ -558,6 +607,10 @@ def cmd_matrix_cell(a) -> int:
         log(f"  {load} in {time.time() - t:.1f}s")
     if update_load not in kept:  # a partial run (--loads): no update, said in the summary
         summary["update"] = f"not run: {update_load} was not among the loads"
+        Path(a.summary).write_text(json.dumps(summary, indent=1, default=str))
+        return 0
+    if quant and moe:
+        summary["update"] = f"not run: {FP8_MOE_NO_UPDATE}"
         Path(a.summary).write_text(json.dumps(summary, indent=1, default=str))
         return 0
     # one update on the update load's batch, reloaded into vLLM, then that load again (new prompts) on
@@ -571,9 +624,27 @@ def cmd_matrix_cell(a) -> int:
         upd["moe_backward_check"] = recorded(lambda: moe_gradcheck_with_control(
             model.moe_kernels, device=dev, dtype=model.compute_dtype, tol=2e-2))
     if llm is not None:
-        upd["reloaded_params"] = rollout.reload(upd["path"] / "model.safetensors")
+        try:
+            # online FP8: vLLM's reload_weights, which quantizes the reloaded bf16 weights again
+            upd["reloaded_params"] = rollout.reload(upd["path"] / "model.safetensors", layerwise=bool(quant))
+        except Exception as err:  # noqa: BLE001 - the post-update cells are written as not run, with vLLM's reason
+            if not quant:
+                raise
+            reason = f"vLLM 0.26's reload_weights on the online-FP8 engine failed: {type(err).__name__}: {str(err)[:600]}"
+            for kind in ("decode", "prefill"):
+                write_not_run_leg(legs / leg_name(a.candidate, a.shape, update_load, kind + "_post_update"),
+                                  dict(common["config"], load=update_load, scored=kind, weights_hash=upd["hash"],
+                                       update={k: v for k, v in upd.items() if k != "path"}), reason)
+            summary["update"] = {"not_run": reason, **{k: v for k, v in upd.items() if k != "path"}}
+            Path(a.summary).write_text(json.dumps(summary, indent=1, default=str))
+            return 0
         if moe:
             upd["reloaded_experts_equal"] = recorded(lambda: reloaded_experts_equal(llm, model))
+        if quant:
+            from .fp8 import vllm_fp8_weights_equal
+
+            upd["fp8_weights_equal_after_reload"] = recorded(
+                lambda: vllm_fp8_weights_equal(llm, model, sorted(model.fp8_linears)))
     prompts, gens, seeds = workload(update_load, cfg["vocab_size"], salt=1)
     ro2 = roll(prompts, gens, seeds)
     common["config"] = dict(common["config"], update={k: v for k, v in upd.items() if k != "path"})
@@ -582,6 +653,74 @@ def cmd_matrix_cell(a) -> int:
     summary["update"] = {k: v for k, v in upd.items() if k != "path"}
     Path(a.summary).write_text(json.dumps(summary, indent=1, default=str))
     return 0
+
+
+FP8_MOE_NO_UPDATE = ("the trainer does not follow vLLM's FP8 experts (they quantize their input with one dynamic "
+                     "scale over the step's whole batch, vLLM issue 57016), so its forward cells already differ; "
+                     "an update would be judged against a trainer that does not compute what vLLM computes")
+TRAINER_FP8_EXPERTS = ("bf16 experts (vLLM's fused_experts on the deployed bf16 weights): vLLM's FP8 experts are not "
+                       "followed: they quantize their input with one dynamic scale over the step's whole batch (vLLM "
+                       "issue 57016), which no trainer's packed batch reproduces")
+
+
+def trainer_linear_names(model) -> list[str]:
+    """The names of the trainer's linears that vLLM builds as LinearBase modules (its `_lin` names)."""
+    names = []
+    for i in range(model.n_layers):
+        p = f"model.layers.{i}."
+        names += [p + "self_attn.qkv_proj", p + "self_attn.o_proj"]
+        if i in getattr(model, "sparse_layers", ()):
+            names.append(p + "mlp.gate")
+        else:
+            names += [p + "mlp.gate_up_proj", p + "mlp.down_proj"]
+    return names
+
+
+def fp8_setup(model, llm, moe: bool) -> dict:
+    """Make the trainer compute, in FP8, the linears vLLM's engine quantized (read from the engine; on a
+    CPU dry run, chosen by name and emulated in torch). Returns the record for the legs."""
+    from .fp8 import Fp8LinearGpu, Fp8LinearReference, is_fp8_linear, vllm_fp8_modules, vllm_fp8_weights_equal
+
+    names = trainer_linear_names(model)
+    if llm is None:
+        model.fp8, model.fp8_linears = Fp8LinearReference(), frozenset(n for n in names if is_fp8_linear(n))
+        rec: dict = {"vllm": {"dry_run": "no engine: the trainer's FP8 linears chosen by name, emulated in torch"}}
+    else:
+        got = recorded(lambda: vllm_fp8_modules(llm))
+        theirs = got.get("fp8_linears") or []
+        model.fp8, model.fp8_linears = Fp8LinearGpu(), frozenset(theirs) & frozenset(names)
+        rec = {"vllm": got, "not_followed": sorted(set(theirs) - set(names)),
+               "weights_equal": recorded(lambda: vllm_fp8_weights_equal(llm, model, sorted(model.fp8_linears)))}
+    rec["trainer"] = {"fp8_linears": len(model.fp8_linears), "ops": model.fp8.describe(),
+                      "backward": "straight-through: the bf16 linear's gradient at the unquantized x and w, "
+                                  "into the bf16 master weights",
+                      **({"experts": TRAINER_FP8_EXPERTS} if moe else {})}
+    return rec
+
+
+def refused_engine(a, m0: Path, engine_cfg: dict, quant: str, moe: bool, err: str, vllm_log: list[str]) -> None:
+    """vLLM did not start the quantized engine: every cell of this (candidate, shape) written as not run
+    with vLLM's own error, and the summary says so."""
+    reason = f"vLLM 0.26 did not start the engine with quantization={quant!r}: {err}"
+    loads, _ = cell_loads(getattr(a, "loads", None) or "", moe, quant)
+    config = {"model": str(m0), "model_shape": a.shape, "candidate": a.candidate, "quantization": quant, **engine_cfg,
+              "vllm_log": vllm_log}
+    for load in loads:
+        for kind in ("decode", "prefill"):
+            write_not_run_leg(Path(a.legs) / leg_name(a.candidate, a.shape, load, kind),
+                              dict(config, load=load, scored=kind), reason)
+    Path(a.summary).write_text(json.dumps({"candidate": a.candidate, "shape": a.shape, "not_run": reason}, indent=1))
+    log(f"{a.candidate} {a.shape}: {reason}")
+
+
+def write_not_run_leg(d: Path, config: dict, reason: str) -> None:
+    """A cell that did not run: leg.json with its reason and no measurement (every judge reads it as not run)."""
+    from . import legio
+
+    meta = legio.new_meta("forward", legio.kernels_arm(), trainer="vllm_kernels", started_at=None)
+    meta["not_run_reason"] = reason
+    meta["resolved_config"] = config
+    legio.write_meta(d, meta)
 
 
 def update_step(model, ro: dict, dev: str, out: Path, m0: Path) -> dict:
@@ -686,11 +825,11 @@ def cmd_matrix(a) -> int:
     def pack_out() -> None:
         legio.pack_out(out, legs, logs, status)
 
-    for s in shapes:
-        md = work / "models" / s
+    for base in dict.fromkeys(shape_quantization(s)[0] for s in shapes):  # an FP8 cell serves its base's weights
+        md = work / "models" / base
         if not (md / "config.json").exists():
-            status["models"][s] = make_model(md, s, seed=7, device=dev)
-            log(f"model {s}: {status['models'][s]}")
+            status["models"][base] = make_model(md, base, seed=7, device=dev)
+            log(f"model {base}: {status['models'][base]}")
     queue = order or [(c, s) for s in shapes for c in cands]
     attempts: dict[str, int] = {}
     running: list[tuple] = []
@@ -703,7 +842,8 @@ def cmd_matrix(a) -> int:
             name = f"{c}-{s}"
             attempts[name] = attempts.get(name, 0) + 1
             lf = logs / (f"{name}.log" if attempts[name] == 1 else f"{name}.try{attempts[name]}.log")
-            args = ["--loads", a.loads, "--candidate", c, "--shape", s, "--model", str(work / "models" / s), "--legs", str(legs),
+            args = ["--loads", a.loads, "--candidate", c, "--shape", s,
+                    "--model", str(work / "models" / shape_quantization(s)[0]), "--legs", str(legs),
                     "--work", str(work), "--summary", str(logs / f"{name}.summary.json"),
                     "--lock", str(work / "engine_start.lock")] + (["--dry-run"] if a.dry_run else [])
             p = subprocess.Popen(me + args, env=env, stdout=open(lf, "wb"), stderr=subprocess.STDOUT)

@@ -92,6 +92,10 @@ class KernelLlama(torch.nn.Module):
         # lm_head rows padded to a multiple of this before the matmul, and the logits handed on as the
         # padded-stride view (vLLM's ParallelLMHead + LogitsProcessor: 64 for vLLM's kernel set)
         self.vocab_pad: int = int(getattr(kernels, "vocab_pad", 1))
+        # vLLM's online FP8 (quantization="fp8"): the linears it quantized, by name, computed with
+        # `fp8` (fp8.Fp8LinearGpu: vLLM's ops; fp8.Fp8LinearReference on a CPU); none for bf16 serving
+        self.fp8 = None
+        self.fp8_linears: frozenset[str] = frozenset()
         # rotary cache as vLLM builds it (fp32 math on the device, cast to the model dtype)
         self.register_buffer("cos_sin", _cache(self.max_pos, self.D, self.theta, dev, self.compute_dtype),
                              persistent=False)
@@ -111,6 +115,13 @@ class KernelLlama(torch.nn.Module):
     def deployed_state_dict(self) -> dict[str, torch.Tensor]:
         return {n: self.p(n).detach().to(self.deployed_dtype).contiguous() for n in self.names}
 
+    def linear_weight(self, name: str) -> torch.Tensor:
+        """The deployed weight of one of vLLM's linear modules by its name (qkv_proj and gate_up_proj fused)."""
+        for fused, parts in (("qkv_proj", ("q_proj", "k_proj", "v_proj")), ("gate_up_proj", ("gate_proj", "up_proj"))):
+            if name.endswith(fused):
+                return self.fused(name[:-len(fused)], parts)
+        return self.w(name + ".weight")
+
     def fused(self, prefix: str, parts: tuple[str, ...], suffix: str = "weight") -> torch.Tensor | None:
         names = [f"{prefix}{x}.{suffix}" for x in parts]
         if not all(self.has(n) for n in names):
@@ -123,6 +134,8 @@ class KernelLlama(torch.nn.Module):
     def _lin(self, name: str, x, w, b=None):
         if self.fault == name:
             return F.linear(x, w, b)  # torch's default (cuBLAS) matmul: the planted fault
+        if name in self.fp8_linears:
+            return A.fp8_linear(self.fp8, x, w, b)
         return A.linear(self.kernels, x, w, b)
 
     def _fused_add(self, h, residual, w):

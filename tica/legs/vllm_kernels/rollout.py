@@ -89,11 +89,28 @@ class VllmRollout:
         return {"fulls": fulls, "gens": gens, "decode": decs, "prefill": prefill,
                 "scoring_batch": [[k, j] for k, j in batch]}
 
-    def reload(self, safetensors_path: Path) -> int:
+    def reload(self, safetensors_path: Path, *, layerwise: bool = False) -> int:
         """Load updated weights into the running engine, then drop its prefix cache: KV computed by
         the old weights would otherwise serve the next rollout's shared prefixes (as RL frameworks
-        do after a weight sync; without it, every post-update re-check under prefix caching failed)."""
+        do after a weight sync; without it, every post-update re-check under prefix caching failed).
+
+        layerwise: through the worker's ``reload_weights`` (vLLM 0.26's layerwise reload: each layer
+        restored to its checkpoint form, loaded, and processed again, so online-quantized layers are
+        quantized again from the new bf16 weights); a plain ``load_weights`` would write bf16 into
+        the processed FP8 parameters."""
         path = str(safetensors_path)
+        if layerwise:
+            def _reload(worker):
+                from safetensors.torch import load_file
+
+                sd = load_file(path, device="cuda")
+                worker.reload_weights(weights_iterator=iter(sd.items()), is_checkpoint_format=True)
+                return len(sd)
+
+            loaded = int(self.llm.collective_rpc(_reload)[0])
+            if not self.llm.reset_prefix_cache() and self.cfg.get("enable_prefix_caching") is not False:
+                raise RuntimeError("vLLM did not reset its prefix cache after the weight reload")
+            return loaded
 
         def _load(model):
             from safetensors.torch import load_file
