@@ -42,6 +42,7 @@ _TELEMETRY = {
     "sm_clock_mhz_min": "informational: shown beside the median, which the rule compares",
     "cpu_load_1m_start": "informational: shown in the tiers table; the rule compares the load at the end",
     "cuda_graphs": "informational: these servers run eager (resolved_config.enforce_eager binds it)",
+    "prefix_cache_reset": "informational: how the leg began; the hit rate it leads to is what the tiers rule compares",
 }
 _EXIT = {
     "role": "rule: tica/items/clean_exit/judge.py: each role verified on its own",

@@ -191,3 +191,15 @@ def engine_counts(before: dict[str, float], after: dict[str, float]) -> dict[str
     rate = round(hits / queries, 4) if queries and hits is not None and hits <= queries else None
     return {"prefix_cache_hit_rate": rate, "preemptions": int(preempted) if preempted is not None else None}
 
+
+def reset_prefix_cache(base_url: str, timeout: float = 30.0) -> bool:
+    """Empty the server's prefix cache (vLLM's dev-mode POST /reset_prefix_cache): whether it said so."""
+    import urllib.request
+
+    try:
+        req = urllib.request.Request(f"{base_url}/reset_prefix_cache", method="POST", data=b"")
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return 200 <= resp.status < 300
+    except Exception:  # no dev mode, or the server gone: not emptied
+        return False
+

@@ -149,6 +149,7 @@ def cmd_all(a) -> int:
                                               output_len=a.output_len, rounds=a.rounds, util=0.4, prompts_mult=1,
                                               shrink_note=a.shrink_note, concurrencies=a.concurrencies, first_round=a.first_round,
                                               arm_a=a.arm_a, pairing_order=a.pairing_order,
+                                              cold_prefix_cache=a.cold_prefix_cache,
                                               shutdown_timeout=a.shutdown_timeout, engine=a.engine,
                                               arm_env={"bi0": base_env, "bi1": base_env}, candidate=a.candidate,
                                               model_shape=a.shape if not a.model_dir else Path(a.model_dir).name))
@@ -259,6 +260,9 @@ def main(argv=None) -> int:
                         "alternating (default AB: odd rounds A first)")
     p.add_argument("--concurrencies", type=_concurrencies, default=CONCURRENCIES,
                    help="throughput: comma-separated, e.g. 1,64 (default %(default)s)")
+    p.add_argument("--cold-prefix-cache", action="store_true",
+                   help="throughput: empty each server's prefix cache before every leg (vLLM's dev-mode "
+                        "/reset_prefix_cache), so no leg is served from the prompts of the legs before it")
     p.add_argument("--shutdown-timeout", type=int, default=SHUTDOWN_TIMEOUT_S,
                    help="the recipe's engine shutdown grace (vLLM's --shutdown-timeout), seconds")
     p.add_argument("--quality-problems", default="arith30", help="quality: a shipped set (tica/problems) or a .jsonl")

@@ -85,6 +85,9 @@ def cmd_throughput(a) -> int:
     engine = getattr(a, "engine", "eager")
     production = engine != "eager"  # CUDA graphs and prefix caching on
     arm_env = {arm: dict(getattr(a, "arm_env", None) or {}).get(arm, os.environ) for arm in ("bi0", "bi1")}
+    cold = bool(getattr(a, "cold_prefix_cache", False))
+    if cold:  # vLLM serves /reset_prefix_cache only in its dev mode; both arms alike
+        arm_env = {arm: dict(env, VLLM_SERVER_DEV_MODE="1") for arm, env in arm_env.items()}
     for arm in ("bi0", "bi1"):
         env = dict(arm_env[arm], VLLM_BATCH_INVARIANT="1" if arm == "bi1" else "0")
         t = time.time()
@@ -113,6 +116,7 @@ def cmd_throughput(a) -> int:
     spec.write_text(json.dumps({"plan": run_plan, "ports": ports, "model": str(model), "tokenizer": str(model),
                                 "in": in_len, "out": out_len, "deadline": deadline, "results": str(work / "bench"),
                                 "cuda_graphs": production,  # as the servers run (resolved_config)
+                                "cold_prefix_cache": cold,
                                 # whose CPU time each leg reads (tica.legs.telemetry): an engine not found is unread
                                 "processes": {arm: {"api_server": [s.proc.pid], "engine_core": list(s.engine_pids)}
                                               for arm, s in servers.items()}}))
@@ -184,7 +188,7 @@ def cmd_throughput(a) -> int:
                                                     "its measured requests (the workload fixes 1 per leg)",
                                    "co_resident": "both arms' servers stay up on the one GPU for the whole run "
                                                   "(the idle one holds memory, no compute): aligned across arms",
-                                   "shrink": a.shrink_note}
+                                   "shrink": a.shrink_note, "cold_prefix_cache": cold}
         res = results / f"{name}.json"
         d.mkdir(parents=True, exist_ok=True)
         if res.exists():
@@ -221,7 +225,7 @@ def cmd_bench_client(a) -> int:
 
     from . import legio
 
-    from tica.legs.telemetry import Sampler, engine_counts, read_counters
+    from tica.legs.telemetry import Sampler, engine_counts, read_counters, reset_prefix_cache
 
     est: dict[tuple[str, int], float] = {}
     served = {"bi0": 0, "bi1": 0}  # legs each arm's server ran before this one (its warm-up state)
@@ -259,6 +263,7 @@ def cmd_bench_client(a) -> int:
         started_at = legio.now()
         roles = {"client": [os.getpid()], **spec.get("processes", {}).get(leg["arm"], {})}
         base_url = f"http://127.0.0.1:{port}"
+        emptied = reset_prefix_cache(base_url) if spec.get("cold_prefix_cache") else None
         counters_before = read_counters(base_url)
         with Sampler(processes=roles) as sampler:
             try:
@@ -271,7 +276,7 @@ def cmd_bench_client(a) -> int:
         # read after the leg's end: the processes that served it (its exits are read once, at the run's end)
         (out / f"{name}.alive.json").write_text(json.dumps(legio.alive_now(roles)))
         telemetry = sampler.summary(served_before=served[leg["arm"]], cuda_graphs=spec.get("cuda_graphs"))
-        telemetry.update(engine_counts(counters_before, read_counters(base_url)))
+        telemetry.update(engine_counts(counters_before, read_counters(base_url)), prefix_cache_reset=emptied)
         (out / f"{name}.telemetry.json").write_text(json.dumps(telemetry))
         served[leg["arm"]] += 1
         est[(leg["arm"], leg["c"])] = time.time() - t
