@@ -52,6 +52,9 @@ MATRIX_SETS = (
               "stock and overlay3, routes compared per token and layer"),
     MatrixSet("matrix_packed", FIXTURES_DIR / "matrix_packed.tar.xz",
               "the packing limit (run matrix5): llama3.2-1b_l4 on load packed_limit, stock and overlay3"),
+    MatrixSet("matrix_fp8", FIXTURES_DIR / "matrix_fp8.tar.xz",
+              "the FP8 cells (run fp8): llama3.2-1b_l4 and qwen3-30b-a3b_l2 served with vLLM's online FP8, "
+              "stock and overlay3"),
 )
 
 

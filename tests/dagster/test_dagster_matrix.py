@@ -88,6 +88,18 @@ def test_the_tables_show_the_pinned_verdict_counts(settings):
     assert row(moe, "moe1", "mixtral-8x7b_l1")["first route flip"] == "routes identical in every failing cell"
 
 
+def test_the_fp8_table_shows_the_pinned_verdict_counts(settings):
+    meta = metadata(settings, SETS["matrix_fp8"])["matrix_fp8"]
+    pin = pinned("fp8")
+    assert pin and totals(meta["rows"], "fp8") == (pin["pass"], sum(pin.values()))
+    assert meta["verdicts"] == "; ".join(f"fp8: {v} x {n}" for v, n in sorted(pin.items()))
+    dense, moe = row(meta["rows"], "fp8", "llama3.2-1b_l4_fp8"), row(meta["rows"], "fp8", "qwen3-30b-a3b_l2_fp8")
+    # the README's FP8 rows: overlay3 bitwise on the dense model, before and after the update; the MoE fails
+    assert (dense["overlay3 decode"], dense["overlay3 prefill"], dense["stock prefill"]) == ("4/4 pass",) * 3
+    assert dense["stock decode"] == "0/4 pass"
+    assert {moe[c] for c in ("overlay3 decode", "overlay3 prefill", "stock decode", "stock prefill")} == {"0/3 pass"}
+
+
 def test_a_planted_route_flip_fails_its_cell_and_the_table_shows_it(settings, tmp_path):
     receipts = shutil.copytree(unpacked(PROJECT_ROOT / SETS["matrix_moe"].receipts), tmp_path / "moe")
     flip_route(receipts / "moe1" / "mx-overlay3-qwen3-30b-a3b_l2-c1-prefill", 1)  # resealed: only the judge can tell
