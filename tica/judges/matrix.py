@@ -119,12 +119,13 @@ def _cause(scored: str, row: dict, cfg: dict, control_passed: bool | None, peer_
         if name != "product" and v.get(f"{kind}_n_diff") == 0 and product:
             causes.append(f"{name}: {v.get('changes')} matches bitwise ({product} tokens differ without it)")
     alone = row.get("tica/vllm_alone_vs_batch_n_bitwise_diff")
-    if not causes and isinstance(alone, int) and alone > 0:
+    engine_only = not causes  # no trainer variant matched: what vLLM does against itself is named, each part
+    if engine_only and isinstance(alone, int) and alone > 0:
         causes.append(f"batch-variant engine: vLLM's own prompt logprobs of one sequence differ on {alone} of "
                       f"{row.get('tica/vllm_alone_vs_batch_n_tokens')} tokens scored alone vs in this batch, so no "
                       "trainer can match them")
     self_gap = row.get("tica/vllm_decode_vs_prefill_n_bitwise_diff")
-    if not causes and isinstance(self_gap, int) and self_gap > 0:
+    if engine_only and isinstance(self_gap, int) and self_gap > 0:
         causes.append(f"engine step: vLLM's own decode and prefill logprobs differ on {self_gap} generated tokens "
                       "of this batch, so a row's bits follow the step it ran in (no one-change variant reproduces it)")
     vocab = cfg.get("vocab_size")
