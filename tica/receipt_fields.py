@@ -204,6 +204,26 @@ _RECIPE = {
                         "rc": "rule: tica/judges/recipe_identity.py: every combination returns 0"},
 }
 
+# The matrix producer's `tica/*` keys on a forward step row (ForwardStep keeps extra keys): each is
+# read by a rule or declared informational, like a model's field; tests/core/test_receipt_fields.py
+# checks every key the committed matrix receipts carry against this.
+MATRIX_ROW_EXTRAS: dict[str, str] = {
+    "tica/load": "rule: tica/judges/matrix.py: the cell's load, one cell per (candidate, shape, load, scoring)",
+    "tica/scored": "rule: tica/judges/matrix.py: decode or prefill scoring, a cell of its own",
+    "tica/variants": "rule: tica/judges/matrix.py: a one-change variant that matches names a failing cell's cause",
+    "tica/vllm_decode_vs_prefill_n_bitwise_diff": "rule: tica/judges/matrix.py: vLLM's own decode against its prefill names an engine-step cause",
+    "tica/vllm_alone_vs_batch_n_bitwise_diff": "rule: tica/judges/matrix.py: vLLM's own alone-vs-batch scoring names a batch-variant engine",
+    "tica/vllm_alone_vs_batch_n_tokens": "informational: the denominator shown beside the alone-vs-batch count",
+    "tica/load_spec": "informational: the load's shape (sequences, prompt and response lengths), shown",
+    "tica/n_generated": "informational: generated tokens of the batch; the scored count is tica/n_tokens",
+    "tica/seq_len_max": "informational: the longest sequence of the batch, shown",
+    "tica/planted_fault": "informational: the fault a canary leg planted; tica/judges/planted.py reads it from resolved_config",
+    "tica/routes": "informational: a summary of the routes; the judge compares the arrays (tica/routing.py)",
+    "tica/largest_kernel_call_rows": "informational: the largest packed call per row-wise kernel, shown against the row limit",
+    "tica/packed_rows": "informational: rows of the one packed forward, shown against the row limit",
+    "tica/row_call_elems": "informational: the element bound each row-wise call was cut to, shown",
+}
+
 FIELD_RULES: dict[str, dict[str, str]] = {
     "LegMeta": _LEG, "LegTelemetry": _TELEMETRY, "ProcessExit": _EXIT, "ProcessIdentity": _PROCESS_IDENTITY, "LiveProcess": _LIVE, "ForwardStep": _FORWARD, "BackwardStep": _BACKWARD,
     "UpdateStep": _UPDATE, "UpdateRerun": _UPDATE_RERUN, "BenchResult": _BENCH, "ProblemResult": _PROBLEM, "Sampling": _SAMPLING,

@@ -47,3 +47,24 @@ def test_a_rule_names_a_module_that_reads_the_field():
             info = models[name].model_fields[field]
             spellings = {field, field.rstrip("_"), *(a for a in (info.alias,) if a)}
             assert any(re.search(rf"(\.|\"|'|\b){re.escape(s)}\b", source) for s in spellings), (name, field, module)
+
+
+def test_every_tica_key_of_the_committed_matrix_rows_is_declared(tmp_path):
+    """The matrix producer writes `tica/*` keys beside a forward step's fields: every key any
+    committed matrix receipt carries is declared, and a rule names a module that reads it."""
+    import json
+
+    from tica.receipt_archive import unpacked
+    from tica.receipt_fields import MATRIX_ROW_EXTRAS
+
+    seen: set[str] = set()
+    for archive in sorted((ROOT / "tests" / "fixtures" / "h200").glob("matrix*.tar.xz")):
+        for rows in unpacked(archive, tmp_path / archive.name).rglob("metrics.jsonl"):
+            for line in rows.read_text().splitlines():
+                seen |= {k for k in json.loads(line) if k.startswith("tica/")}
+    declared_fields = {info.alias for info in receipts.ForwardStep.model_fields.values() if info.alias}
+    assert seen - declared_fields <= set(MATRIX_ROW_EXTRAS), sorted(seen - declared_fields - set(MATRIX_ROW_EXTRAS))
+    for key, text in MATRIX_ROW_EXTRAS.items():
+        assert re.match(r"^(rule: tica/[\w/]+\.py: |informational: )\S", text), (key, text)
+        if text.startswith("rule: "):
+            assert key in (ROOT / text.split(": ")[1]).read_text(), (key, text)
