@@ -130,7 +130,12 @@ def test_a_failing_cell_on_a_batch_variant_engine_names_it_and_the_experts_the_t
     cfg = {"vocab_size": 512, "fp8": {"trainer": {"experts": "bf16 experts: not followed"}}}
     cause = _cause("prefill", row, cfg, None, False)
     assert cause.startswith("batch-variant engine: vLLM's own prompt logprobs of one sequence differ on 88 of 91")
-    assert "engine step" not in cause and cause.endswith("trainer: bf16 experts: not followed")
+    # both engine-side causes are named where both apply; the trainer's own gap last
+    assert "; engine step: vLLM's own decode and prefill logprobs differ on 30 generated tokens" in cause
+    assert cause.endswith("trainer: bf16 experts: not followed")
+    # the control: an engine that is batch invariant names the step alone
+    alone = _cause("prefill", {**row, "tica/vllm_alone_vs_batch_n_bitwise_diff": 0}, cfg, None, False)
+    assert alone.startswith("engine step:") and "batch-variant" not in alone
 
 
 def _dry(tmp_path: Path, cells: str, loads: str) -> Path:
