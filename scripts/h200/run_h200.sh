@@ -129,8 +129,10 @@ case "$1" in
     #   run("bash scripts/h200/run_h200.sh matrix --cells overlay3/gqa8-v32001_l4_tp2,stock/gqa8-v32001_l4_tp2,
     #        overlay3/gpt2vocab-mha_l2_tp2,stock/gpt2vocab-mha_l2_tp2 --parallel 2 --min-cell-s 150 --budget 540",
     #       carry=[".devstage/kit"], kind="nvidia-h100-x2", timeout_s=600)
-    #   the MoE shape: --cells overlay3/qwen3-30b-a3b_l2_tp2,stock/qwen3-30b-a3b_l2_tp2 --parallel 1 (carry m1):
-    #   until KernelMoe follows FusedMoE's TP=2 layout these cells are written not run, no engine started
+    #   run("bash scripts/h200/run_h200.sh matrix --cells overlay3/qwen3-30b-a3b_l2_tp2,stock/qwen3-30b-a3b_l2_tp2
+    #        --parallel 1 --min-cell-s 150 --budget 540", carry=[".devstage/kit", ".devstage/m1"],
+    #       kind="nvidia-h100-x2", timeout_s=600)   # the MoE at TP=2 (KernelMoe._tp_moe)
+    #   (EP=2, `<moe_shape>_ep2`, is written not run: the trainer does not follow expert parallelism)
     moe_lib
     fp8_deps
     nvidia-smi -L | tee -a "$OUT/run.log"

@@ -128,10 +128,14 @@ def shape_quantization(shape: str) -> tuple[str, str | None]:
 # A TP=2 cell (issue 34): `<shape>_tp2` serves <shape> with vLLM over two GPUs (tensor_parallel_size=2)
 # and the trainer in vLLM's TP=2 layout (KernelLlama.tp, as `producers bi1-tp` runs it), at the
 # matrix's loads. Not combined with another suffix yet.
-PARALLEL_SUFFIXES = {"_tp2": 2}
-MOE_TP_NOT_FOLLOWED = ("the trainer does not follow vLLM's TP=2 MoE layout yet (KernelMoe runs TP=1 only: FusedMoE "
-                       "shards each expert's intermediate rows over the ranks and all-reduces its output, with a "
-                       "shared expert's partial added before that all-reduce)")
+PARALLEL_SUFFIXES = {"_tp2": 2, "_ep2": 2}
+# `<moe_shape>_ep2`: TP=2 with vLLM's enable_expert_parallel=True; written not run (EP_NOT_FOLLOWED)
+EXPERT_PARALLEL_SUFFIX = "_ep2"
+EP_NOT_FOLLOWED = ("the trainer does not follow vLLM's expert parallelism: with enable_expert_parallel=True at TP=2 "
+                   "each rank holds whole experts (half of them, placed by vLLM's expert map) and computes only its "
+                   "own experts' slots of each token's route, the two partials all-reduced; KernelMoe splits every "
+                   "expert's rows over the ranks instead (the TP layout), so it would be judged against a "
+                   "computation it does not make. No engine was started")
 
 
 def shape_tensor_parallel(shape: str) -> tuple[str, int]:
@@ -564,9 +568,11 @@ def cmd_matrix_cell(a) -> int:
     _, quant = shape_quantization(no_tp)
     engine_cfg = dict(MATRIX_MOE_CFG if moe else MATRIX_CFG, **({"quantization": quant} if quant else {}),
                       **({"tensor_parallel_size": tp} if tp > 1 else {}))
-    if moe and tp > 1:  # before any engine starts: the trainer could not be judged against it
+    if a.shape.endswith(EXPERT_PARALLEL_SUFFIX):  # before any engine starts: nothing the trainer computes to judge
+        engine_cfg["enable_expert_parallel"] = True
+        reason = EP_NOT_FOLLOWED if moe else "expert parallelism needs a MoE shape; this one is dense"
         cell_not_run(a, {"model": str(m0), "model_shape": a.shape, "candidate": a.candidate, **engine_cfg},
-                     cell_loads(getattr(a, "loads", None) or "", moe, quant)[0], MOE_TP_NOT_FOLLOWED)
+                     cell_loads(getattr(a, "loads", None) or "", moe, quant)[0], reason)
         return 0
     fp8_rec = None
     if dry:
@@ -689,7 +695,10 @@ def cmd_matrix_cell(a) -> int:
             summary["update"] = {"not_run": reason, **{k: v for k, v in upd.items() if k != "path"}}
             Path(a.summary).write_text(json.dumps(summary, indent=1, default=str))
             return 0
-        if moe:
+        if moe and tp > 1:
+            upd["reloaded_experts_equal"] = {"not_checked": "at TP=2 each rank holds a slice of every expert; the "
+                                                             "check compares whole stacked tensors (TP=1 only)"}
+        elif moe:
             upd["reloaded_experts_equal"] = recorded(lambda: reloaded_experts_equal(llm, model))
         if quant:
             from .fp8 import vllm_fp8_weights_equal
