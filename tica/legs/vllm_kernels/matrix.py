@@ -17,6 +17,10 @@
   control (tica.judges.planted);
 * then one AdamW step on the c64 batch, reloaded into vLLM, and c64 again on the new weights.
 
+Suffixed shapes serve a seeded shape's weights another way: ``_fp8`` (vLLM's online FP8), ``_tp2``
+(vLLM at tensor-parallel 2, the trainer in its TP=2 layout with a ``trainer_tp1`` control variant)
+and ``_ep2`` (expert parallelism: written not run, the trainer does not follow it).
+
 The orchestrator (``matrix``) builds the models, runs the (candidate, shape) processes two at a
 time on the one GPU (engine starts one at a time: a file lock), seals every leg with its
 process's exit and packs the receipts.
