@@ -117,6 +117,22 @@ case "$1" in
     #   run("bash scripts/h200/run_h200.sh matrix --cells overlay3/llama3.2-1b_l4_fp8,stock/llama3.2-1b_l4_fp8,
     #        overlay3/qwen3-30b-a3b_l2_fp8 --parallel 1 --min-cell-s 100 --budget 540",
     #       carry=[".devstage/kit", ".devstage/m1", ".devstage/m2"], timeout_s=600)
+    # TP=2 cells (issue 34): `<shape>_tp2` serves <shape> with vLLM at tensor_parallel_size=2 over both GPUs
+    # (BI=1: vLLM sets the NCCL determinism variables and symmetric-memory all-reduce off itself; each
+    # leg records both workers' all-reduce) and the trainer in vLLM's TP=2 layout on GPU 0, with the
+    # trainer_tp1 control variant; the update reloads into both ranks (apply_model: a collective_rpc).
+    # Two GPUs: kind="nvidia-h100-x2" (or "nvidia-h200-x2"), on that machine the staging calls first
+    # (stage_split.sh recv with c1a, then c1b; run_h200.sh recv with c2), then, each at once after the last:
+    #   run("bash scripts/h200/run_h200.sh matrix --cells overlay3/llama3.2-1b_l4_tp2,stock/llama3.2-1b_l4_tp2,
+    #        overlay3/qwen2.5-0.5b_l4_tp2,stock/qwen2.5-0.5b_l4_tp2 --parallel 2 --min-cell-s 150 --budget 540",
+    #       carry=[".devstage/kit"], kind="nvidia-h100-x2", timeout_s=600)
+    #   run("bash scripts/h200/run_h200.sh matrix --cells overlay3/gqa8-v32001_l4_tp2,stock/gqa8-v32001_l4_tp2,
+    #        overlay3/gpt2vocab-mha_l2_tp2,stock/gpt2vocab-mha_l2_tp2 --parallel 2 --min-cell-s 150 --budget 540",
+    #       carry=[".devstage/kit"], kind="nvidia-h100-x2", timeout_s=600)
+    #   run("bash scripts/h200/run_h200.sh matrix --cells overlay3/qwen3-30b-a3b_l2_tp2,stock/qwen3-30b-a3b_l2_tp2
+    #        --parallel 1 --min-cell-s 150 --budget 540", carry=[".devstage/kit", ".devstage/m1"],
+    #       kind="nvidia-h100-x2", timeout_s=600)   # the MoE at TP=2 (KernelMoe._tp_moe)
+    #   (EP=2, `<moe_shape>_ep2`, is written not run: the trainer does not follow expert parallelism)
     moe_lib
     fp8_deps
     nvidia-smi -L | tee -a "$OUT/run.log"

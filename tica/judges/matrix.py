@@ -155,7 +155,9 @@ def _routing(leg: Path):
 def _is_control(cfg: dict, other: dict) -> bool:
     v = cfg.get("vocab_size")
     return (isinstance(v, int) and v % 64 != 0 and other.get("vocab_size") == _pad64(v)
-            and all(cfg.get(k) == other.get(k) for k in SHAPE_KEYS))
+            and all(cfg.get(k) == other.get(k) for k in SHAPE_KEYS)
+            # a TP=2 cell's control is the padded shape at TP=2 (a receipt without the key ran TP=1)
+            and cfg.get("tensor_parallel_size", 1) == other.get("tensor_parallel_size", 1))
 
 
 def matrix_legs(root: Path) -> list[tuple[str, Path, re.Match]]:

@@ -17,6 +17,10 @@
   control (tica.judges.planted);
 * then one AdamW step on the c64 batch, reloaded into vLLM, and c64 again on the new weights.
 
+Suffixed shapes serve a seeded shape's weights another way: ``_fp8`` (vLLM's online FP8), ``_tp2``
+(vLLM at tensor-parallel 2, the trainer in its TP=2 layout with a ``trainer_tp1`` control variant)
+and ``_ep2`` (expert parallelism: written not run, the trainer does not follow it).
+
 The orchestrator (``matrix``) builds the models, runs the (candidate, shape) processes two at a
 time on the one GPU (engine starts one at a time: a file lock), seals every leg with its
 process's exit and packs the receipts.
@@ -41,6 +45,7 @@ from tica.models.hashing import weights_hash
 from .legio import log
 from .overlay import CANDIDATE_PARTS, candidate_env, write_plugin_dist
 from .rollout import FORWARD_CFG
+from .tp import DRY_TP, TRAINER_TP_LAYOUT
 
 CANDIDATES = ("stock", "overlay3")
 MATRIX_SHAPES = ("llama3.2-1b_l4", "qwen2.5-0.5b_l4", "smollm2-135m_l16", "qwen2.5-1.5b_l8", "gpt2vocab-mha_l2",
@@ -65,6 +70,8 @@ VARIANTS = {  # name: (what it changes from the product trainer, kernel attribut
                          {}, {"decode255": True, "decode_query": True}),
     "unchunked": ("every row-wise kernel given all the packed rows in one call (no ROW_CALL_ELEMS bound): the "
                   "control that shows the 32-bit row offset limit", {"row_limit": None}, {}),
+    "trainer_tp1": ("the trainer in the TP=1 layout against a TP=2 rollout (one matmul per linear, no partial "
+                    "sums): a control, the layout mismatch must show", {}, {"tp": 1}),
 }
 PACKED_LOAD = "packed_limit"  # the only load where "unchunked" differs from the product trainer
 STOCK_ONLY = ("decode_rows_255", "vllm_decode_rows")  # probes of the step-dependent kernels the overlay removes
@@ -120,6 +127,36 @@ def shape_quantization(shape: str) -> tuple[str, str | None]:
         if shape.endswith(suffix):
             return shape[:-len(suffix)], quant
     return shape, None
+
+
+# A TP=2 cell (issue 34): `<shape>_tp2` serves <shape> with vLLM over two GPUs (tensor_parallel_size=2)
+# and the trainer in vLLM's TP=2 layout (KernelLlama.tp, as `producers bi1-tp` runs it), at the
+# matrix's loads. Not combined with another suffix yet.
+PARALLEL_SUFFIXES = {"_tp2": 2, "_ep2": 2}
+# `<moe_shape>_ep2`: TP=2 with vLLM's enable_expert_parallel=True; written not run (EP_NOT_FOLLOWED)
+EXPERT_PARALLEL_SUFFIX = "_ep2"
+EP_NOT_FOLLOWED = ("the trainer does not follow vLLM's expert parallelism: with enable_expert_parallel=True at TP=2 "
+                   "each rank holds whole experts (half of them, placed by vLLM's expert map) and computes only its "
+                   "own experts' slots of each token's route, the two partials all-reduced; KernelMoe splits every "
+                   "expert's rows over the ranks instead (the TP layout), so it would be judged against a "
+                   "computation it does not make. No engine was started")
+
+
+def shape_tensor_parallel(shape: str) -> tuple[str, int]:
+    """(the shape without its parallel suffix, the tensor-parallel size the cell serves it at)."""
+    for suffix, tp in PARALLEL_SUFFIXES.items():
+        if shape.endswith(suffix):
+            return shape[:-len(suffix)], tp
+    return shape, 1
+
+
+def base_shape(shape: str) -> str:
+    """The seeded shape whose weights a cell serves (its one suffix removed); refused for two suffixes."""
+    no_tp, tp = shape_tensor_parallel(shape)
+    base, quant = shape_quantization(no_tp)
+    if (tp > 1 and quant) or shape_tensor_parallel(base)[1] > 1:
+        raise ValueError(f"{shape}: a parallel suffix combines with no other suffix yet")
+    return base
 
 
 def cell_loads(requested: str, moe: bool, quant: str | None = None) -> tuple[list[str], str]:
@@ -340,6 +377,8 @@ def run_load(legs: Path, cand: str, shape: str, load: str, ro: dict, model, kern
             continue  # the decode query runs on vLLM's kernels only
         if name == "unchunked" and load != PACKED_LOAD:
             continue  # below the bound, one call is what the product trainer makes anyway
+        if name == "trainer_tp1" and getattr(model, "tp", 1) == 1:
+            continue  # the layout control of a TP=2 cell only
         if hasattr(kernels, "largest_call"):
             kernels.largest_call = {}
         undo = with_variant(model, kernels, name)
@@ -528,8 +567,17 @@ def cmd_matrix_cell(a) -> int:
     from .moe import MOE_ARCHITECTURES
 
     moe = cfg["architectures"][0] in MOE_ARCHITECTURES
-    _, quant = shape_quantization(a.shape)
-    engine_cfg = dict(MATRIX_MOE_CFG if moe else MATRIX_CFG, **({"quantization": quant} if quant else {}))
+    base_shape(a.shape)  # refuses a shape of two suffixes
+    no_tp, tp = shape_tensor_parallel(a.shape)
+    _, quant = shape_quantization(no_tp)
+    engine_cfg = dict(MATRIX_MOE_CFG if moe else MATRIX_CFG, **({"quantization": quant} if quant else {}),
+                      **({"tensor_parallel_size": tp} if tp > 1 else {}))
+    if a.shape.endswith(EXPERT_PARALLEL_SUFFIX):  # before any engine starts: nothing the trainer computes to judge
+        engine_cfg["enable_expert_parallel"] = True
+        reason = EP_NOT_FOLLOWED if moe else "expert parallelism needs a MoE shape; this one is dense"
+        cell_not_run(a, {"model": str(m0), "model_shape": a.shape, "candidate": a.candidate, **engine_cfg},
+                     cell_loads(getattr(a, "loads", None) or "", moe, quant)[0], reason)
+        return 0
     fp8_rec = None
     if dry:
         from .kernels import TorchReference
@@ -541,6 +589,7 @@ def cmd_matrix_cell(a) -> int:
         parts = list(CANDIDATE_PARTS[a.candidate] or [])
         pin = {"dry_run": True}
         llm = None
+        all_reduce = [{"dry_run": DRY_TP} for _ in range(tp)] if tp > 1 else None
         if quant:
             fp8_rec = fp8_setup(model, None, moe)
     else:
@@ -568,12 +617,21 @@ def cmd_matrix_cell(a) -> int:
         pin = check_vllm()
         kernels, rollout_kernels, parts = product_trainer(a.candidate, rollout)
         model = trainer_model(m0, kernels, dev, moe)  # the lm_head padded to 64 rows: VllmKernels.vocab_pad
+        all_reduce = None
+        if tp > 1:
+            from .tp import _all_reduce_record
+
+            # each worker's TP group: its all-reduce (custom, pynccl, symmetric memory: which are on) and
+            # the NCCL variables vLLM set under BI=1 (batch_invariant.override_envs_for_invariance)
+            all_reduce = recorded(lambda: llm.collective_rpc(_all_reduce_record))
+            rollout_kernels["all_reduce"] = all_reduce
         roll = lambda p, g, s: vllm_rollout(llm, p, g, s)  # noqa: E731
         rollout_kernels["vllm_log"] = vllm_lines.lines  # vLLM's own lines about the kernels it chose
         if quant:
             fp8_rec = fp8_setup(model, llm, moe)
             rollout_kernels["quantization"] = {"method": quant, **fp8_rec["vllm"],
                                                "kv_cache_dtype": str(llm.llm_engine.vllm_config.cache_config.cache_dtype)}
+    model.tp = tp  # the dry run's fake rollout scores with this same model: its TP=2 layout too
     from .overlay import overlay_record
 
     common = {"rollout_kernels": rollout_kernels,
@@ -587,7 +645,8 @@ def cmd_matrix_cell(a) -> int:
                          "weights": "random, seeded, built on the device",
                          "candidate": a.candidate, "source_overlay": overlay_record(parts) if parts else None,
                          **engine_cfg, "quantization": quant, **({"fp8": fp8_rec} if fp8_rec else {}),
-                         "matrix_seed": SEED, "vllm_check": pin,
+                         "matrix_seed": SEED, "vllm_check": pin, "tensor_parallel_size": tp,
+                         **({"all_reduce": all_reduce, "trainer_tensor_parallel": TRAINER_TP_LAYOUT} if tp > 1 else {}),
                          "trainer_packing": "all sequences of a load in one varlen batch; no knowledge of engine steps"}}
     probe = None
     if not dry:
@@ -627,6 +686,8 @@ def cmd_matrix_cell(a) -> int:
         try:
             # online FP8: vLLM's reload_weights, which quantizes the reloaded bf16 weights again
             upd["reloaded_params"] = rollout.reload(upd["path"] / "model.safetensors", layerwise=bool(quant))
+            if tp > 1:  # the reload is a collective_rpc: every rank loads the full tensors, keeps its shard
+                upd["reloaded_params_per_rank"] = rollout.reload_ranks
         except Exception as err:  # noqa: BLE001 - the post-update cells are written as not run, with vLLM's reason
             if not quant:
                 raise
@@ -638,7 +699,10 @@ def cmd_matrix_cell(a) -> int:
             summary["update"] = {"not_run": reason, **{k: v for k, v in upd.items() if k != "path"}}
             Path(a.summary).write_text(json.dumps(summary, indent=1, default=str))
             return 0
-        if moe:
+        if moe and tp > 1:
+            upd["reloaded_experts_equal"] = {"not_checked": "at TP=2 each rank holds a slice of every expert; the "
+                                                             "check compares whole stacked tensors (TP=1 only)"}
+        elif moe:
             upd["reloaded_experts_equal"] = recorded(lambda: reloaded_experts_equal(llm, model))
         if quant:
             from .fp8 import vllm_fp8_weights_equal
@@ -705,6 +769,11 @@ def refused_engine(a, m0: Path, engine_cfg: dict, quant: str, moe: bool, err: st
     loads, _ = cell_loads(getattr(a, "loads", None) or "", moe, quant)
     config = {"model": str(m0), "model_shape": a.shape, "candidate": a.candidate, "quantization": quant, **engine_cfg,
               "vllm_log": vllm_log}
+    cell_not_run(a, config, loads, reason)
+
+
+def cell_not_run(a, config: dict, loads: list[str], reason: str) -> None:
+    """Every cell of this (candidate, shape) written as not run with `reason`; the summary says so."""
     for load in loads:
         for kind in ("decode", "prefill"):
             write_not_run_leg(Path(a.legs) / leg_name(a.candidate, a.shape, load, kind),
@@ -825,7 +894,7 @@ def cmd_matrix(a) -> int:
     def pack_out() -> None:
         legio.pack_out(out, legs, logs, status)
 
-    for base in dict.fromkeys(shape_quantization(s)[0] for s in shapes):  # an FP8 cell serves its base's weights
+    for base in dict.fromkeys(base_shape(s) for s in shapes):  # an FP8 or TP=2 cell serves its base's weights
         md = work / "models" / base
         if not (md / "config.json").exists():
             status["models"][base] = make_model(md, base, seed=7, device=dev)
@@ -843,7 +912,7 @@ def cmd_matrix(a) -> int:
             attempts[name] = attempts.get(name, 0) + 1
             lf = logs / (f"{name}.log" if attempts[name] == 1 else f"{name}.try{attempts[name]}.log")
             args = ["--loads", a.loads, "--candidate", c, "--shape", s,
-                    "--model", str(work / "models" / shape_quantization(s)[0]), "--legs", str(legs),
+                    "--model", str(work / "models" / base_shape(s)), "--legs", str(legs),
                     "--work", str(work), "--summary", str(logs / f"{name}.summary.json"),
                     "--lock", str(work / "engine_start.lock")] + (["--dry-run"] if a.dry_run else [])
             p = subprocess.Popen(me + args, env=env, stdout=open(lf, "wb"), stderr=subprocess.STDOUT)

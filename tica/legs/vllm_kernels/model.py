@@ -219,8 +219,8 @@ class KernelLlama(torch.nn.Module):
         if self.tp != 2:
             raise NotImplementedError(f"tp={self.tp}: only 1 and 2 are implemented (2 partial sums are "
                                       "order-free; more need the all-reduce's reduction order)")
-        if self.H % self.tp or self.KVH % self.tp or self.config["intermediate_size"] % self.tp:
-            raise ValueError(f"heads {self.H}/{self.KVH} or intermediate size not divisible by tp={self.tp}")
+        if self.H % self.tp or self.KVH % self.tp:
+            raise ValueError(f"heads {self.H}/{self.KVH} not divisible by tp={self.tp}")
 
     def _all_reduce(self, parts: list[torch.Tensor]) -> torch.Tensor:
         acc = parts[0].float()
@@ -243,25 +243,37 @@ class KernelLlama(torch.nn.Module):
             b_r = torch.cat([bq[qs], bk[ks], bv[ks]], 0) if bq is not None else None
             qkv = self._lin(p + "self_attn.qkv_proj", h, w_r, b_r)
             q, k, v = qkv.split([Hr * D, KVr * D, KVr * D], dim=-1)
+            q, k = self._qk_norm(p, q, k)
             q, k = A.rotary(K, pos, q, k, D, self.cos_sin)
             o = A.attention(K, q.reshape(T, Hr, D), k.reshape(T, KVr, D), v.reshape(T, KVr, D),
                             cu_seqlens, max_seqlen, D ** -0.5)
             parts.append(self._lin(p + "self_attn.o_proj", o.reshape(T, Hr * D), wo[:, qs].contiguous()))
         return self._all_reduce(parts)
 
+    def _qk_norm(self, p: str, q, k):
+        """A per-head norm of q and k before the rotary (none here; Qwen3's in KernelMoe)."""
+        return q, k
+
     def _tp_mlp(self, p: str, h):
         self._check_tp()
+        return self._all_reduce(self._tp_mlp_parts(p + "mlp.", h))
+
+    def _tp_mlp_parts(self, m: str, h) -> list[torch.Tensor]:
+        """Each rank's partial output of the dense MLP under prefix m (MergedColumnParallelLinear's
+        gate/up rows of its slice, RowParallelLinear's down columns), before the all-reduce."""
         tp = self.tp
-        wg, wu = self.w(p + "mlp.gate_proj.weight"), self.w(p + "mlp.up_proj.weight")
-        wd = self.w(p + "mlp.down_proj.weight")
+        wg, wu = self.w(m + "gate_proj.weight"), self.w(m + "up_proj.weight")
+        wd = self.w(m + "down_proj.weight")
+        if wg.shape[0] % tp:
+            raise ValueError(f"{m}: intermediate size {wg.shape[0]} not divisible by tp={tp}")
         Ir = wg.shape[0] // tp
         parts = []
         for r in range(tp):
             rs = slice(r * Ir, (r + 1) * Ir)
-            gu = self._lin(p + "mlp.gate_up_proj", h, torch.cat([wg[rs], wu[rs]], 0))
+            gu = self._lin(m + "gate_up_proj", h, torch.cat([wg[rs], wu[rs]], 0))
             a = A.silu_and_mul(self.kernels, gu)
-            parts.append(self._lin(p + "mlp.down_proj", a, wd[:, rs].contiguous()))
-        return self._all_reduce(parts)
+            parts.append(self._lin(m + "down_proj", a, wd[:, rs].contiguous()))
+        return parts
 
     def _tp_lm_head(self, h):
         # vLLM pads the vocabulary to a multiple of 64, gives each rank an equal slice, gathers the

@@ -210,14 +210,21 @@ class KernelMoe(KernelLlama):
         bqkv = self.fused(p + "self_attn.", ("q_proj", "k_proj", "v_proj"), "bias")
         qkv = self._lin(p + "self_attn.qkv_proj", h, wqkv, bqkv)
         q, k, v = qkv.split([H * D, KVH * D, KVH * D], dim=-1)
-        if self.layout.qk_norm:
-            # vLLM: q.view(T, H, D) -> RMSNorm (rms_norm_batch_invariant flattens to rows of D)
-            q = A.rms_norm(K, q.reshape(T * H, D), self.w(p + "self_attn.q_norm.weight"), self.eps).reshape(T, H * D)
-            k = A.rms_norm(K, k.reshape(T * KVH, D), self.w(p + "self_attn.k_norm.weight"), self.eps).reshape(T, KVH * D)
+        q, k = self._qk_norm(p, q, k)
         q, k = A.rotary(K, pos, q, k, D, self.cos_sin)
         o = A.attention(K, q.reshape(T, H, D), k.reshape(T, KVH, D), v.reshape(T, KVH, D),
                         cu_seqlens, max_seqlen, D ** -0.5)
         return self._lin(p + "self_attn.o_proj", o.reshape(T, H * D), self.w(p + "self_attn.o_proj.weight"))
+
+    def _qk_norm(self, p: str, q, k):
+        if not self.layout.qk_norm:
+            return q, k
+        # vLLM: q.view(T, heads, D) -> RMSNorm (rms_norm_batch_invariant flattens to rows of D); at TP=n
+        # a rank's q and k hold its heads only
+        K, D, T = self.kernels, self.D, q.shape[0]
+        q = A.rms_norm(K, q.reshape(-1, D), self.w(p + "self_attn.q_norm.weight"), self.eps).reshape(T, -1)
+        k = A.rms_norm(K, k.reshape(-1, D), self.w(p + "self_attn.k_norm.weight"), self.eps).reshape(T, -1)
+        return q, k
 
     def expert_weights(self, p: str) -> tuple[torch.Tensor, torch.Tensor]:
         """vLLM's stacked expert weights of one layer: w13 [E, 2I, H] (gate rows, then up), w2 [E, H, I]."""
@@ -228,7 +235,36 @@ class KernelMoe(KernelLlama):
         w2 = torch.stack([self.w(f"{b}{j}.{d}.weight") for j in e])
         return w13, w2
 
+    def _tp_moe(self, i: int, p: str, h):
+        """vLLM's FusedMoE at TP=n (no expert parallelism): the router replicated, each rank's experts
+        hold its slice of every expert's intermediate rows (w13: its gate rows then its up rows; w2: its
+        columns), a shared expert's partial (sigmoid gate times the rank's down_proj partial) added to
+        the rank's routed output, and that sum all-reduced (moe_runner's late all-reduce)."""
+        self._check_tp()
+        b, tp = p + self.layout.block, self.tp
+        logits = self._lin(b + "gate", h, self.w(b + "gate.weight"))
+        w13, w2 = self.expert_weights(p)
+        inter = w2.shape[2]
+        if inter % tp:
+            raise ValueError(f"expert intermediate size {inter} not divisible by tp={tp}")
+        Ir = inter // tp
+        shared = self._tp_mlp_parts(b + "shared_expert.", h) if self.layout.shared_expert else None
+        gate = (torch.sigmoid(self._lin(b + "shared_expert_gate", h, self.w(b + "shared_expert_gate.weight")))
+                if shared is not None else None)
+        parts = []
+        for r in range(tp):
+            rs = slice(r * Ir, (r + 1) * Ir)
+            w13_r = torch.cat([w13[:, rs], w13[:, inter + r * Ir:inter + (r + 1) * Ir]], 1)
+            out, weights, ids = moe_block(self.moe_kernels, h, logits, w13_r, w2[:, :, rs], self.top_k,
+                                          self.renormalize)
+            if r == 0:  # the router is replicated: every rank's route is this one
+                self.routes[i] = (ids.detach(), weights.detach())
+            parts.append(gate * shared[r] + out if shared is not None else out)
+        return self._all_reduce(parts)
+
     def _moe(self, i: int, p: str, h):
+        if self.tp > 1:
+            return self._tp_moe(i, p, h)
         b = p + self.layout.block
         logits = self._lin(b + "gate", h, self.w(b + "gate.weight"))
         w13, w2 = self.expert_weights(p)
@@ -247,8 +283,6 @@ class KernelMoe(KernelLlama):
         return self._lin(p + "down_proj", A.silu_and_mul(self.kernels, gu), self.w(p + "down_proj.weight"))
 
     def hidden(self, ids: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int) -> torch.Tensor:
-        if self.tp != 1:
-            raise NotImplementedError("KernelMoe runs vLLM's TP=1 layout only")
         K = self.kernels
         pos = torch.cat([torch.arange(int(e - s), device=ids.device)
                          for s, e in zip(cu_seqlens[:-1].tolist(), cu_seqlens[1:].tolist())])
@@ -262,11 +296,17 @@ class KernelMoe(KernelLlama):
                 h = A.rms_norm(K, h, self.w(p + "input_layernorm.weight"), self.eps)
             else:
                 h, residual = self._fused_add(h, residual, self.w(p + "input_layernorm.weight"))
-            h = self._attention(p, h, pos, cu_seqlens, max_seqlen)
+            if self.tp > 1:
+                h = self._tp_attention(p, h, pos, cu_seqlens, max_seqlen)
+            else:
+                h = self._attention(p, h, pos, cu_seqlens, max_seqlen)
             self._record(f"{i}.attn_out", h)
             h, residual = self._fused_add(h, residual, self.w(p + "post_attention_layernorm.weight"))
             self._record(f"{i}.mlp_in", h)
-            h = self._moe(i, p, h) if i in self.sparse_layers else self._dense_mlp(p + "mlp.", h)
+            if i in self.sparse_layers:
+                h = self._moe(i, p, h)
+            else:
+                h = self._tp_mlp(p, h) if self.tp > 1 else self._dense_mlp(p + "mlp.", h)
             self._record(f"{i}.mlp_out", h)
         h = self._final_norm(h, residual)
         self._record("final", h)

@@ -59,6 +59,7 @@ class VllmRollout:
 
         self.cfg = {**FORWARD_CFG, **cfg}
         self.llm = LLM(model=str(model_dir), **self.cfg)
+        self.reload_ranks: list[int] = []  # the last reload's loaded tensors, per worker (rank order)
 
     def step(self, prompts, st) -> dict:
         from vllm import SamplingParams
@@ -107,7 +108,8 @@ class VllmRollout:
                 worker.reload_weights(weights_iterator=iter(sd.items()), is_checkpoint_format=True)
                 return len(sd)
 
-            loaded = int(self.llm.collective_rpc(_reload)[0])
+            self.reload_ranks = [int(x) for x in self.llm.collective_rpc(_reload)]
+            loaded = self.reload_ranks[0]
             if not self.llm.reset_prefix_cache() and self.cfg.get("enable_prefix_caching") is not False:
                 raise RuntimeError("vLLM did not reset its prefix cache after the weight reload")
             return loaded
@@ -119,7 +121,17 @@ class VllmRollout:
             loaded = model.load_weights(iter(sd.items()))
             return len(loaded) if loaded is not None else len(sd)
 
-        loaded = int(self.llm.apply_model(_load)[0])
+        if int(self.cfg.get("tensor_parallel_size", 1)) > 1:
+            # Past one worker the executor pickles apply_model's function as an argument (plain pickle:
+            # this closure is refused) but cloudpickles a collective_rpc callable: reload through that.
+            # Each worker loads the full tensors and its weight_loaders keep its rank's shard.
+            def _load_on_worker(worker):
+                return _load(worker.get_model())
+
+            self.reload_ranks = [int(x) for x in self.llm.collective_rpc(_load_on_worker)]
+        else:
+            self.reload_ranks = [int(x) for x in self.llm.apply_model(_load)]
+        loaded = self.reload_ranks[0]
         if not self.llm.reset_prefix_cache() and self.cfg.get("enable_prefix_caching") is not False:
             raise RuntimeError("vLLM did not reset its prefix cache after the weight reload")
         return loaded

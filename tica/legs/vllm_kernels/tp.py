@@ -18,6 +18,13 @@ import time
 from pathlib import Path
 
 
+TRAINER_TP_LAYOUT = ("2 ranks emulated on the trainer's one device: each rank's shard through the same kernels, partials of "
+                     "o_proj / down_proj summed in fp32 and rounded to bf16 once (the all-reduce of two ranks), "
+                     "lm_head logits concatenated (the gather)")
+DRY_TP = ("CPU dry run, no engine: TP=2 emulated on one CPU device, each rank's shard through the reference "
+          "kernels, the partials summed in rank order (KernelLlama.tp), the rollout scored by the same model")
+
+
 def _all_reduce_record(worker) -> dict:
     """Runs in each vLLM worker: which all-reduce the TP group holds and the NCCL settings it saw."""
     import os as _os
@@ -74,9 +81,7 @@ def cmd_bi1_tp(a) -> int:
     model.tp = tp
     cfg = json.loads((m0 / "config.json").read_text())
     kern = {"trainer": {k: v["entry"] for k, v in KERNELS.items()}, "trainer_detail": pin,
-            "trainer_tensor_parallel": f"{tp} ranks emulated on one GPU: each rank's shard through the same kernels, "
-                                       "partials of o_proj / down_proj summed in fp32 and rounded to bf16 once "
-                                       "(the all-reduce of two ranks), lm_head logits concatenated (the gather)",
+            "trainer_tensor_parallel": TRAINER_TP_LAYOUT,
             "rollout": {"attention": "FLASH_ATTN", **rollout.selected(), "logprob": KERNELS["logprob"]["entry"],
                         "tensor_parallel_size": tp, "all_reduce": ar}}
     base_cfg = {"model": str(m0), "model_shape": a.shape, "weights_hash": ck0, "architecture": cfg["architectures"][0],
