@@ -56,7 +56,7 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "serial: times a signal, a deadline or a short wait against the clock (a "
                                        "contender's hold, a 1 s timeout, a race with a process started a moment "
                                        "before); the full run runs it after its two-worker phase, in one process "
-                                       "(scripts/test.sh finds those tests' files by the text `pytest.mark.serial`)")
+                                       "(scripts/test.sh finds those tests' files by the marker's text in them)")
 
 
 def _slowest_first(item) -> int:
