@@ -228,6 +228,8 @@ def test_the_engine_reader_takes_the_kernel_and_its_flags_from_vllms_modules():
     marlin = dict(plan, kernel="MarlinFP8ScaledMMLinearKernel")
     assert "the trainer follows" in B.plan_refusal(marlin, rec)
     assert "forward_native" in B.plan_refusal(dict(plan, quant_fp8_forward="forward_native"), rec)
+    assert "packed-UE8M0" in B.plan_refusal(dict(plan, deep_gemm_scale_fmt="UE8M0"), rec)  # sm100's path
+    assert B.plan_refusal(dict(plan, deep_gemm_scale_fmt="FLOAT32_CEIL_UE8M0"), rec) is None  # Hopper's
 
 
 def test_the_weights_check_compares_vllms_bytes_and_scales_with_the_trainers():

@@ -247,17 +247,18 @@ class Fp8BlockLinearGpu:
             x2, int(p["group_size"]), column_major_scales=bool(p["column_major_scales"]),
             tma_aligned_scales=bool(p["tma_aligned_scales"]), use_ue8m0=bool(p["use_ue8m0"]))
         kern = p["kernel"]
+        od = getattr(torch, str(p.get("out_dtype", "torch.bfloat16")).replace("torch.", ""), torch.bfloat16)
         if kern in DEEP_GEMM_KERNELS:
             from vllm.utils.deep_gemm import fp8_gemm_nt
 
-            out = torch.empty((xq.shape[0], N), dtype=torch.bfloat16, device=xq.device)
+            out = torch.empty((xq.shape[0], N), dtype=od, device=xq.device)
             fp8_gemm_nt((xq, xs), (wq, ws), out, is_deep_gemm_e8m0_used=bool(p["deep_gemm_e8m0"]))
         elif kern == "CutlassFp8BlockScaledMMKernel":
             from vllm import _custom_ops as ops
 
-            out = ops.cutlass_scaled_mm(xq, wq.T, out_dtype=torch.bfloat16, scale_a=xs, scale_b=ws.T)
+            out = ops.cutlass_scaled_mm(xq, wq.T, out_dtype=od, scale_a=xs, scale_b=ws.T)
         else:
-            out = self._u.w8a8_triton_block_scaled_mm(xq, wq, xs, ws, list(self.block), torch.bfloat16)
+            out = self._u.w8a8_triton_block_scaled_mm(xq, wq, xs, ws, list(self.block), od)
         if b is not None:
             out = out + b
         return out.to(x.dtype).view(*x.shape[:-1], N)
@@ -383,9 +384,21 @@ def vllm_block_plan(llm) -> dict:
 
     plans = llm.apply_model(read)[0]
     rec = {"plans": [dict(json.loads(k), modules=len(v), first=v[0]) for k, v in plans.items()],
-           "modules": sorted(n for v in plans.values() for n in v)}
-    rec["plan"] = dict(json.loads(next(iter(plans))), source="read from the engine's modules") if len(plans) == 1 else None
+           "modules": sorted(n for v in plans.values() for n in v), "deep_gemm_scale_fmt": _scale_fmt()}
+    rec["plan"] = (dict(json.loads(next(iter(plans))), deep_gemm_scale_fmt=rec["deep_gemm_scale_fmt"],
+                        source="read from the engine's modules") if len(plans) == 1 else None)
     return rec
+
+
+def _scale_fmt() -> str | None:
+    """DeepGEMM's activation-scale format as vLLM decided it (FLOAT32_CEIL_UE8M0 on Hopper with E8M0 on;
+    UE8M0, packed scales from another quant op, on sm100/sm120); None where DeepGEMM is off."""
+    try:
+        from vllm.utils.deep_gemm import DeepGemmQuantScaleFMT, is_deep_gemm_supported
+
+        return DeepGemmQuantScaleFMT.from_oracle().name if is_deep_gemm_supported() else None
+    except Exception as err:  # noqa: BLE001 - recorded: the oracle is initialized by vLLM's first DeepGEMM use
+        return f"unread: {type(err).__name__}: {str(err)[:200]}"
 
 
 def plan_refusal(plan: dict | None, rec: dict) -> str | None:
@@ -397,6 +410,10 @@ def plan_refusal(plan: dict | None, rec: dict) -> str | None:
         return f"vLLM chose {plan['kernel']} for the block-FP8 linears; the trainer follows {list(FOLLOWED_KERNELS)}"
     if plan.get("quant_fp8_forward") not in (None, "forward_cuda") and plan["kernel"] != DEEP_GEMM_KERNELS[1]:
         return f"vLLM's activation quantizer dispatches to {plan['quant_fp8_forward']}; the trainer calls the CUDA op"
+    if (plan["kernel"] == DEEP_GEMM_KERNELS[0] and plan.get("use_ue8m0")
+            and plan.get("deep_gemm_scale_fmt") == "UE8M0"):
+        return ("vLLM's activation quantizer takes its packed-UE8M0 path here (per_token_group_quant_fp8_packed_for_"
+                "deepgemm, sm100/sm120); the trainer calls per_token_group_quant_fp8")
     if plan["group_size"] != plan["weight_block"][1]:
         return f"activation group {plan['group_size']} is not the weight block's K {plan['weight_block'][1]}"
     return None
