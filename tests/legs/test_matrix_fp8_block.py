@@ -332,3 +332,32 @@ def test_a_dry_run_of_the_deepgemm_off_cell_records_the_cutlass_plan_and_the_env
     cfg = json.loads((work / "legs" / "mx-overlay3-tiny_b128_fp8bc-c1-prefill" / "leg.json").read_text())["resolved_config"]
     assert cfg["fp8"]["vllm"]["env"]["VLLM_USE_DEEP_GEMM"] == "0"
     assert cfg["fp8"]["trainer"]["kernel"] == "CutlassFp8BlockScaledMMKernel"
+
+
+def test_the_linear_probe_compares_vllms_module_with_the_trainers_call_at_several_row_counts():
+    """vllm_linear_probe on a fake engine whose module computes the reference: equal at every row count
+    and vLLM's first row unmoved; the controls: a trainer that skips the UE8M0 requant differs, and an
+    engine whose activation scale spans the batch moves its first row."""
+    w = _w(256, 384)
+    model = SimpleNamespace(linear_weight=lambda n: w)
+
+    def engine(apply):
+        mod = SimpleNamespace(quant_method=SimpleNamespace(apply=lambda m, x: apply(x)))
+        return SimpleNamespace(apply_model=lambda fn: [fn(SimpleNamespace(get_submodule=lambda n: mod))])
+
+    ref = B.Fp8BlockLinearReference()
+    good = B.vllm_linear_probe(engine(lambda x: B.fp8_block_linear_reference(x, w)), model, ref, ["a"], rows=(1, 5, 9))
+    assert good["all_equal"] and good["vllm_batch_invariant"]
+    assert good["linears"]["a"]["elements"] == {"1": 256, "5": 1280, "9": 2304}
+
+    # a trainer that skips the engine's UE8M0 requant of the weights (the checkpoint's scales as they are)
+    no_requant = B.Fp8BlockLinearReference(dict(B.DRY_PLAN, deep_gemm_e8m0=False))
+    bad = B.vllm_linear_probe(engine(lambda x: B.fp8_block_linear_reference(x, w)), model, no_requant, ["a"],
+                              rows=(1, 5, 9))
+    assert not bad["all_equal"] and bad["vllm_batch_invariant"]
+
+    def batch_scaled(x):  # one scale over the batch: row 0 moves once a larger row joins
+        return B.fp8_block_linear_reference(x * (1.0 / x.float().abs().max()).to(x.dtype), w)
+
+    moved = B.vllm_linear_probe(engine(batch_scaled), model, ref, ["a"], rows=(1, 5, 9))
+    assert not moved["vllm_batch_invariant"] and not moved["all_equal"]

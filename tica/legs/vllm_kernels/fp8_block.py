@@ -242,7 +242,9 @@ class Fp8BlockLinearGpu:
         p = self.plan
         N, K = w.shape
         wq, ws = self.weight(w)
-        x2 = x.reshape(-1, K)  # apply_weights: x.view(-1, K)
+        # apply_weights: x.view(-1, K); vLLM's linear inputs are contiguous (norm, attention and SiluAndMul
+        # outputs), which sends per_token_group_quant_fp8 to the CUDA op, not its Triton fallback
+        x2 = x.reshape(-1, K).contiguous()
         xq, xs = self._u.per_token_group_quant_fp8(
             x2, int(p["group_size"]), column_major_scales=bool(p["column_major_scales"]),
             tma_aligned_scales=bool(p["tma_aligned_scales"]), use_ue8m0=bool(p["use_ue8m0"]))
@@ -438,3 +440,37 @@ def vllm_block_weights_equal(llm, model, names: list[str], lin) -> dict:
     with torch.no_grad():
         got = llm.apply_model(check)[0]
     return {"linears": len(got), "equal": sum(got.values()), "differ": sorted(k for k, v in got.items() if not v)}
+
+
+PROBE_ROWS = (1, 7, 64, 300)
+
+
+def vllm_linear_probe(llm, model, lin, names: list[str], rows=PROBE_ROWS, seed: int = 0) -> dict:
+    """One-op evidence beside the cells: seeded activations through vLLM's own module
+    (``quant_method.apply``, the engine's kernel on its loaded weights) and through the trainer's
+    ``lin`` on its deployed bf16 weight, at several row counts. Per linear: whether the two are
+    bitwise equal at each count, and whether vLLM's first row keeps its bits as rows are added (the
+    kernel's batch invariance, which the cells rest on)."""
+    out = {}
+    for name in names:
+        w = model.linear_weight(name)
+        g = torch.Generator(device=w.device).manual_seed(seed)
+        x = torch.randn(max(rows), w.shape[1], generator=g, device=w.device, dtype=torch.float32).to(w.dtype)
+
+        def run(m, name=name, x=x):
+            mod = m.get_submodule(name)
+            with torch.no_grad():
+                return {r: mod.quant_method.apply(mod, x[:r]).clone() for r in rows}
+
+        theirs = llm.apply_model(run)[0]
+        with torch.no_grad():
+            mine = {r: lin(x[:r], w) for r in rows}
+        bits = lambda t: t.contiguous().view(torch.int16)  # noqa: E731
+        out[name] = {
+            "trainer_vs_vllm_differ": {str(r): int((bits(mine[r]) != bits(theirs[r])).sum()) for r in rows},
+            "vllm_row0_vs_alone_differ": {str(r): int((bits(theirs[r][:1]) != bits(theirs[rows[0]][:1])).sum())
+                                          for r in rows[1:]},
+            "elements": {str(r): int(theirs[r].numel()) for r in rows}}
+    return {"rows": list(rows), "seed": seed, "linears": out,
+            "all_equal": all(v == 0 for o in out.values() for v in o["trainer_vs_vllm_differ"].values()),
+            "vllm_batch_invariant": all(v == 0 for o in out.values() for v in o["vllm_row0_vs_alone_differ"].values())}

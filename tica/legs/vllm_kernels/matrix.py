@@ -829,7 +829,7 @@ def fp8_block_setup(model, llm) -> dict:
     torch). ``not_followed_reason`` is set where the trainer cannot make the engine's calls."""
     from .fp8 import vllm_fp8_modules
     from .fp8_block import (Fp8BlockLinearGpu, Fp8BlockLinearReference, dry_plan, engine_env, is_block_linear,
-                            plan_refusal, vllm_block_plan, vllm_block_weights_equal)
+                            plan_refusal, vllm_block_plan, vllm_block_weights_equal, vllm_linear_probe)
 
     names = trainer_linear_names(model)
     if llm is None:
@@ -849,6 +849,9 @@ def fp8_block_setup(model, llm) -> dict:
             return rec
         model.fp8, model.fp8_linears = Fp8BlockLinearGpu(plan), frozenset(theirs) & frozenset(names)
         rec["weights_equal"] = recorded(lambda: vllm_block_weights_equal(llm, model, sorted(model.fp8_linears), model.fp8))
+        # the first layer's linears, one op at a time: vLLM's module against the trainer's call, 1 to 300 rows
+        first = sorted(n for n in model.fp8_linears if n.startswith("model.layers.0."))
+        rec["linear_probe"] = recorded(lambda: vllm_linear_probe(llm, model, model.fp8, first))
     rec["trainer"] = {"fp8_linears": len(model.fp8_linears), "ops": model.fp8.describe(),
                       "weight_block_size": list(model.fp8.plan["weight_block"]), "kernel": model.fp8.plan["kernel"],
                       "backward": "straight-through: the bf16 linear's gradient at the unquantized x and w, "
