@@ -133,6 +133,9 @@ case "$1" in
     #   run("bash scripts/h200/run_h200.sh matrix --cells overlay3/llama3.2-1b_l4_fp8b,stock/llama3.2-1b_l4_fp8b,
     #        overlay3/llama3.2-1b_l4_fp8bc --parallel 1 --min-cell-s 100 --budget 540",
     #       carry=[".devstage/kit", ".devstage/m2"], timeout_s=600)
+    #   then, at once after it (q/k/v biases added after the block GEMM, K = 896):
+    #   run("bash scripts/h200/run_h200.sh matrix --cells overlay3/qwen2.5-0.5b_l4_fp8b,stock/qwen2.5-0.5b_l4_fp8b
+    #        --parallel 1 --min-cell-s 100 --budget 400", carry=[".devstage/kit", ".devstage/m2"], timeout_s=600)
     # TP=2 cells (issue 34): `<shape>_tp2` serves <shape> with vLLM at tensor_parallel_size=2 over both GPUs
     # (BI=1: vLLM sets the NCCL determinism variables and symmetric-memory all-reduce off itself; each
     # leg records both workers' all-reduce) and the trainer in vLLM's TP=2 layout on GPU 0, with the
