@@ -3,7 +3,8 @@
 # 98 MB) in three parts that fit beside the kit's carries, and the wheels the GPU image lacks
 # (gguf, megatron-core), and the Dagster wheels for the Pipes proof. Writes .devstage/ at the root of
 # the checkout it belongs to (from any folder), after scripts/setup.sh; needs PyPI. `build_carries.sh moe`
-# writes .devstage/m1 alone (after the kit's build_stage.sh); `build_carries.sh fp8` writes .devstage/m2 alone.
+# writes .devstage/m1 alone (after the kit's build_stage.sh); `build_carries.sh fp8` writes .devstage/m2 alone
+# (with DeepGEMM's headers from the kit's wheel, where build_stage.sh left it in .devstage/whl).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 if [ "${1:-}" = moe ]; then  # vLLM's MoE ops library, which the kit drops (run_h200.sh probe), from the kit's wheel
@@ -17,6 +18,16 @@ if [ "${1:-}" = fp8 ]; then  # what vLLM's FP8 path imports and the GPU image la
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d .devstage/m2 \
     compressed-tensors==0.17.0 loguru==0.7.3
+  # DeepGEMM's JIT headers, which the kit drops (third_party/deep_gemm/include): vLLM 0.26 runs block-FP8
+  # linears on DeepGEMM on sm90 (the `_fp8b` matrix cells), whose kernels are compiled at first use
+  if ls .devstage/whl/vllm-0.26.0-*.whl >/dev/null 2>&1; then
+    W=$(mktemp -d)
+    unzip -q -o .devstage/whl/vllm-0.26.0-*.whl 'vllm/third_party/deep_gemm/include/*' -d "$W"
+    tar -C "$W/vllm/third_party/deep_gemm" -cf - include | xz -9 -T0 > .devstage/m2/deep_gemm_include.tar.xz
+    rm -rf "$W"
+  else
+    echo "no .devstage/whl/vllm-0.26.0 wheel (the kit's build_stage.sh): m2 without DeepGEMM's headers" >&2
+  fi
   du -sh .devstage/m2; exit 0
 fi
 G=$(.venv/bin/python -c "from tica.models.smollm2 import gguf_path; print(gguf_path())")

@@ -49,6 +49,12 @@ fp8_deps() {  # vLLM's FP8 path imports compressed_tensors (and it loguru), whic
   if ls .devstage/m2/*.whl >/dev/null 2>&1 && [ ! -d /tmp/site/compressed_tensors ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .devstage/m2/*.whl
   fi
+  # DeepGEMM's JIT headers (the kit drops them), for the block-FP8 cells' DeepGEMM kernels
+  DG=/tmp/site/vllm/third_party/deep_gemm
+  if [ -f .devstage/m2/deep_gemm_include.tar.xz ] && [ -d $DG ] && [ ! -d $DG/include ]; then
+    tar -xJf .devstage/m2/deep_gemm_include.tar.xz -C $DG
+  fi
+  [ -d $DG/include ] || echo "no DeepGEMM headers in $DG: a _fp8b cell's DeepGEMM JIT may fail (its cells then not run)" | tee -a "$OUT/run.log"
 }
 recv() {  # keep this call's carried parts; once all three are here, join and check the GGUF, install wheels
   mkdir -p $CARRY
@@ -117,6 +123,19 @@ case "$1" in
     #   run("bash scripts/h200/run_h200.sh matrix --cells overlay3/llama3.2-1b_l4_fp8,stock/llama3.2-1b_l4_fp8,
     #        overlay3/qwen3-30b-a3b_l2_fp8 --parallel 1 --min-cell-s 100 --budget 540",
     #       carry=[".devstage/kit", ".devstage/m1", ".devstage/m2"], timeout_s=600)
+    # Block-FP8 cells (issue 33): `<shape>_fp8b` serves <shape>'s bf16 weights written as a block-FP8
+    # checkpoint (128x128 blocks, weight_scale_inv: DeepSeek-V3 / Qwen3-FP8 format); vLLM 0.26 picks its
+    # block kernel (DeepGEMM on sm90 where its JIT builds; the cell records which) and the trainer makes
+    # the same calls; `<shape>_fp8bc` is the same cell with VLLM_USE_DEEP_GEMM=0 (Cutlass block kernel).
+    # Dense shapes whose linears are whole 128-blocks only (llama3.2-1b_l4, qwen2.5-0.5b_l4). Needs m2
+    # rebuilt by `build_carries.sh fp8` (now with DeepGEMM's headers from the kit's wheel). After the
+    # staging calls (stage_split.sh recv with c1a, then c1b; run_h200.sh recv with c2):
+    #   run("bash scripts/h200/run_h200.sh matrix --cells overlay3/llama3.2-1b_l4_fp8b,stock/llama3.2-1b_l4_fp8b,
+    #        overlay3/llama3.2-1b_l4_fp8bc --parallel 1 --min-cell-s 100 --budget 540",
+    #       carry=[".devstage/kit", ".devstage/m2"], timeout_s=600)
+    #   then, at once after it (q/k/v biases added after the block GEMM, K = 896):
+    #   run("bash scripts/h200/run_h200.sh matrix --cells overlay3/qwen2.5-0.5b_l4_fp8b,stock/qwen2.5-0.5b_l4_fp8b
+    #        --parallel 1 --min-cell-s 100 --budget 400", carry=[".devstage/kit", ".devstage/m2"], timeout_s=600)
     # TP=2 cells (issue 34): `<shape>_tp2` serves <shape> with vLLM at tensor_parallel_size=2 over both GPUs
     # (BI=1: vLLM sets the NCCL determinism variables and symmetric-memory all-reduce off itself; each
     # leg records both workers' all-reduce) and the trainer in vLLM's TP=2 layout on GPU 0, with the

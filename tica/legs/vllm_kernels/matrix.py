@@ -17,7 +17,8 @@
   control (tica.judges.planted);
 * then one AdamW step on the c64 batch, reloaded into vLLM, and c64 again on the new weights.
 
-Suffixed shapes serve a seeded shape's weights another way: ``_fp8`` (vLLM's online FP8), ``_tp2``
+Suffixed shapes serve a seeded shape's weights another way: ``_fp8`` (vLLM's online FP8), ``_fp8b``
+(a block-FP8 checkpoint written from them, 128x128 blocks; ``_fp8bc`` the same with DeepGEMM off), ``_tp2``
 (vLLM at tensor-parallel 2, the trainer in its TP=2 layout with a ``trainer_tp1`` control variant)
 and ``_ep2`` (expert parallelism: written not run, the trainer does not follow it).
 
@@ -116,7 +117,23 @@ MOE_UPDATE_LOAD = "c16"  # a MoE cell's update batch and planted faults'
 
 # An FP8 cell (issue 33): the seeded bf16 shape served with vLLM's online FP8 (`<shape>_fp8`), on
 # fewer loads (one long sequence, a mixed batch that holds the update, a chunked prompt)
-QUANT_SUFFIXES = {"_fp8": "fp8"}
+QUANT_SUFFIXES = {"_fp8": "fp8", "_fp8b": "fp8_block", "_fp8bc": "fp8_block"}
+# `<shape>_fp8b` (issue 33, block-wise FP8): <shape>'s bf16 weights written as a block-FP8 checkpoint
+# (DeepSeek-V3 / Qwen3-FP8 format, 128x128 weight blocks: fp8_block.py), served by vLLM from that
+# checkpoint; the trainer computes each linear on vLLM's block-FP8 kernel. The engine's quantization
+# argument is "fp8" for both (the checkpoint's quantization_config says block).
+ENGINE_QUANTIZATION = {"fp8": "fp8", "fp8_block": "fp8"}
+# `<shape>_fp8bc`: the same block-FP8 cell with vLLM's DeepGEMM switched off (VLLM_USE_DEEP_GEMM=0 in the
+# cell's environment, before vLLM is imported), so vLLM 0.26 picks its next block kernel on sm90,
+# CutlassFp8BlockScaledMMKernel: the cell that runs where DeepGEMM's JIT cannot build its kernels
+SUFFIX_ENV = {"_fp8bc": {"VLLM_USE_DEEP_GEMM": "0"}}
+
+
+def cell_env(shape: str) -> dict:
+    """Environment variables a cell's shape suffix sets for its process (vLLM reads them at import)."""
+    return next((env for suffix, env in SUFFIX_ENV.items() if shape.endswith(suffix)), {})
+FP8B_MOE_NOT_RUN = ("a block-FP8 MoE cell is not written: the trainer does not follow vLLM's FP8 experts (per-tensor "
+                    "FP8 cells record why); block FP8 cells are dense. No engine was started")
 FP8_LOADS = ("c1", "c64", "chunked")
 FP8_MOE_LOADS = ("c1", "c16", "chunked")
 
@@ -570,7 +587,8 @@ def cmd_matrix_cell(a) -> int:
     base_shape(a.shape)  # refuses a shape of two suffixes
     no_tp, tp = shape_tensor_parallel(a.shape)
     _, quant = shape_quantization(no_tp)
-    engine_cfg = dict(MATRIX_MOE_CFG if moe else MATRIX_CFG, **({"quantization": quant} if quant else {}),
+    engine_cfg = dict(MATRIX_MOE_CFG if moe else MATRIX_CFG,
+                      **({"quantization": ENGINE_QUANTIZATION[quant]} if quant else {}),
                       **({"tensor_parallel_size": tp} if tp > 1 else {}))
     if a.shape.endswith(EXPERT_PARALLEL_SUFFIX):  # before any engine starts: nothing the trainer computes to judge
         engine_cfg["enable_expert_parallel"] = True
@@ -578,6 +596,25 @@ def cmd_matrix_cell(a) -> int:
         cell_not_run(a, {"model": str(m0), "model_shape": a.shape, "candidate": a.candidate, **engine_cfg},
                      cell_loads(getattr(a, "loads", None) or "", moe, quant)[0], reason)
         return 0
+    serve = m0  # the checkpoint vLLM serves: m0, or for a block-FP8 cell its FP8 checkpoint written here
+    block_ckpt = None
+    if quant == "fp8_block":
+        from .fp8_block import unaligned_linears, write_block_checkpoint
+        from .model import load_safetensors_dir
+
+        odd = [] if moe else unaligned_linears(cfg)
+        if moe or odd:
+            reason = FP8B_MOE_NOT_RUN if moe else (
+                f"block FP8 needs every linear's N and K a multiple of 128 here: {odd} are not (the trainer "
+                "quantizes the fused q/k/v and gate/up weights, whose blocks would straddle shards, and vLLM's "
+                "validate_fp8_block_shape refuses most such shapes). No engine was started")
+            cell_not_run(a, {"model": str(m0), "model_shape": a.shape, "candidate": a.candidate, **engine_cfg,
+                             "quantization": quant}, cell_loads(getattr(a, "loads", None) or "", moe, quant)[0], reason)
+            return 0
+        serve = Path(a.work) / f"m0-fp8b-{a.candidate}-{a.shape}"
+        block_ckpt = write_block_checkpoint(load_safetensors_dir(m0, device=dev), m0, serve)
+        ck0 = weights_hash(serve)
+        block_ckpt.update(weights_hash=ck0, written_on=dev, from_bf16_weights_hash=weights_hash(m0))
     fp8_rec = None
     if dry:
         from .kernels import TorchReference
@@ -591,7 +628,7 @@ def cmd_matrix_cell(a) -> int:
         llm = None
         all_reduce = [{"dry_run": DRY_TP} for _ in range(tp)] if tp > 1 else None
         if quant:
-            fp8_rec = fp8_setup(model, None, moe)
+            fp8_rec = fp8_setup(model, None, moe, quant)
     else:
         from .rollout import VllmRollout
 
@@ -601,11 +638,11 @@ def cmd_matrix_cell(a) -> int:
             t = time.time()
             try:
                 # the overlay, if any, came in as vLLM's general plugin
-                rollout = VllmRollout(m0, **engine_cfg)
+                rollout = VllmRollout(serve, **engine_cfg)
             except Exception as err:  # noqa: BLE001 - a quantized engine vLLM refuses: its cells not run, its reason kept
                 if not quant:
                     raise
-                refused_engine(a, m0, engine_cfg, quant, moe, f"{type(err).__name__}: {str(err)[:1500]}",
+                refused_engine(a, serve, engine_cfg, quant, moe, f"{type(err).__name__}: {str(err)[:1500]}",
                                vllm_lines.lines)
                 return 0
             log(f"{a.candidate} {a.shape}: engine up in {time.time() - t:.1f}s")
@@ -628,14 +665,22 @@ def cmd_matrix_cell(a) -> int:
         roll = lambda p, g, s: vllm_rollout(llm, p, g, s)  # noqa: E731
         rollout_kernels["vllm_log"] = vllm_lines.lines  # vLLM's own lines about the kernels it chose
         if quant:
-            fp8_rec = fp8_setup(model, llm, moe)
+            fp8_rec = fp8_setup(model, llm, moe, quant)
             rollout_kernels["quantization"] = {"method": quant, **fp8_rec["vllm"],
                                                "kv_cache_dtype": str(llm.llm_engine.vllm_config.cache_config.cache_dtype)}
+            if fp8_rec.get("not_followed_reason"):  # the engine's block-FP8 kernel is one the trainer does not call
+                cell_not_run(a, {"model": str(serve), "model_shape": a.shape, "candidate": a.candidate, **engine_cfg,
+                                 "quantization": quant, "fp8": fp8_rec, "vllm_log": vllm_lines.lines},
+                             cell_loads(getattr(a, "loads", None) or "", moe, quant)[0], fp8_rec["not_followed_reason"])
+                return 0
+    if fp8_rec is not None and block_ckpt is not None:
+        fp8_rec["checkpoint"] = block_ckpt
     model.tp = tp  # the dry run's fake rollout scores with this same model: its TP=2 layout too
     from .overlay import overlay_record
 
     common = {"rollout_kernels": rollout_kernels,
-              "config": {"model": str(m0), "model_shape": a.shape, "architecture": cfg["architectures"][0],
+              "config": {"model": str(serve), **({"trainer_bf16_model": str(m0)} if serve != m0 else {}),
+                         "model_shape": a.shape, "architecture": cfg["architectures"][0],
                          "hidden_size": cfg["hidden_size"], "num_hidden_layers": cfg["num_hidden_layers"],
                          "num_attention_heads": cfg["num_attention_heads"],
                          "num_key_value_heads": cfg["num_key_value_heads"], "head_dim": cfg["head_dim"],
@@ -676,6 +721,14 @@ def cmd_matrix_cell(a) -> int:
     # the new weights
     ro = kept[update_load]
     upd = update_step(model, ro, dev, Path(a.work) / f"m1-{a.candidate}-{a.shape}", m0)
+    if quant == "fp8_block":
+        # what vLLM reloads: the new bf16 weights written as a block-FP8 checkpoint, as the first was
+        from .fp8_block import write_block_checkpoint
+
+        fp8b = Path(a.work) / f"m1-fp8b-{a.candidate}-{a.shape}"
+        upd["bf16_hash"] = upd["hash"]
+        upd["served_checkpoint"] = write_block_checkpoint(model.deployed_state_dict(), m0, fp8b)
+        upd["path"], upd["hash"] = fp8b, weights_hash(fp8b)
     if moe:
         from .moe_backward import moe_gradcheck_with_control
 
@@ -691,7 +744,8 @@ def cmd_matrix_cell(a) -> int:
         except Exception as err:  # noqa: BLE001 - the post-update cells are written as not run, with vLLM's reason
             if not quant:
                 raise
-            reason = f"vLLM 0.26's reload_weights on the online-FP8 engine failed: {type(err).__name__}: {str(err)[:600]}"
+            what = "block-FP8" if quant == "fp8_block" else "online-FP8"
+            reason = f"vLLM 0.26's reload_weights on the {what} engine failed: {type(err).__name__}: {str(err)[:600]}"
             for kind in ("decode", "prefill"):
                 write_not_run_leg(legs / leg_name(a.candidate, a.shape, update_load, kind + "_post_update"),
                                   dict(common["config"], load=update_load, scored=kind, weights_hash=upd["hash"],
@@ -704,7 +758,12 @@ def cmd_matrix_cell(a) -> int:
                                                              "check compares whole stacked tensors (TP=1 only)"}
         elif moe:
             upd["reloaded_experts_equal"] = recorded(lambda: reloaded_experts_equal(llm, model))
-        if quant:
+        if quant == "fp8_block":
+            from .fp8_block import vllm_block_weights_equal
+
+            upd["fp8_weights_equal_after_reload"] = recorded(
+                lambda: vllm_block_weights_equal(llm, model, sorted(model.fp8_linears), model.fp8))
+        elif quant:
             from .fp8 import vllm_fp8_weights_equal
 
             upd["fp8_weights_equal_after_reload"] = recorded(
@@ -740,9 +799,11 @@ def trainer_linear_names(model) -> list[str]:
     return names
 
 
-def fp8_setup(model, llm, moe: bool) -> dict:
+def fp8_setup(model, llm, moe: bool, quant: str = "fp8") -> dict:
     """Make the trainer compute, in FP8, the linears vLLM's engine quantized (read from the engine; on a
     CPU dry run, chosen by name and emulated in torch). Returns the record for the legs."""
+    if quant == "fp8_block":
+        return fp8_block_setup(model, llm)
     from .fp8 import Fp8LinearGpu, Fp8LinearReference, is_fp8_linear, vllm_fp8_modules, vllm_fp8_weights_equal
 
     names = trainer_linear_names(model)
@@ -759,6 +820,43 @@ def fp8_setup(model, llm, moe: bool) -> dict:
                       "backward": "straight-through: the bf16 linear's gradient at the unquantized x and w, "
                                   "into the bf16 master weights",
                       **({"experts": TRAINER_FP8_EXPERTS} if moe else {})}
+    return rec
+
+
+def fp8_block_setup(model, llm) -> dict:
+    """The block-FP8 cell's trainer: each linear vLLM built with Fp8LinearMethod (block) computed with
+    the kernel vLLM chose, its flags read from the engine (on a CPU dry run: the sm90 plan, emulated in
+    torch). ``not_followed_reason`` is set where the trainer cannot make the engine's calls."""
+    from .fp8 import vllm_fp8_modules
+    from .fp8_block import (Fp8BlockLinearGpu, Fp8BlockLinearReference, dry_plan, engine_env, is_block_linear,
+                            plan_refusal, vllm_block_plan, vllm_block_weights_equal, vllm_linear_probe)
+
+    names = trainer_linear_names(model)
+    if llm is None:
+        plan = dry_plan(os.environ)
+        model.fp8, model.fp8_linears = Fp8BlockLinearReference(plan), frozenset(n for n in names if is_block_linear(n))
+        rec: dict = {"vllm": {"dry_run": "no engine: the trainer's block-FP8 linears chosen by name, emulated in torch",
+                              "plan": plan, "env": engine_env(os.environ)}}
+    else:
+        got = recorded(lambda: vllm_fp8_modules(llm))
+        blk = recorded(lambda: vllm_block_plan(llm))
+        theirs = got.get("fp8_linears") or []
+        rec = {"vllm": dict(got, block=blk, env=engine_env(os.environ)), "not_followed": sorted(set(theirs) - set(names))}
+        plan = blk.get("plan") if "error" not in blk else None
+        why = plan_refusal(plan, blk) if "error" not in blk else f"the engine's block-FP8 kernels were not read: {blk['error']}"
+        if why:
+            rec["not_followed_reason"] = why
+            return rec
+        model.fp8, model.fp8_linears = Fp8BlockLinearGpu(plan), frozenset(theirs) & frozenset(names)
+        rec["weights_equal"] = recorded(lambda: vllm_block_weights_equal(llm, model, sorted(model.fp8_linears), model.fp8))
+        # the first layer's linears, one op at a time: vLLM's module against the trainer's call, 1 to 300 rows
+        first = sorted(n for n in model.fp8_linears if n.startswith("model.layers.0."))
+        rec["linear_probe"] = recorded(lambda: vllm_linear_probe(llm, model, model.fp8, first))
+    rec["trainer"] = {"fp8_linears": len(model.fp8_linears), "ops": model.fp8.describe(),
+                      "weight_block_size": list(model.fp8.plan["weight_block"]), "kernel": model.fp8.plan["kernel"],
+                      "backward": "straight-through: the bf16 linear's gradient at the unquantized x and w, "
+                                  "into the bf16 master weights; the update's weights written as a block-FP8 "
+                                  "checkpoint and reloaded (layerwise reload_weights)"}
     return rec
 
 
@@ -907,7 +1005,7 @@ def cmd_matrix(a) -> int:
         while queue and len(running) < a.parallel and time.time() < deadline - a.min_cell_s:
             c, s = queue.pop(0)
             env = candidate_env(dict(os.environ, VLLM_BATCH_INVARIANT="0" if a.dry_run else "1",
-                                     VLLM_ENABLE_V1_MULTIPROCESSING="0"), c, plugin)
+                                     VLLM_ENABLE_V1_MULTIPROCESSING="0", **cell_env(s)), c, plugin)
             name = f"{c}-{s}"
             attempts[name] = attempts.get(name, 0) + 1
             lf = logs / (f"{name}.log" if attempts[name] == 1 else f"{name}.try{attempts[name]}.log")

@@ -68,6 +68,10 @@ SHAPES = {
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, head_dim=16, vocab_size=512, max_position_embeddings=4096,
                  std=0.05, lm_head_std=0.2),
+    # every linear's N and K a multiple of 128: the block-FP8 (128x128) dry run's shape
+    "tiny_b128": dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=64, vocab_size=512, max_position_embeddings=4096,
+                      std=0.05, lm_head_std=0.2),
     "tiny_qwen": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                       num_key_value_heads=1, head_dim=16, vocab_size=500, max_position_embeddings=4096,
                       std=0.05, lm_head_std=0.2, arch="qwen2", tie=True),
