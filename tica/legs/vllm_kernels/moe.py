@@ -41,6 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from . import autograd as A
+from .kernels import ROW_CALL_ELEMS, row_chunks
 from .model import KernelLlama, load_safetensors_dir
 from .moe_backward import moe_block
 from .routing import LayerRoutes
@@ -109,17 +110,38 @@ class VllmMoeKernels:
         from vllm.model_executor.layers.fused_moe.router.fused_topk_router import fused_topk
 
         self._topk, self._experts = fused_topk, fused_experts
+        # the dense kernel set whose row bound this follows and whose largest_call it records into
+        # (KernelMoe binds it; a variant that lifts the bound lifts it here too)
+        self.limits = None
 
     def route(self, x, logits, top_k: int, renormalize: bool):
         w, ids, _ = self._topk(hidden_states=x, gating_output=logits, topk=top_k, renormalize=renormalize)
         return w, ids
 
     def experts(self, x, w13, w2, weights, ids):
-        return self._experts(x.contiguous(), w13.contiguous(), w2.contiguous(), weights, ids)
+        # vLLM 0.26's fused_experts does not split its tokens: its silu_and_mul is given tokens x top_k
+        # rows of width 2I in one call, wrong past the 32-bit row offset (kernels.ROW_CALL_ELEMS), which
+        # a packed trainer batch reaches (Mixtral's 8 x 14336 top-2: 37,449 tokens a call). Under BI=1
+        # the experts' Triton config is fixed and every token's rows are its own, so calls of fewer
+        # tokens give each token the same bits.
+        calls = expert_calls(self.limits, x.shape[0], ids.shape[1] * max(w13.shape[1], x.shape[1]))
+        x, w13, w2 = x.contiguous(), w13.contiguous(), w2.contiguous()
+        outs = [self._experts(x[c], w13, w2, weights[c], ids[c]) for c in calls]
+        return outs[0] if len(outs) == 1 else torch.cat(outs)
 
     def describe(self) -> dict:
         return {"route": self.ROUTE + " (_moe_C.topk_softmax)",
                 "experts": self.EXPERTS + " (Triton fused_moe_kernel x2, silu_and_mul, _moe_C.moe_sum)"}
+
+
+def expert_calls(limits, n_tokens: int, width: int) -> list[slice]:
+    """The token ranges of the experts' calls under ``limits``' row bound (None: no kernel set bound,
+    the default bound), each call's size recorded in its ``largest_call`` as ``fused_experts``."""
+    calls = row_chunks(n_tokens, width, getattr(limits, "row_limit", ROW_CALL_ELEMS))
+    if limits is not None and hasattr(limits, "largest_call"):
+        limits.largest_call["fused_experts"] = max(limits.largest_call.get("fused_experts", 0),
+                                                   max(c.stop - c.start for c in calls))
+    return calls
 
 
 class TorchRouterFault:
@@ -189,6 +211,9 @@ class KernelMoe(KernelLlama):
         super().__init__(config, per_expert_state_dict(state_dict, n_layers), kernels,
                          compute_dtype=compute_dtype, device=device)
         self.moe_kernels = moe_kernels
+        bound = getattr(moe_kernels, "inner", moe_kernels)  # a planted router fault wraps the kernel set
+        if hasattr(bound, "limits"):
+            bound.limits = kernels
         self.n_experts = num_experts(config)
         self.top_k = int(config["num_experts_per_tok"])
         fixed = self.layout.renormalize
