@@ -235,52 +235,57 @@ BODY_BATCH_ROWS = 4096
 
 
 def body_range_sql(table: str, lo: int | None, hi: int | None) -> tuple[str, list[int]]:
-    """The rows of `table` with lo <= seq < hi as (seq, prev_hash, row_hash, recorded_at, body), the
-    body built by DuckDB (`tica.ledger.in_db.body_parts_sql`: `_body` byte for byte where every text
-    value is printable ASCII; every function called by its builtin's qualified name)."""
+    """The rows of `table` with lo <= seq < hi as (seq, prev_hash, row_hash, recorded_at, hashed):
+    `hashed` is prev_hash, a newline and the row's body built by DuckDB
+    (`tica.ledger.in_db.body_parts_sql`: `_body` byte for byte where every text value is printable
+    ASCII; every function called by its builtin's qualified name), the text row_hash hashes."""
     from tica.ledger.in_db import DuckDBSql, body_parts_sql
 
+    sql = DuckDBSql()
+    hashed = sql.concat("prev_hash", sql.char(10), body_parts_sql(sql, table))
     where, params = _where(lo, hi, "?")
-    return f"SELECT {', '.join(CHAIN_COLUMNS)}, {body_parts_sql(DuckDBSql(), table)} AS body FROM {table}{where}", params
+    return f"SELECT {', '.join(CHAIN_COLUMNS)}, {hashed} AS hashed FROM {table}{where}", params
 
 
-def _printable(data: np.ndarray) -> bool:
-    """Whether every byte is printable ASCII (0x20-0x7E): two vectorized passes, no temporary."""
-    return not len(data) or (int(data.min()) >= 0x20 and int(data.max()) <= 0x7E)
+def _printable_bodies(data: np.ndarray, body_starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Per row, whether data[body_starts[i]:ends[i]] is printable ASCII only (0x20-0x7E): a min and a
+    max over the bodies (each row's prefix, between the body before and its own, skipped), two
+    vectorized passes. `data` ends at the last row's end; no row is empty."""
+    bounds = np.empty(2 * len(ends) - 1, dtype=np.int64)
+    bounds[0::2], bounds[1::2] = body_starts, ends[:-1]
+    return ((np.minimum.reduceat(data, bounds)[0::2] >= 0x20) &
+            (np.maximum.reduceat(data, bounds)[0::2] <= 0x7E))
 
 
-def body_hashes(prevs: Sequence[str], bodies: Any) -> list[str | None]:
-    """sha256(prev_hash + "\\n" + body) of each row, hex, hashed straight from the Arrow buffer of
-    `bodies` (a string array without nulls); None for a row whose body is not printable ASCII only
-    (its SQL body may not be `_body`'s: the caller hashes that row from its values)."""
+def body_hashes(prev_bytes: np.ndarray, hashed: Any) -> list[str | None]:
+    """The sha256 hex of each row's `hashed` text (a string array without nulls, as body_range_sql
+    selects it), hashed straight from its Arrow buffer; None for a row whose body (the text after its
+    prev_hash, `prev_bytes` bytes long, and the newline) is not printable ASCII only: its SQL body may
+    not be `_body`'s, and the caller hashes that row from its values."""
     import pyarrow as pa
 
-    if pa.types.is_string(bodies.type):
+    if pa.types.is_string(hashed.type):
         width = np.int32
-    elif pa.types.is_large_string(bodies.type):
+    elif pa.types.is_large_string(hashed.type):
         width = np.int64
     else:  # a string view, say
-        bodies, width = bodies.cast(pa.large_string()), np.int64
-    n = len(bodies)
+        hashed, width = hashed.cast(pa.large_string()), np.int64
+    n = len(hashed)
     if not n:
         return []
-    _, offsets_buf, data_buf = bodies.buffers()
-    offsets = np.frombuffer(offsets_buf, dtype=width)[bodies.offset:bodies.offset + n + 1]
-    data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
-    view, bounds = memoryview(data), offsets.tolist()
-    sha256 = hashlib.sha256
-
-    def one(prev: str, a: int, b: int) -> str:
-        h = sha256(f"{prev}\n".encode())
-        h.update(view[a:b])
-        return h.hexdigest()
-
-    if _printable(data[bounds[0]:bounds[-1]]):
-        return [one(prev, a, b) for prev, a, b in zip(prevs, bounds, bounds[1:])]
-    starts = offsets[:-1] - offsets[0]  # no body is empty: each holds its constant text
-    piece = data[bounds[0]:bounds[-1]]
-    good = (np.minimum.reduceat(piece, starts) >= 0x20) & (np.maximum.reduceat(piece, starts) <= 0x7E)
-    return [one(prev, a, b) if ok else None for prev, a, b, ok in zip(prevs, bounds, bounds[1:], good.tolist())]
+    _, offsets_buf, data_buf = hashed.buffers()
+    offsets = np.frombuffer(offsets_buf, dtype=width)[hashed.offset:hashed.offset + n + 1].astype(np.int64)
+    data = np.frombuffer(data_buf, dtype=np.uint8)[:offsets[-1]] if data_buf is not None else np.zeros(0, np.uint8)
+    base = offsets[0]
+    body_starts = offsets[:-1] + np.asarray(prev_bytes, dtype=np.int64) + 1 - base
+    ends = offsets[1:] - base
+    if not (body_starts < ends).all():  # every body holds its constant text: never empty
+        raise _OutOfPlace("an empty body")
+    good = _printable_bodies(data[base:], body_starts, ends)
+    view, bounds, sha256 = memoryview(data), offsets.tolist(), hashlib.sha256
+    if good.all():
+        return [sha256(view[a:b]).hexdigest() for a, b in zip(bounds, bounds[1:])]
+    return [sha256(view[a:b]).hexdigest() if ok else None for a, b, ok in zip(bounds, bounds[1:], good.tolist())]
 
 
 def _rehash_rows(con, table: str, seqs: Sequence[int], digests: Sequence[str]) -> list[str]:
@@ -308,6 +313,8 @@ def duckdb_body_batches(con, lo: int | None = None, hi: int | None = None,
     tables are as the code creates them and that holds no function, macro or schema of its own (the
     caller checked both, on a connection held open meanwhile); anything else stops the stream
     (_OutOfPlace)."""
+    import pyarrow.compute as pc
+
     cur = con.cursor()  # a cursor of its own: the caller's may hold an unfinished result
     again = con.cursor()
     try:
@@ -317,7 +324,7 @@ def duckdb_body_batches(con, lo: int | None = None, hi: int | None = None,
                 if not _arrow_types_as_created(table, batch.schema) or any(c.null_count for c in batch.columns):
                     raise _OutOfPlace(table)
                 seq, prev, digest, at = (batch.column(i).to_pylist() for i in range(4))
-                hashes = body_hashes(prev, batch.column(4))
+                hashes = body_hashes(pc.binary_length(batch.column(1)).to_numpy(), batch.column(4))
                 if None in hashes:
                     odd = [k for k, h in enumerate(hashes) if h is None]
                     for k, h in zip(odd, _rehash_rows(again, table, [seq[k] for k in odd], [digest[k] for k in odd])):
