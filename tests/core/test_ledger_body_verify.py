@@ -205,3 +205,22 @@ def test_the_ranges_in_processes_report_what_the_python_path_reports(tmp_path, e
         with duckdb.connect(str(path)) as con:
             con.execute(edit)
     assert _disagreement(path, None, workers=2) is None
+
+
+def test_the_read_ahead_hands_over_every_item_raises_what_the_reader_raises_and_stops_when_closed():
+    import threading
+
+    assert list(batches._read_ahead(lambda: iter(range(50)))) == list(range(50))
+
+    def failing():
+        yield 1
+        raise ValueError("the reader failed")
+
+    stream = batches._read_ahead(failing)
+    assert next(stream) == 1
+    with pytest.raises(ValueError, match="the reader failed"):
+        next(stream)
+    endless = batches._read_ahead(lambda: iter(int, 1))  # never ends by itself
+    assert next(endless) == 0
+    endless.close()  # the consumer stops: the reading thread stops too
+    assert not [t for t in threading.enumerate() if t.name == "tica-verify-read-ahead"]

@@ -305,31 +305,79 @@ def _rehash_rows(con, table: str, seqs: Sequence[int], digests: Sequence[str]) -
     return [by_seq[s][1] for s in seqs]
 
 
+def _read_ahead(produce: Callable[[], Iterator[Any]], depth: int = 2) -> Iterator[Any]:
+    """The items of `produce()`, made in a thread of its own up to `depth` items ahead of the consumer:
+    DuckDB builds the next batch of bodies (the GIL released) while this thread hashes the one before,
+    two cores from one process. What `produce` raises is raised here; closing the stream stops it."""
+    import queue
+    import threading
+
+    items: queue.Queue = queue.Queue(maxsize=depth)
+    stop, end = threading.Event(), object()
+
+    def put(item: tuple[Any, BaseException | None]) -> bool:
+        while not stop.is_set():
+            try:
+                items.put(item, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def run() -> None:
+        try:
+            for item in produce():
+                if not put((item, None)):
+                    return
+            put((end, None))
+        except BaseException as err:  # noqa: BLE001 - handed to the consumer, which raises it
+            put((None, err))
+
+    thread = threading.Thread(target=run, name="tica-verify-read-ahead", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item, err = items.get()
+            if err is not None:
+                raise err
+            if item is end:
+                return
+            yield item
+    finally:
+        stop.set()
+        thread.join()
+
+
 def duckdb_body_batches(con, lo: int | None = None, hi: int | None = None,
                         rows: int = BODY_BATCH_ROWS) -> Iterator[tuple[str, Columns, list[str]]]:
     """Every table's rows with lo <= seq < hi on DuckDB connection `con` as (table, its chain columns,
-    each row's recomputed hash): the bodies built by DuckDB (`body_range_sql`), hashed here, a row
-    whose body is not printable ASCII read again and hashed from its values. Only for a ledger whose
-    tables are as the code creates them and that holds no function, macro or schema of its own (the
-    caller checked both, on a connection held open meanwhile); anything else stops the stream
-    (_OutOfPlace)."""
+    each row's recomputed hash): the bodies built by DuckDB (`body_range_sql`, read ahead in a thread
+    of their own), hashed here, a row whose body is not printable ASCII read again and hashed from
+    its values. Only for a ledger whose tables are as the code creates them and that holds no
+    function, macro or schema of its own (the caller checked both, on a connection held open
+    meanwhile); anything else stops the stream (_OutOfPlace)."""
     import pyarrow.compute as pc
 
     cur = con.cursor()  # a cursor of its own: the caller's may hold an unfinished result
     again = con.cursor()
-    try:
+
+    def read() -> Iterator[tuple[str, Any]]:
         for table in TABLES:
             sql, params = body_range_sql(table, lo, hi)
             for batch in cur.sql(sql, params=params or None).to_arrow_reader(rows):
-                if not _arrow_types_as_created(table, batch.schema) or any(c.null_count for c in batch.columns):
-                    raise _OutOfPlace(table)
-                seq, prev, digest, at = (batch.column(i).to_pylist() for i in range(4))
-                hashes = body_hashes(pc.binary_length(batch.column(1)).to_numpy(), batch.column(4))
-                if None in hashes:
-                    odd = [k for k, h in enumerate(hashes) if h is None]
-                    for k, h in zip(odd, _rehash_rows(again, table, [seq[k] for k in odd], [digest[k] for k in odd])):
-                        hashes[k] = h
-                yield table, [seq, prev, digest, at], hashes
+                yield table, batch
+
+    try:
+        for table, batch in _read_ahead(read):
+            if not _arrow_types_as_created(table, batch.schema) or any(c.null_count for c in batch.columns):
+                raise _OutOfPlace(table)
+            seq, prev, digest, at = (batch.column(i).to_pylist() for i in range(4))
+            hashes = body_hashes(pc.binary_length(batch.column(1)).to_numpy(), batch.column(4))
+            if None in hashes:
+                odd = [k for k, h in enumerate(hashes) if h is None]
+                for k, h in zip(odd, _rehash_rows(again, table, [seq[k] for k in odd], [digest[k] for k in odd])):
+                    hashes[k] = h
+            yield table, [seq, prev, digest, at], hashes
     finally:
         again.close()
         cur.close()
