@@ -48,10 +48,11 @@ def _oracle(path, expect: Head | None):
         return verify_entries(Ledger.chain_entries(con), expect)
 
 
-def _fast(path, expect: Head | None, workers: int = 1):
-    """The body path alone: a report, or None where it declines (the row-wise path then answers)."""
+def _fast(path, expect: Head | None, workers: int = 1, bodies: bool = True):
+    """The body path alone (`bodies`; else the batches of columns it replaces on such a ledger): a
+    report, or None where it declines (the row-wise path then answers)."""
     with duckdb.connect(str(path), read_only=True) as con:
-        return parallel.verify_batches("duckdb", con, str(path), expect, [], workers, bodies=True)
+        return parallel.verify_batches("duckdb", con, str(path), expect, [], workers, bodies=bodies)
 
 
 def _key(report) -> tuple:
@@ -66,6 +67,9 @@ def _disagreement(path, expect: Head | None, workers: int = 1) -> str | None:
         return f"body path {_key(fast)} vs oracle {want}"
     if fast is None and want[0]:
         return "the body path declined an intact ledger"
+    columns = _fast(path, expect, workers, bodies=False)
+    if columns is not None and _key(columns) != want:
+        return f"columns path {_key(columns)} vs oracle {want}"
     got = _key(Ledger(path).verify(expect))
     return None if got == want else f"Ledger.verify {got} vs oracle {want}"
 
