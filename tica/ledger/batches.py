@@ -368,16 +368,17 @@ def duckdb_body_batches(con, lo: int | None = None, hi: int | None = None,
                 yield table, batch
 
     try:
-        for table, batch in _read_ahead(read):
-            if not _arrow_types_as_created(table, batch.schema) or any(c.null_count for c in batch.columns):
-                raise _OutOfPlace(table)
-            seq, prev, digest, at = (batch.column(i).to_pylist() for i in range(4))
-            hashes = body_hashes(pc.binary_length(batch.column(1)).to_numpy(), batch.column(4))
-            if None in hashes:
-                odd = [k for k, h in enumerate(hashes) if h is None]
-                for k, h in zip(odd, _rehash_rows(again, table, [seq[k] for k in odd], [digest[k] for k in odd])):
-                    hashes[k] = h
-            yield table, [seq, prev, digest, at], hashes
+        with closing(_read_ahead(read)) as ahead:  # its thread stopped before the cursors close
+            for table, batch in ahead:
+                if not _arrow_types_as_created(table, batch.schema) or any(c.null_count for c in batch.columns):
+                    raise _OutOfPlace(table)
+                seq, prev, digest, at = (batch.column(i).to_pylist() for i in range(4))
+                hashes = body_hashes(pc.binary_length(batch.column(1)).to_numpy(), batch.column(4))
+                if None in hashes:
+                    odd = [k for k, h in enumerate(hashes) if h is None]
+                    for k, h in zip(odd, _rehash_rows(again, table, [seq[k] for k in odd], [digest[k] for k in odd])):
+                        hashes[k] = h
+                yield table, [seq, prev, digest, at], hashes
     finally:
         again.close()
         cur.close()
