@@ -228,3 +228,15 @@ def test_the_read_ahead_hands_over_every_item_raises_what_the_reader_raises_and_
     assert next(endless) == 0
     endless.close()  # the consumer stops: the reading thread stops too
     assert not [t for t in threading.enumerate() if t.name == "tica-verify-read-ahead"]
+
+
+def test_a_range_runs_duckdb_on_the_threads_it_asks_for_and_restores_the_setting(tmp_path):
+    path = tmp_path / "l.duckdb"
+    _verdicts(Ledger(path), 3)
+    with duckdb.connect(str(path), read_only=True) as con:
+        (before,), = con.execute("SELECT current_setting('threads')").fetchall()
+        seen = []
+        for _ in batches.duckdb_body_batches(con, threads=1):
+            seen += con.execute("SELECT current_setting('threads')").fetchall()
+        assert seen == [(1,)]
+        assert con.execute("SELECT current_setting('threads')").fetchall() == [(before,)]

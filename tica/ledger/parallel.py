@@ -174,16 +174,19 @@ def verify_postgres(dsn: str, con, expect: Head | None, views: Sequence[str], wo
 
 
 # ----------------------------------------------------------------------------------- in batches
-def _duckdb_read(con, lo: int | None, hi: int | None, bodies: bool) -> Iterator[tuple]:
-    """A range's batches on DuckDB: with `bodies`, the rows' bodies built by DuckDB and hashed here
-    (batches.duckdb_body_batches, only for a ledger the caller checked), else columns."""
-    return batches.duckdb_body_batches(con, lo, hi) if bodies else batches.duckdb_batches(con, lo, hi)
+def _duckdb_read(con, lo: int | None, hi: int | None, bodies: bool, threads: int | None = None) -> Iterator[tuple]:
+    """A range's batches on DuckDB: with `bodies`, the rows' bodies built by DuckDB (on `threads`
+    threads) and hashed here (batches.duckdb_body_batches, only for a ledger the caller checked),
+    else columns."""
+    if bodies:
+        return batches.duckdb_body_batches(con, lo, hi, threads=threads)
+    return batches.duckdb_batches(con, lo, hi)
 
 
 def _duckdb_batch_range(path: str, lo: int | None, hi: int | None, start: int, want: int | None,
                         bodies: bool = False) -> ChainSegment | None:
-    with _duckdb_reader(path) as con:
-        return batches.range_segment(_duckdb_read(con, lo, hi, bodies), start, want)
+    with _duckdb_reader(path) as con:  # one of several ranges at once: DuckDB on one thread each
+        return batches.range_segment(_duckdb_read(con, lo, hi, bodies, threads=1), start, want)
 
 
 def _postgres_batch_range(dsn: str, snapshot: str, lo: int | None, hi: int | None, start: int,
