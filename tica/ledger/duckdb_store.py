@@ -309,9 +309,10 @@ class Ledger:
         whose definition is not the code's, and, given a published head, a chain that no longer
         holds it (truncated, or rewritten up to it). First re-hashed by DuckDB itself (`in_db`,
         else TICA_VERIFY_IN_DB; in_db_report), on a ledger with no problem in its views, functions
-        or schemas and every table as the code creates it; then in batches of columns
-        (tica.ledger.batches; TICA_VERIFY_BATCHES=0 skips them); any row out of place there, and
-        any other ledger, is verified row by row in Python, which names the problems."""
+        or schemas and every table as the code creates it; then in batches (tica.ledger.batches;
+        TICA_VERIFY_BATCHES=0 skips them): on such a ledger each row's body built by DuckDB and
+        hashed in Python, on any other in batches of columns; any row out of place there, and any
+        other ledger, is verified row by row in Python, which names the problems."""
         with self.reader() as con:
             present = {t for (t,) in con.execute(
                 "SELECT table_name FROM information_schema.tables WHERE table_type = 'BASE TABLE'").fetchall()}
@@ -323,8 +324,10 @@ class Ledger:
                 if report is not None:
                     return report
             workers = parallel.verify_workers(con)
-            if batches.batches_enabled():  # in batches of columns (tica.ledger.batches), ranges in processes when large
-                report = parallel.verify_batches("duckdb", con, str(self.path), expect, views, workers)
+            if batches.batches_enabled():  # in batches (tica.ledger.batches), ranges in processes when large
+                # each row's body built by DuckDB where nothing stored can change what its SQL computes
+                bodies = not views and self._tables_as_created(con)
+                report = parallel.verify_batches("duckdb", con, str(self.path), expect, views, workers, bodies=bodies)
                 if report is not None:
                     return report
             if workers > 1:  # a large chain: ranges re-hashed in processes of their own (tica.ledger.parallel)

@@ -24,7 +24,12 @@ _LITERAL = re.compile(r"[A-Za-z0-9_{}\":, ]*")  # the constant text of a body: n
 
 # Off by default on DuckDB too: measured 20% faster than the Python path at 100k verdicts (7.9 vs
 # 9.9 s on a loaded 2-core host), short of the 2 s target either way, and a second
-# implementation of the hash spec is a second place for a false "intact" to come from.
+# implementation of the hash spec is a second place for a false "intact" to come from. Measured
+# again in session 19 (issue 32), 100k verdicts of ~3 KB, 2 shared cores: 2.9 s in the database
+# against 2.1 s for the batch path then and 0.8 s for its DuckDB-built bodies (batches.py) now.
+# DuckDB's sha256 hashes about 160 MB/s per thread (hashlib: 1.3 GB/s here) and the printable
+# check's regexp costs as much again; Postgres builds the bodies at about 19 us a row. The batch
+# path's DuckDB-built bodies keep the SQL body and leave the hashing and the check to Python.
 IN_DB_DEFAULT = False
 
 

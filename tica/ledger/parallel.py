@@ -174,9 +174,19 @@ def verify_postgres(dsn: str, con, expect: Head | None, views: Sequence[str], wo
 
 
 # ----------------------------------------------------------------------------------- in batches
-def _duckdb_batch_range(path: str, lo: int | None, hi: int | None, start: int, want: int | None) -> ChainSegment | None:
-    with _duckdb_reader(path) as con:
-        return batches.range_segment(batches.duckdb_batches(con, lo, hi), start, want)
+def _duckdb_read(con, lo: int | None, hi: int | None, bodies: bool, threads: int | None = None) -> Iterator[tuple]:
+    """A range's batches on DuckDB: with `bodies`, the rows' bodies built by DuckDB (on `threads`
+    threads) and hashed here (batches.duckdb_body_batches, only for a ledger the caller checked),
+    else columns."""
+    if bodies:
+        return batches.duckdb_body_batches(con, lo, hi, threads=threads)
+    return batches.duckdb_batches(con, lo, hi)
+
+
+def _duckdb_batch_range(path: str, lo: int | None, hi: int | None, start: int, want: int | None,
+                        bodies: bool = False) -> ChainSegment | None:
+    with _duckdb_reader(path) as con:  # one of several ranges at once: DuckDB on one thread each
+        return batches.range_segment(_duckdb_read(con, lo, hi, bodies, threads=1), start, want)
 
 
 def _postgres_batch_range(dsn: str, snapshot: str, lo: int | None, hi: int | None, start: int,
@@ -185,20 +195,22 @@ def _postgres_batch_range(dsn: str, snapshot: str, lo: int | None, hi: int | Non
 
 
 def verify_batches(kind: str, con, source: str, expect: Head | None, views: Sequence[str], workers: int,
-                   snapshot: str | None = None) -> VerifyReport | None:
+                   snapshot: str | None = None, bodies: bool = False) -> VerifyReport | None:
     """The chain verified in batches (tica.ledger.batches), in `workers` seq ranges each in a
     process of its own (one range: in this process); None when any range is out of place. DuckDB:
-    `source` the file, read on `con` for one range; Postgres: `source` the DSN, every read on the
-    caller's exported `snapshot`."""
+    `source` the file, read on `con` for one range, with `bodies` each row's body built by DuckDB
+    (only for a ledger whose tables, functions and schemas the caller found as the code makes them);
+    Postgres: `source` the DSN, every read on the caller's exported `snapshot`."""
     want = expect.seq if expect else None
     if workers <= 1:
-        read = batches.duckdb_batches(con) if kind == "duckdb" else batches.postgres_batches(source, snapshot)
+        read = _duckdb_read(con, None, None, bodies) if kind == "duckdb" else batches.postgres_batches(source, snapshot)
         return batches.join_or_none([batches.range_segment(read, 1, want)], expect, views)
     cuts = even_cuts(con.execute(max_seq_sql()).fetchone()[0] or 0, workers)
     head = (source,) if kind == "duckdb" else (source, snapshot)
+    tail = (bodies,) if kind == "duckdb" else ()
     # A range's rows must hold exactly the seqs from its cut up (join_or_none checks that the ranges
     # meet): no count of the rows below each cut is needed, as the row-by-row ranges need one.
-    jobs = [(*head, lo, hi, 1 if lo is None else lo, want) for lo, hi in ranges_of(cuts)]
+    jobs = [(*head, lo, hi, 1 if lo is None else lo, want, *tail) for lo, hi in ranges_of(cuts)]
     return batches.join_or_none(_run(f"{kind}-batches", jobs), expect, views)
 
 
