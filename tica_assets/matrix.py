@@ -55,6 +55,9 @@ MATRIX_SETS = (
     MatrixSet("matrix_fp8", FIXTURES_DIR / "matrix_fp8.tar.xz",
               "the FP8 cells (run fp8): llama3.2-1b_l4 and qwen3-30b-a3b_l2 served with vLLM's online FP8, "
               "stock and overlay3"),
+    MatrixSet("matrix_fp8b", FIXTURES_DIR / "matrix_fp8b.tar.xz",
+              "the block-FP8 cell (run fp8b): llama3.2-1b_l4 served from a 128x128 block-FP8 checkpoint on "
+              "vLLM's DeepGEMM linears, overlay3 only (stock and the Cutlass-block cell did not run)"),
 )
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from dagster import DagsterInstance, materialize
 
+from tica.canaries import perturb_arrays
 from tica.items.forward.canaries import flip_route
 from tica.receipt_archive import unpacked
 from tica_assets.definitions import build_defs
@@ -98,6 +99,25 @@ def test_the_fp8_table_shows_the_pinned_verdict_counts(settings):
     assert (dense["overlay3 decode"], dense["overlay3 prefill"], dense["stock prefill"]) == ("4/4 pass",) * 3
     assert dense["stock decode"] == "0/4 pass"
     assert {moe[c] for c in ("overlay3 decode", "overlay3 prefill", "stock decode", "stock prefill")} == {"0/3 pass"}
+
+
+def test_the_block_fp8_table_shows_the_pinned_verdict_counts(settings):
+    meta = metadata(settings, SETS["matrix_fp8b"])["matrix_fp8b"]
+    pin = pinned("fp8b")
+    assert pin == {"pass": 8} and totals(meta["rows"], "fp8b") == (8, 8)
+    assert meta["verdicts"] == "fp8b: pass x 8" and meta["answer"] == "8 cells judged: 8 pass"
+    # the README's block-FP8 row: overlay3 bitwise on every load, before and after the update; stock did not run
+    (dense,) = meta["rows"]
+    assert dense == {"run": "fp8b", "shape": "llama3.2-1b_l4_fp8b", "overlay3 decode": "4/4 pass",
+                     "overlay3 prefill": "4/4 pass"}
+
+
+def test_a_block_fp8_cell_with_one_logprob_changed_shows_failing(settings, tmp_path):
+    receipts = shutil.copytree(unpacked(PROJECT_ROOT / SETS["matrix_fp8b"].receipts), tmp_path / "fp8b")
+    perturb_arrays(receipts / "fp8b" / "mx-overlay3-llama3.2-1b_l4_fp8b-chunked-prefill", 1)  # resealed
+    meta = metadata(settings, MatrixSet("planted", receipts, "the block-FP8 cell, one logprob off"))["planted"]
+    assert row(meta["rows"], "fp8b", "llama3.2-1b_l4_fp8b")["overlay3 prefill"] == "3/4 pass"
+    assert meta["verdicts"] == "fp8b: fail x 1; fp8b: pass x 7"
 
 
 def test_a_planted_route_flip_fails_its_cell_and_the_table_shows_it(settings, tmp_path):

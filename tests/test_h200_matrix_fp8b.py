@@ -1,0 +1,235 @@
+"""The block-FP8 matrix cell from one H100 (tests/fixtures/h200/matrix_fp8b.tar.xz, issue 33, run
+fp8b), judged under the question frozen before the matrix (demo/questions/h200-matrix/forward.yaml).
+Nothing here touches a GPU: the sealed receipts came back from the device (the archive's README
+says how). Only overlay3/llama3.2-1b_l4_fp8b ran; stock and the Cutlass-block `_fp8bc` cell did not
+(DeepGEMM's JIT warm-up took the call's time), and nothing here stands for them.
+
+One invariant per test, each beside the control that could make it fail. The matrix judge judges
+the logprobs and the cell's name against what the leg recorded; the kernel is not a verdict of
+its: `served_kernel` below reads it from the sealed receipt, and an edit to it is refused by the
+seal (the judge makes the cell inconclusive) or, resealed, by `served_kernel` itself.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tica.canaries import edit_meta, perturb_arrays
+from tica.items.forward.judge import judge_forward
+from tica.judges.matrix import matrix_canaries, matrix_cells
+from tica.judges.planted import canary_status
+from tica.question import load_question
+from tica.receipt_archive import unpacked
+from tica.receipts import read_receipt
+from tica.seal import check_seal, seal_leg
+from tica.verdict import Verdict
+
+ROOT = Path(__file__).resolve().parents[1]
+ARCHIVE = ROOT / "tests" / "fixtures" / "h200" / "matrix_fp8b.tar.xz"
+QUESTION = load_question(ROOT / "demo" / "questions" / "h200-matrix" / "forward.yaml")
+SHAPE, RUN = "llama3.2-1b_l4_fp8b", "fp8b"
+DEEPGEMM = "DeepGemmFp8BlockScaledMMKernel"
+N_LINEARS = 16  # q/k/v, o, gate/up, down x 4 layers
+CELLS = sorted([(x, k) for x in ("c1", "c64", "chunked") for k in ("decode", "prefill")]
+               + [("c64", "decode_post_update"), ("c64", "prefill_post_update")])
+
+
+@pytest.fixture(scope="module")
+def matrix(tmp_path_factory) -> Path:
+    return unpacked(ARCHIVE, tmp_path_factory.mktemp("fp8b"))
+
+
+@pytest.fixture(scope="module")
+def cells(matrix):
+    return matrix_cells(QUESTION, matrix)
+
+
+def leg_dir(matrix: Path, load: str, scored: str) -> Path:
+    return matrix / RUN / f"mx-overlay3-{SHAPE}-{load}-{scored}"
+
+
+def config(leg: Path) -> dict:
+    return read_receipt(leg / "leg.json")["resolved_config"]
+
+
+def served_kernel(leg: Path) -> str:
+    """The one block-FP8 kernel a leg records vLLM serving every linear with and the trainer calling,
+    refused (ValueError) where the receipt's seal is broken or its records disagree."""
+    if problems := check_seal(leg):
+        raise ValueError(f"{leg.name}: seal broken: {problems[0]}")
+    meta = read_receipt(leg / "leg.json")
+    fp8 = meta["resolved_config"]["fp8"]
+    vllm = {key.split("/")[1] for key in fp8["vllm"]["linear_kernels"]}
+    named = {"vllm's linears": vllm, "vllm's block plan": {fp8["vllm"]["block"]["plan"]["kernel"]},
+             "the trainer": {fp8["trainer"]["kernel"]}, "the trainer's plan": {fp8["trainer"]["ops"]["plan"]["kernel"]},
+             "the leg's kernels": {meta["kernels"]["trainer"]["linear_fp8"]["kernel"]}}
+    if len(set().union(*named.values())) != 1 or any(len(v) != 1 for v in named.values()):
+        raise ValueError(f"{leg.name}: the recorded kernels disagree: {named}")
+    (kernel,) = vllm
+    return kernel
+
+
+def test_every_leg_of_the_call_is_sealed_once_and_verifies_and_only_the_overlay3_cell_ran(matrix):
+    legs = sorted(p.parent for p in matrix.rglob("seal.json"))
+    assert [p.parent.name for p in legs] == [RUN] * 10 and len({p.name for p in legs}) == 10
+    assert all(check_seal(leg) == [] for leg in legs)
+    # 8 cells (3 loads x decode/prefill, c64 after the update x 2) and 2 planted faults, overlay3 only
+    assert {p.name.removeprefix(f"mx-overlay3-{SHAPE}-") for p in legs} == (
+        {f"{x}-{k}" for x, k in CELLS} | {"c64-fault_hf_final_norm", "c64-fault_log_softmax"})
+    status = json.loads((matrix / RUN / "_calls" / "session19" / "status.json").read_text())
+    assert {k: (v["rc"], v["legs"]) for k, v in status["cells"].items()} == {f"overlay3-{SHAPE}": (0, 10)}
+    # the call asked for stock and the Cutlass-block cell too; neither left a leg, a log or a summary
+    assert not [p for p in (matrix / RUN).rglob("*") if "stock" in p.name or "_fp8bc" in p.name]
+
+
+def test_every_leg_records_the_h100_and_versions_it_ran_on(matrix):
+    for leg in sorted(p.parent for p in (matrix / RUN).glob("mx-*/leg.json")):
+        m = read_receipt(leg / "leg.json")
+        assert (m["device"]["name"], m["device"]["driver"], m["device"]["capability"]) == (
+            "NVIDIA H100 80GB HBM3", "580.159.04", "9.0"), leg.name
+        assert (m["versions"]["vllm"], m["versions"]["torch"]) == ("0.26.0", "2.11.0+cu130"), leg.name
+        assert m["env"]["VLLM_BATCH_INVARIANT"] == "1" and m["arm"] == "bi1", leg.name
+        assert m["resolved_config"]["candidate"] == "overlay3", leg.name
+
+
+def test_vllm_served_every_linear_on_deepgemm_and_the_trainer_called_the_same_kernel(matrix):
+    for leg in sorted(p.parent for p in (matrix / RUN).glob("mx-*/leg.json")):
+        rc = config(leg)
+        fp8 = rc["fp8"]
+        assert served_kernel(leg) == DEEPGEMM, leg.name
+        assert rc["quantization"] == "fp8_block" and fp8["not_followed"] == [], leg.name
+        assert fp8["vllm"]["linear_kernels"] == {f"Fp8LinearMethod/{DEEPGEMM}/out torch.bfloat16": N_LINEARS}
+        assert len(fp8["vllm"]["fp8_linears"]) == N_LINEARS and fp8["trainer"]["fp8_linears"] == N_LINEARS
+        plan = fp8["vllm"]["block"]["plan"]
+        assert (plan["weight_block"], plan["use_ue8m0"], plan["deep_gemm_scale_fmt"]) == (
+            [128, 128], True, "FLOAT32_CEIL_UE8M0"), leg.name
+        assert fp8["trainer"]["ops"]["matmul"] == "DeepGEMM fp8_gemm_nt", leg.name
+        assert fp8["checkpoint"]["quantization_config"] == {
+            "quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
+        # the weights the trainer quantized equal vLLM's after its own after-load processing
+        assert fp8["weights_equal"] == {"linears": N_LINEARS, "equal": N_LINEARS, "differ": []}, leg.name
+        # layer 0's linears one op at a time: trainer vs vLLM's module at 1, 7, 64, 300 rows, vLLM's row unmoved
+        assert fp8["linear_probe"]["all_equal"] and fp8["linear_probe"]["vllm_batch_invariant"], leg.name
+    # the engine's own log names the kernel the receipts record
+    log = (matrix / RUN / "_calls" / f"overlay3-{SHAPE}.log").read_text()
+    assert f"Selected {DEEPGEMM} for Fp8LinearMethod" in log
+
+
+@pytest.mark.parametrize("reseal", [True, False], ids=["resealed", "seal_broken"])
+def test_a_receipt_whose_recorded_kernel_is_edited_is_refused(matrix, tmp_path, reseal):
+    src = leg_dir(matrix, "c64", "decode")
+    assert served_kernel(src) == DEEPGEMM and judge_forward(QUESTION, [src]).verdict is Verdict.PASS  # control
+    leg = shutil.copytree(src, tmp_path / RUN / src.name)
+
+    def to_cutlass(meta: dict) -> None:
+        kernels = meta["resolved_config"]["fp8"]["vllm"]["linear_kernels"]
+        kernels["Fp8LinearMethod/CutlassFp8BlockScaledMMKernel/out torch.bfloat16"] = kernels.pop(
+            f"Fp8LinearMethod/{DEEPGEMM}/out torch.bfloat16")
+
+    if reseal:
+        edit_meta(leg, to_cutlass)
+        assert check_seal(leg) == []
+        with pytest.raises(ValueError, match="the recorded kernels disagree"):
+            served_kernel(leg)
+        # the judge reads the logprobs, not the kernel: the resealed cell is as it was
+        (c,) = matrix_cells(QUESTION, tmp_path)
+        assert c.verdict is Verdict.PASS
+    else:
+        meta = json.loads((leg / "leg.json").read_text())
+        to_cutlass(meta)
+        (leg / "leg.json").write_text(json.dumps(meta, indent=1))
+        with pytest.raises(ValueError, match="seal broken"):
+            served_kernel(leg)
+        (c,) = matrix_cells(QUESTION, tmp_path)
+        assert c.verdict is Verdict.INCONCLUSIVE and c.cause == "not judged: inconclusive"
+
+
+def test_overlay3_is_bitwise_on_every_block_fp8_cell_before_and_after_the_update(cells):
+    assert sorted((c.load, c.scored) for c in cells) == CELLS
+    assert all(c.run == RUN and c.candidate == "overlay3" and c.shape == SHAPE for c in cells)
+    assert all(c.verdict is Verdict.PASS and c.cause is None and c.n_diff == 0 for c in cells), \
+        [(c.load, c.scored, c.verdict, c.n_diff) for c in cells]
+    # vLLM agrees with itself, decode and prefill, on every load
+    assert all(c.vllm_decode_vs_prefill == 0 for c in cells)
+    assert {(c.load, c.scored): c.n_tokens for c in cells} == {
+        ("c1", "decode"): 64, ("c1", "prefill"): 663, ("c64", "decode"): 2565, ("c64", "prefill"): 11515,
+        ("chunked", "decode"): 137, ("chunked", "prefill"): 2704,
+        ("c64", "decode_post_update"): 2732, ("c64", "prefill_post_update"): 11777}
+
+
+def test_vllm_scores_one_sequence_alone_as_in_the_batch(matrix):
+    for load in ("c64", "chunked"):
+        for scored in ("decode", "prefill"):
+            row = json.loads((leg_dir(matrix, load, scored) / "metrics.jsonl").read_text().splitlines()[0])
+            assert row["tica/vllm_alone_vs_batch_n_bitwise_diff"] == 0 < row["tica/vllm_alone_vs_batch_n_tokens"]
+
+
+@pytest.mark.parametrize("reseal", [True, False], ids=["resealed", "seal_broken"])
+@pytest.mark.parametrize("cell", [("c1", "decode"), ("c64", "prefill_post_update")], ids=lambda c: "-".join(c))
+def test_a_leg_with_one_logprob_changed_never_passes(matrix, tmp_path, reseal, cell):
+    src = leg_dir(matrix, *cell)
+    assert judge_forward(QUESTION, [src]).verdict is Verdict.PASS  # control
+    leg = shutil.copytree(src, tmp_path / RUN / src.name)
+    if reseal:
+        perturb_arrays(leg, 1)  # one rollout logprob one ulp off, metrics recomputed, resealed
+        assert check_seal(leg) == []
+    else:
+        p = leg / "arrays" / "step_0001.npz"
+        with np.load(p) as z:
+            data = {k: z[k] for k in z.files}
+        data["trainer_logprobs"][4] = np.nextafter(data["trainer_logprobs"][4], np.float32(0))
+        np.savez_compressed(p, **data)
+        assert check_seal(leg) != []
+    (c,) = matrix_cells(QUESTION, tmp_path)
+    assert c.verdict is not Verdict.PASS and c.cause is not None
+    if reseal:
+        assert c.verdict is Verdict.FAIL and c.n_diff == 1
+
+
+def test_vllm_reloads_the_updated_weights_into_the_same_block_fp8_bytes_the_trainer_computes(matrix):
+    before = json.loads((leg_dir(matrix, "c64", "decode") / "metrics.jsonl").read_text().splitlines()[0])
+    for scored in ("decode_post_update", "prefill_post_update"):
+        leg = leg_dir(matrix, "c64", scored)
+        u = config(leg)["update"]
+        assert u["grad_finite"] and u["grad_norm"] > 0 and u["changed_tensors"] == u["total_tensors"] == 39
+        assert u["served_checkpoint"]["quantization_config"]["weight_block_size"] == [128, 128]
+        assert u["fp8_weights_equal_after_reload"] == {"linears": N_LINEARS, "equal": N_LINEARS, "differ": []}
+        # control: the reload changed what vLLM served (else "equal after the reload" would be vacuous)
+        row = json.loads((leg / "metrics.jsonl").read_text().splitlines()[0])
+        assert row["checkpoint_version"] == u["hash"] != before["checkpoint_version"]
+    # the cells before the update record none
+    assert "update" not in config(leg_dir(matrix, "c64", "decode"))
+
+
+def test_a_post_update_cell_whose_update_record_is_removed_is_not_judged_after_the_update(matrix, tmp_path):
+    src = leg_dir(matrix, "c64", "decode_post_update")
+    leg = shutil.copytree(src, tmp_path / RUN / src.name)
+    edit_meta(leg, lambda meta: meta["resolved_config"].pop("update"))  # resealed: only the judge can tell
+    (c,) = matrix_cells(QUESTION, tmp_path)
+    assert c.verdict is Verdict.INCONCLUSIVE
+    assert "is named for scored 'decode_post_update' but recorded running scored 'decode'" in c.reasons[0]
+    # control: the same leg as it came back passes as a cell scored after the update
+    shutil.rmtree(tmp_path / RUN)
+    shutil.copytree(src, tmp_path / RUN / src.name)
+    (c,) = matrix_cells(QUESTION, tmp_path)
+    assert (c.verdict, c.scored) == (Verdict.PASS, "decode_post_update")
+
+
+def test_every_planted_fault_is_caught_beside_its_control(matrix):
+    by = Counter((st.shape, st.target, st.status) for _, st in matrix_canaries(QUESTION, matrix))
+    assert by == {(SHAPE, "model.norm:hf_rmsnorm", "caught"): 1, (SHAPE, "logprob:torch.log_softmax", "caught"): 1}
+
+
+def test_a_fault_leg_holding_its_controls_logprobs_is_not_a_canary(matrix, tmp_path):
+    control = leg_dir(matrix, "c64", "decode")
+    fault = shutil.copytree(leg_dir(matrix, "c64", "fault_log_softmax"), tmp_path / RUN / f"mx-overlay3-{SHAPE}-c64-fault_log_softmax")
+    shutil.copytree(control / "arrays", fault / "arrays", dirs_exist_ok=True)
+    shutil.copy(control / "metrics.jsonl", fault / "metrics.jsonl")
+    seal_leg(fault)
+    assert canary_status(QUESTION, fault, control).status == "not_a_canary"
