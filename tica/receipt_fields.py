@@ -36,7 +36,8 @@ _TIERS = "rule: tica/items/throughput/tiers.py: compared between the fast and th
 _TELEMETRY = {
     **{k: _TIERS for k in ("samples", "sm_clock_mhz_median", "mem_clock_mhz_median", "power_w_median",
                            "temperature_c_max", "gpu_util_pct_median", "throttle_reasons", "cpu_load_1m_end", "cpu_util",
-                           "served_before", "prefix_cache_hit_rate", "preemptions")},
+                           "served_before", "prefix_cache_hit_rate", "preemptions", "engine_steps",
+                           "tokens_per_step")},
     "source": "informational: which sampler measured; samples (0: nothing measured) is what the rule reads",
     "interval_ms": "informational: the sampling period, shown with the samples",
     "sm_clock_mhz_min": "informational: shown beside the median, which the rule compares",

@@ -126,6 +126,8 @@ class LegTelemetry(_Receipt):
     # the leg's share of the server's counters (tica.legs.telemetry.engine_counts); None: unread
     prefix_cache_hit_rate: float | None = Field(None, ge=0, le=1, allow_inf_nan=False)
     preemptions: int | None = Field(None, ge=0)
+    engine_steps: int | None = Field(None, ge=0)
+    tokens_per_step: float | None = Field(None, ge=0, allow_inf_nan=False)
     prefix_cache_reset: bool | None = None  # emptied before the leg (True), asked and refused (False), not asked (None)
     cuda_graphs: bool | None = None
     # role (client, api_server, engine_core) -> CPU seconds over wall seconds while the leg ran

@@ -11,7 +11,7 @@ from tica.receipts import LegTelemetry
 BASE = dict(source="nvidia-smi", samples=40, interval_ms=500, sm_clock_mhz_median=1980.0, mem_clock_mhz_median=3201.0,
             power_w_median=450.0, temperature_c_max=60.0, gpu_util_pct_median=99.0, throttle_reasons=(),
             cpu_load_1m_start=1.0, cpu_load_1m_end=1.0, served_before=1, cuda_graphs=False,
-            prefix_cache_hit_rate=0.5, preemptions=4,
+            prefix_cache_hit_rate=0.5, preemptions=4, engine_steps=600, tokens_per_step=40.0,
             cpu_util={"engine_core": 0.5, "api_server": 0.3, "client": 0.4})
 
 
@@ -135,7 +135,8 @@ vllm:prefix_cache_hits_created{engine="0",model_name="tput"} 1.7e9
     before = parse_counters(text)
     assert before == {"prefix_cache_hits": 2048.0, "prefix_cache_queries": 4096.0, "preemptions": 1.0}
     after = {"prefix_cache_hits": 2048.0 + 900, "prefix_cache_queries": 4096.0 + 1000, "preemptions": 1.0}
-    assert engine_counts(before, after) == {"prefix_cache_hit_rate": 0.9, "preemptions": 0}
+    unread_steps = {"engine_steps": None, "tokens_per_step": None}  # this text exposes no step histogram
+    assert engine_counts(before, after) == {"prefix_cache_hit_rate": 0.9, "preemptions": 0, **unread_steps}
     # unread, or a counter that went back (another server answered): unknown, never 0
-    assert engine_counts({}, after) == {"prefix_cache_hit_rate": None, "preemptions": None}
+    assert engine_counts({}, after) == {"prefix_cache_hit_rate": None, "preemptions": None, **unread_steps}
     assert engine_counts(after, before)["prefix_cache_hit_rate"] is None

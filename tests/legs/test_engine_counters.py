@@ -12,7 +12,7 @@ from tica.legs.telemetry import engine_counts, read_counters, reset_prefix_cache
 
 
 class _Vllm(BaseHTTPRequestHandler):
-    hits, queries, resets, dev_mode = 0.0, 0.0, 0, True
+    hits, queries, resets, dev_mode, steps, step_tokens = 0.0, 0.0, 0, True, 0.0, 0.0
 
     def do_GET(self):  # noqa: N802
         if self.path != "/metrics":
@@ -20,7 +20,10 @@ class _Vllm(BaseHTTPRequestHandler):
             return
         body = (f'vllm:prefix_cache_hits_total{{engine="0",model_name="m"}} {type(self).hits}\n'
                 f'vllm:prefix_cache_queries_total{{engine="0",model_name="m"}} {type(self).queries}\n'
-                'vllm:num_preemptions_total{engine="0",model_name="m"} 0.0\n').encode()
+                'vllm:num_preemptions_total{engine="0",model_name="m"} 0.0\n'
+                f'vllm:iteration_tokens_total_bucket{{engine="0",le="1.0",model_name="m"}} 7.0\n'
+                f'vllm:iteration_tokens_total_count{{engine="0",model_name="m"}} {type(self).steps}\n'
+                f'vllm:iteration_tokens_total_sum{{engine="0",model_name="m"}} {type(self).step_tokens}\n').encode()
         self.send_response(200)
         self.end_headers()
         self.wfile.write(body)
@@ -51,7 +54,23 @@ def test_a_legs_hit_rate_is_read_from_the_servers_counters_before_and_after_it(s
     handler.hits, handler.queries = 100.0, 1000.0
     before = read_counters(url)
     handler.hits, handler.queries = 100.0 + 990, 1000.0 + 1000
-    assert engine_counts(before, read_counters(url)) == {"prefix_cache_hit_rate": 0.99, "preemptions": 0}
+    assert engine_counts(before, read_counters(url)) == {"prefix_cache_hit_rate": 0.99, "preemptions": 0,
+                                                         "engine_steps": 0, "tokens_per_step": None}
+
+
+def test_a_legs_engine_steps_and_tokens_per_step_are_its_share_of_the_step_histogram(server):
+    """The leg's steps and tokens per step from the count and sum of vLLM's tokens-per-step
+    histogram, before and after it; its buckets are not a count. Control: a counter that went back
+    (a restarted server) is unread, never a negative or a guess."""
+    handler, url = server
+    handler.steps, handler.step_tokens = 50.0, 1000.0
+    before = read_counters(url)
+    handler.steps, handler.step_tokens = 50.0 + 400, 1000.0 + 16000
+    got = engine_counts(before, read_counters(url))
+    assert (got["engine_steps"], got["tokens_per_step"]) == (400, 40.0)
+    handler.steps, handler.step_tokens = 10.0, 100.0
+    got = engine_counts(before, read_counters(url))
+    assert (got["engine_steps"], got["tokens_per_step"]) == (None, None)
 
 
 def test_a_cold_leg_empties_the_cache_only_where_the_server_says_it_did(server):
@@ -64,4 +83,5 @@ def test_a_cold_leg_empties_the_cache_only_where_the_server_says_it_did(server):
 def test_no_server_reads_as_unknown_never_as_zero():
     assert read_counters("http://127.0.0.1:9") == {}
     assert reset_prefix_cache("http://127.0.0.1:9") is False
-    assert engine_counts({}, {}) == {"prefix_cache_hit_rate": None, "preemptions": None}
+    assert engine_counts({}, {}) == {"prefix_cache_hit_rate": None, "preemptions": None, "engine_steps": None,
+                                     "tokens_per_step": None}

@@ -146,10 +146,14 @@ def cpu_seconds(pids: list[int]) -> float | None:
 
 
 # vLLM's Prometheus counters (vllm/v1/metrics/loggers.py), summed over engines: what a leg's
-# requests found in the prefix cache, and how often the scheduler preempted a request for KV room
+# requests found in the prefix cache, how often the scheduler preempted a request for KV room, and
+# the engine's steps (the count and sum of its tokens-per-step histogram): one workload served in
+# more, smaller steps is a scheduling difference the clocks do not show
 ENGINE_COUNTERS = {"prefix_cache_queries": "vllm:prefix_cache_queries_total",
                    "prefix_cache_hits": "vllm:prefix_cache_hits_total",
-                   "preemptions": "vllm:num_preemptions_total"}
+                   "preemptions": "vllm:num_preemptions_total",
+                   "engine_steps": "vllm:iteration_tokens_total_count",
+                   "step_tokens": "vllm:iteration_tokens_total_sum"}
 
 
 def parse_counters(text: str) -> dict[str, float]:
@@ -181,7 +185,8 @@ def read_counters(base_url: str, timeout: float = 5.0) -> dict[str, float]:
 
 
 def engine_counts(before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
-    """The leg's share of the counters: its prefix-cache hit rate and preemptions (None: unread)."""
+    """The leg's share of the counters: its prefix-cache hit rate, preemptions, engine steps and
+    tokens per step (None: unread)."""
     def delta(key: str) -> float | None:
         if key not in before or key not in after or after[key] < before[key]:
             return None
@@ -189,7 +194,10 @@ def engine_counts(before: dict[str, float], after: dict[str, float]) -> dict[str
 
     queries, hits, preempted = (delta(k) for k in ("prefix_cache_queries", "prefix_cache_hits", "preemptions"))
     rate = round(hits / queries, 4) if queries and hits is not None and hits <= queries else None
-    return {"prefix_cache_hit_rate": rate, "preemptions": int(preempted) if preempted is not None else None}
+    steps, tokens = delta("engine_steps"), delta("step_tokens")
+    return {"prefix_cache_hit_rate": rate, "preemptions": int(preempted) if preempted is not None else None,
+            "engine_steps": int(steps) if steps is not None else None,
+            "tokens_per_step": round(tokens / steps, 2) if steps and tokens is not None else None}
 
 
 def reset_prefix_cache(base_url: str, timeout: float = 30.0) -> bool:

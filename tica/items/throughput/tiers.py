@@ -4,7 +4,7 @@ Tiers inside one arm (max/min throughput over the question's tier_ratio) keep a 
 inconclusive whatever their cause. This says which recorded condition differs between the fast
 and the slow legs of that arm (GPU clocks, power, temperature, throttling, CPU load, the CPU time
 of the engine, the API server and the client, the prefix-cache hit rate and preemptions of the
-leg's requests, how many legs the server ran before), so a person sees the candidate cause; it never changes a verdict.
+leg's requests, the engine's steps and tokens per step, how many legs the server ran before), so a person sees the candidate cause; it never changes a verdict.
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ SIGNALS: tuple[tuple[str, str, str, float], ...] = (
     ("cpu_util.client", "the client's CPU time per second", "", 0.10),
     ("prefix_cache_hit_rate", "the prefix-cache hit rate", "", 0.10),
     ("preemptions", "preemptions", "", 0.5),
+    ("engine_steps", "the engine's steps", "", 0.10),
+    ("tokens_per_step", "tokens per engine step", "", 0.10),
 )
 # an engine loop this busy while the GPU idles this much is bound by the host, not the GPU
 HOST_BOUND_ENGINE_CPU, HOST_BOUND_GPU_UTIL = 0.9, 80.0
@@ -79,4 +81,4 @@ def tier_cause(legs: Sequence[tuple[float, LegTelemetry | None]]) -> str:
                 "so their cause is not found")
     not_read = f" ({', '.join(unread)} not recorded)" if unread else ""
     return ("nothing the legs recorded (clocks, power, temperature, throttling, CPU load and CPU time, prefix-cache "
-            f"hits, preemptions, legs served before) differs between the tiers{not_read}, so their cause is not found")
+            f"hits, preemptions, engine steps, legs served before) differs between the tiers{not_read}, so their cause is not found")
