@@ -31,6 +31,7 @@ SLOWEST_FIRST = (
     "dagster/test_dagster_browser.py",  # 120 s
     "dagster/test_pipes_gpu_proof.py",  # 85 s + 17 s + 12 s
     "legs/test_demo_cpu_track.py",  # 62 s + 43 s
+    "legs/test_matrix_fp8_block.py",  # 72 s + 14 s of CPU dry runs
     "dagster/test_demo_browser_in_clone.py",  # 80 s
     "dagster/test_dagster_acceptance.py",  # five of 12-14 s
     "dagster/test_dagster_staleness.py",  # 36 s
