@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 
 from tica.legs.vllm_kernels.kernels import ROW_CALL_ELEMS, TorchReference  # noqa: E402
 from tica.legs.vllm_kernels.model import pack  # noqa: E402
-from tica.legs.vllm_kernels.moe import TorchMoeReference, VllmMoeKernels, expert_calls, moe_from_dir  # noqa: E402
+from tica.legs.vllm_kernels.moe import TorchMoeReference, VllmMoeKernels, moe_from_dir  # noqa: E402
 from tests.legs.test_moe_trainer_cpu import _saved  # noqa: E402
 
 
@@ -80,15 +80,25 @@ def test_a_stand_in_whose_rows_see_their_batch_differs_when_split():
     ((1408, 2048, 4), 190650),  # qwen1.5-moe-a2.7b: 60 x 1408, top-4
 ])
 def test_a_call_of_the_matrix_moe_shapes_stays_under_the_32_bit_row_offset(shape, tokens):
-    """The tokens of one call for each MoE matrix shape: its silu_and_mul rows (tokens x top_k of
-    width 2I) and its moe_sum input (tokens x top_k x hidden) stay under 2^31 elements, and one token
-    more would not."""
+    """The most tokens one experts call takes for each MoE matrix shape, as `VllmMoeKernels.experts`
+    splits a packed batch (meta tensors: shapes only): that many go in one call, one more makes two.
+    Its silu_and_mul rows (tokens x top_k of width 2I) and its moe_sum input (tokens x top_k x
+    hidden) stay under 2^31 elements, and one token more would not."""
     inter, hidden, k = shape
-    limits = SimpleNamespace(row_limit=ROW_CALL_ELEMS, largest_call={})
-    expert_calls(limits, tokens * 3, k * max(2 * inter, hidden))
-    per, width = limits.largest_call["fused_experts"], k * max(2 * inter, hidden)
-    assert per == tokens
-    assert per * width <= 2**31 - 1 < (per + 1) * width
+    meta = dict(device="meta", dtype=torch.bfloat16)
+
+    def largest_call(n: int) -> int:
+        experts = StandIn(lambda x, w13, w2, weights, ids: x)
+        experts.limits = SimpleNamespace(row_limit=ROW_CALL_ELEMS, largest_call={})
+        out = experts.experts(torch.empty(n, hidden, **meta), torch.empty(2, 2 * inter, hidden, **meta),
+                              torch.empty(2, hidden, inter, **meta), torch.empty(n, k, device="meta"),
+                              torch.empty(n, k, device="meta", dtype=torch.int32))
+        assert out.shape == (n, hidden)
+        return experts.limits.largest_call["fused_experts"]
+
+    assert largest_call(tokens) == tokens and largest_call(tokens + 1) < tokens + 1
+    width = k * max(2 * inter, hidden)
+    assert tokens * width <= 2**31 - 1 < (tokens + 1) * width
 
 
 def test_the_moe_trainer_binds_its_experts_to_the_dense_bound_and_keeps_its_logprobs(tmp_path_factory):
