@@ -135,6 +135,12 @@ def graph_nodes(dom: str) -> dict[str, bool]:
             for fo in re.findall(r"<foreignObject\b.*?</foreignObject>", dom, flags=re.S)}
 
 
+def marked_graph(url: str) -> dict[str, bool] | None:
+    """graph_nodes of the whole canvas once it draws an unsynced marker on some node, else None."""
+    nodes = graph_nodes(chromium(url, size="1600,1800"))
+    return nodes if any(nodes.values()) else None
+
+
 def _label(node: str) -> str:
     """A node's asset name: the zoomed-in node's name element, the zoomed-out node's whole text."""
     named = re.search(r'AssetNode_assetName[^"]*".*?data-tooltip="([^"]+)"', node, flags=re.S)
