@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -375,3 +376,37 @@ def test_a_dry_run_of_an_ep2_cell_is_judged_in_rows_of_its_own(tmp_path):
     assert verdicts[("tiny_ep2", "decode")] is verdicts[("tiny_ep2", "prefill")] is Verdict.NOT_RUN
     assert all(c.routing.endswith("trainer routes from 2 EP ranks, identical") for c in cells if c.shape == "tiny_moe_ep2")
     assert [row[SHAPE] for row in shape_table(cells).rows] == ["tiny_ep2", "tiny_moe_ep2"]
+
+
+@pytest.mark.parametrize("case", ["ranks_equal", "rank_flipped", "ranks_missing"])
+def test_an_ep_cell_passes_only_with_both_ranks_routes_equal(case, tmp_path):
+    """A passing MoE cell of the H100 matrix (matrix_moe.tar.xz) recast as an EP cell: with both ranks'
+    routes recorded and equal it still passes (the control); with one rank's route flipped, or with no
+    ranks' routes at all, it does not pass, though every logprob and trainer_experts are unchanged."""
+    from tica.canary_legs import edit_meta
+    from tica.receipt_archive import unpacked
+    from tica.seal import seal_leg
+
+    src = unpacked(ROOT / "tests" / "fixtures" / "h200" / "matrix_moe.tar.xz", tmp_path / "src")
+    leg = tmp_path / "root" / "moe1" / "mx-overlay3-qwen3-30b-a3b_l2-c1-prefill"
+    shutil.copytree(src / "moe1" / leg.name, leg)
+    edit_meta(leg, lambda m: m["resolved_config"].update(enable_expert_parallel=True))
+    if case != "ranks_missing":
+        path = leg / "arrays" / "step_0001.npz"
+        with np.load(path) as z:
+            data = {k: z[k] for k in z.files}
+        ranks = np.stack([data["trainer_experts"]] * 2)
+        if case == "rank_flipped":
+            from tica.routing import flip_one_route
+
+            ranks[1] = flip_one_route(ranks[1], token=5, layer=1, n_experts=128)
+        np.savez(path, **data, trainer_experts_ranks=ranks)
+        seal_leg(leg)
+    question = load_question(ROOT / "demo" / "questions" / "h200-matrix" / "forward.yaml")
+    (cell,) = matrix_cells(question, tmp_path / "root")
+    if case == "ranks_equal":
+        assert cell.verdict is Verdict.PASS and cell.routing.endswith("trainer routes from 2 EP ranks, identical")
+    else:
+        assert cell.verdict is Verdict.INCONCLUSIVE
+        assert ("routed 1 token-layer routes differently" if case == "rank_flipped"
+                else "recorded no routes from its trainer's ranks") in cell.reasons[0]
