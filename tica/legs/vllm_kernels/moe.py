@@ -313,13 +313,14 @@ class KernelMoe(KernelLlama):
         zero), a shared expert's TP partial added, and the sum all-reduced (the late all-reduce)."""
         self._check_tp()
         b = p + self.layout.block
-        logits = self._lin(b + "gate", h, self.w(b + "gate.weight"))
         w13, w2 = self.expert_weights(p)
         shared = self._tp_mlp_parts(b + "shared_expert.", h) if self.layout.shared_expert else None
         gate = (torch.sigmoid(self._lin(b + "shared_expert_gate", h, self.w(b + "shared_expert_gate.weight")))
                 if shared is not None else None)
         parts, self.rank_routes[i] = [], []
         for r, m in enumerate(self.expert_maps()):
+            # each rank computes the replicated gate itself, as each vLLM worker does: its route is its own receipt
+            logits = self._lin(b + "gate", h, self.w(b + "gate.weight"))
             held = local_experts(m).to(w13.device)
             out, weights, ids = moe_block(self.moe_kernels, h, logits, w13[held], w2[held], self.top_k,
                                           self.renormalize, m.to(h.device))
