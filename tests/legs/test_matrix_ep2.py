@@ -26,6 +26,7 @@ from tica.judges.matrix import matrix_cells, rank_routes
 from tica.legs.vllm_kernels import moe as moe_mod
 from tica.legs.vllm_kernels.ep import (
     check_expert_maps,
+    engine_expert_digests,
     engine_expert_maps,
     engine_maps_differ,
     expert_map,
@@ -410,3 +411,37 @@ def test_an_ep_cell_passes_only_with_both_ranks_routes_equal(case, tmp_path):
         assert cell.verdict is Verdict.INCONCLUSIVE
         assert ("routed 1 token-layer routes differently" if case == "rank_flipped"
                 else "recorded no routes from its trainer's ranks") in cell.reasons[0]
+
+
+def test_the_reload_check_compares_each_ranks_experts_by_digest(tiny_moe):
+    """After an update vLLM's workers report a digest of each rank's w13/w2; the trainer's bytes of
+    that rank's experts must give the same digest (control: a rank holding the other rank's experts)."""
+    from tica.legs.vllm_kernels.ep import reloaded_experts_equal
+
+    model = _trainer(tiny_moe)
+    model.tp, model.ep = 2, True
+
+    def worker(m: torch.Tensor) -> torch.nn.Module:
+        """A rank's model as vLLM names it: model.layers.<i>.mlp.experts.w13_weight / w2_weight."""
+        layers = torch.nn.ModuleList()
+        for i in range(model.n_layers):
+            layer = torch.nn.Module()
+            layer.mlp = torch.nn.Module()
+            layer.mlp.experts = torch.nn.Module()
+            if i in model.sparse_layers:
+                w13, w2 = model.expert_weights(f"model.layers.{i}.")
+                layer.mlp.experts.w13_weight = torch.nn.Parameter(w13[local_experts(m)].detach().clone())
+                layer.mlp.experts.w2_weight = torch.nn.Parameter(w2[local_experts(m)].detach().clone())
+            layers.append(layer)
+        net = torch.nn.Module()
+        net.model = torch.nn.Module()
+        net.model.layers = layers
+        return net
+
+    maps = model.expert_maps()
+    ranks = [engine_expert_digests(worker(m)) for m in maps]
+    got = reloaded_experts_equal(ranks, model)
+    n = 2 * 2 * len(model.sparse_layers)  # ranks x (w13, w2) x MoE layers
+    assert got == {"tensors": n, "equal": n, "differ": []}
+    swapped = reloaded_experts_equal(ranks[::-1], model)
+    assert swapped["equal"] == 0 and len(swapped["differ"]) == got["tensors"]

@@ -117,3 +117,41 @@ def engine_maps_differ(per_rank: list[dict[str, list[int]]], maps: list[torch.Te
             return (f"rank {r} of the engine holds expert map {layers[bad[0]]} at {bad[0]} ({len(bad)} layers), "
                     f"the trainer's is {[int(x) for x in want.tolist()]}")
     return None
+
+
+def tensor_digest(t: torch.Tensor) -> str:
+    """sha256 of a tensor's bytes (its shape and dtype written before them)."""
+    import hashlib
+
+    import torch
+
+    raw = t.detach().contiguous().reshape(-1).view(torch.uint8).cpu().numpy().tobytes()
+    return hashlib.sha256(f"{list(t.shape)} {t.dtype}|".encode() + raw).hexdigest()
+
+
+def engine_expert_digests(model) -> dict[str, tuple[str, str]]:
+    """Runs in each vLLM worker (``LLM.apply_model``): (dtype, digest) of every MoE layer's w13/w2 as
+    this rank holds them (with EP its local experts), so no tensor crosses between processes."""
+    return {n: (str(p.dtype).removeprefix("torch."), tensor_digest(p)) for n, p in model.named_parameters()
+            if ("w13_weight" in n or "w2_weight" in n) and "layers" in n.split(".")}
+
+
+def reloaded_experts_equal(per_rank: list[dict[str, tuple[str, str]]], model) -> dict:
+    """Each rank's reloaded w13/w2 against the trainer's stacked deployed bytes of that rank's experts."""
+    import torch
+
+    maps = model.expert_maps()
+    if len(per_rank) != len(maps):
+        return {"error": f"digests from {len(per_rank)} ranks, the trainer emulates {len(maps)}"}
+    want = {i: model.expert_weights(f"model.layers.{i}.") for i in model.sparse_layers}
+    equal, differ = 0, []
+    for r, (got, m) in enumerate(zip(per_rank, maps)):
+        for n, (dtype, digest) in got.items():
+            parts = n.split(".")
+            i = int(parts[parts.index("layers") + 1])
+            ref = want[i][0 if "w13" in n else 1]
+            if digest == tensor_digest(ref[local_experts(m).to(ref.device)].to(getattr(torch, dtype))):
+                equal += 1
+            else:
+                differ.append(f"rank {r}: {n}")
+    return {"tensors": equal + len(differ), "equal": equal, "differ": differ}

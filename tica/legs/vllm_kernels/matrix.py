@@ -44,7 +44,8 @@ from pathlib import Path
 from tica.legs.common import process_identity
 from tica.models.hashing import weights_hash
 
-from .ep import DRY_EP, TRAINER_EP_LAYOUT, engine_expert_maps, engine_maps_differ
+from .ep import DRY_EP, TRAINER_EP_LAYOUT, engine_expert_digests, engine_expert_maps, engine_maps_differ
+from .ep import reloaded_experts_equal as ep_reloaded_experts_equal
 from .legio import log
 from .overlay import CANDIDATE_PARTS, candidate_env, write_plugin_dist
 from .rollout import FORWARD_CFG
@@ -792,10 +793,12 @@ def cmd_matrix_cell(a) -> int:
             summary["update"] = {"not_run": reason, **{k: v for k, v in upd.items() if k != "path"}}
             Path(a.summary).write_text(json.dumps(summary, indent=1, default=str))
             return 0
-        if moe and tp > 1:
-            upd["reloaded_experts_equal"] = {"not_checked": "at TP=2 each rank holds a slice of every expert (with EP "
-                                                             "half of the experts); the check compares whole stacked "
-                                                             "tensors (TP=1 only)"}
+        if moe and ep:  # each rank's whole local experts, compared by digest (ep.reloaded_experts_equal)
+            upd["reloaded_experts_equal"] = recorded(
+                lambda: ep_reloaded_experts_equal(llm.apply_model(engine_expert_digests), model))
+        elif moe and tp > 1:
+            upd["reloaded_experts_equal"] = {"not_checked": "at TP=2 each rank holds a slice of every expert; the "
+                                                             "check compares whole stacked tensors (TP=1 and EP only)"}
         elif moe:
             upd["reloaded_experts_equal"] = recorded(lambda: reloaded_experts_equal(llm, model))
         if quant == "fp8_block":
