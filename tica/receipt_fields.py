@@ -220,6 +220,7 @@ MATRIX_ROW_EXTRAS: dict[str, str] = {
     "tica/seq_len_max": "informational: the longest sequence of the batch, shown",
     "tica/planted_fault": "informational: the fault a canary leg planted; tica/judges/planted.py reads it from resolved_config",
     "tica/routes": "informational: a summary of the routes; the judge compares the arrays (tica/routing.py)",
+    "tica/ep_rank_routes": "informational: a summary of the EP ranks' routes; the judge reads the arrays' trainer_experts_ranks (tica/judges/matrix.py)",
     "tica/largest_kernel_call_rows": "informational: the largest packed call per row-wise kernel, shown against the row limit",
     "tica/packed_rows": "informational: rows of the one packed forward, shown against the row limit",
     "tica/row_call_elems": "informational: the element bound each row-wise call was cut to, shown",

@@ -495,6 +495,8 @@ class StepArrays:
     trainer_experts: np.ndarray | None = None
     rollout_gate_weights: np.ndarray | None = None
     trainer_gate_weights: np.ndarray | None = None
+    # expert parallelism: each rank's routes (its replicated router's), ranks x tokens x layers x top-k
+    trainer_experts_ranks: np.ndarray | None = None
 
 
 _ARRAY_DTYPES = {
@@ -508,8 +510,10 @@ _ARRAY_DTYPES = {
     "trainer_experts": np.int32,
     "rollout_gate_weights": np.float32,
     "trainer_gate_weights": np.float32,
+    "trainer_experts_ranks": np.int32,
 }
-_ROUTING = ("rollout_experts", "trainer_experts", "rollout_gate_weights", "trainer_gate_weights")
+_ROUTING = ("rollout_experts", "trainer_experts", "rollout_gate_weights", "trainer_gate_weights",
+            "trainer_experts_ranks")
 
 
 def _check_routing(path: Path, data: dict[str, np.ndarray], n: int) -> None:
@@ -528,9 +532,15 @@ def _check_routing(path: Path, data: dict[str, np.ndarray], n: int) -> None:
         raise ReceiptError(path, "rollout_experts", f"shape {shape}: one route per token and MoE layer "
                            f"({n} tokens x layers x top-k)")
     for key in present:
-        if data[key].shape != shape:
+        if key != "trainer_experts_ranks" and data[key].shape != shape:
             raise ReceiptError(path, key, f"shape {data[key].shape}, the rollout's routes are {shape}")
-    for key in ("rollout_experts", "trainer_experts"):
+    if "trainer_experts_ranks" in data:
+        ranks = data["trainer_experts_ranks"].shape
+        if len(ranks) != 4 or ranks[0] < 2 or ranks[1:] != shape:
+            raise ReceiptError(path, "trainer_experts_ranks", f"shape {ranks}: two or more ranks of {shape} routes")
+    for key in ("rollout_experts", "trainer_experts", "trainer_experts_ranks"):
+        if key not in data:
+            continue
         ex = data[key]
         if int(ex.min()) < 0:
             raise ReceiptError(path, key, f"a negative expert id ({int(ex.min())})")

@@ -151,7 +151,15 @@ case "$1" in
     #   run("bash scripts/h200/run_h200.sh matrix --cells overlay3/qwen3-30b-a3b_l2_tp2,stock/qwen3-30b-a3b_l2_tp2
     #        --parallel 1 --min-cell-s 150 --budget 540", carry=[".devstage/kit", ".devstage/m1"],
     #       kind="nvidia-h100-x2", timeout_s=600)   # the MoE at TP=2 (KernelMoe._tp_moe)
-    #   (EP=2, `<moe_shape>_ep2`, is written not run: the trainer does not follow expert parallelism)
+    # EP=2 cells (issue 34): `<moe_shape>_ep2` serves the MoE at TP=2 with enable_expert_parallel=True (whole
+    # experts per rank by vLLM's linear expert map, the late all-reduce) and the trainer in that layout
+    # (KernelMoe._ep_moe, ep.py) with the trainer_tp1 and trainer_no_ep controls; each leg records both
+    # workers' expert maps (a map unlike the trainer's writes the cells not run) and both trainer ranks' routes;
+    # after the update each worker's reloaded experts are checked by digest against the trainer's.
+    # Proven on the CPU only so far. Same machine and staging as the TP=2 cells, then:
+    #   run("bash scripts/h200/run_h200.sh matrix --cells overlay3/qwen3-30b-a3b_l2_ep2,stock/qwen3-30b-a3b_l2_ep2
+    #        --parallel 1 --min-cell-s 150 --budget 540", carry=[".devstage/kit", ".devstage/m1"],
+    #       kind="nvidia-h100-x2", timeout_s=600)   # the MoE at EP=2 (KernelMoe._ep_moe)
     moe_lib
     fp8_deps
     nvidia-smi -L | tee -a "$OUT/run.log"

@@ -151,21 +151,3 @@ def test_a_dry_run_of_tp2_cells_is_judged_in_rows_of_their_own(tmp_path):
     assert z["rollout_experts"].shape == z["trainer_experts"].shape == (z["token_ids"].size, 2, 2)
     assert [row[SHAPE] for row in shape_table(cells).rows] == ["tiny", "tiny_moe_tp2", "tiny_tp2"]
 
-
-def test_an_ep2_cell_is_written_not_run_with_its_reason(tmp_path):
-    """`<moe_shape>_ep2` (vLLM's enable_expert_parallel at TP=2): the trainer does not follow it, so
-    its cells are sealed not run, with the reason, before any engine starts; never a pass."""
-    work = tmp_path / "work"
-    r = subprocess.run([sys.executable, "-m", "tica.legs.vllm_kernels.producers", "matrix", "--dry-run", "--cells",
-                        "overlay3/tiny_moe_ep2", "--loads", "c1", "--out", str(tmp_path / "out"), "--work", str(work),
-                        "--budget", "600", "--min-cell-s", "1", "--parallel", "1"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    legs = sorted((work / "legs").iterdir())
-    assert [p.name for p in legs] == ["mx-overlay3-tiny_moe_ep2-c1-decode", "mx-overlay3-tiny_moe_ep2-c1-prefill"]
-    cfg = json.loads((legs[0] / "leg.json").read_text())["resolved_config"]
-    assert cfg["enable_expert_parallel"] is True and cfg["tensor_parallel_size"] == 2
-    question = load_question(ROOT / "demo" / "questions" / "h200-matrix" / "forward.yaml")
-    cells = matrix_cells(question, work)
-    assert [c.verdict for c in cells] == [Verdict.NOT_RUN, Verdict.NOT_RUN]
-    assert all("does not follow vLLM's expert parallelism" in c.reasons[0] for c in cells)

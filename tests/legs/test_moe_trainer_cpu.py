@@ -97,6 +97,30 @@ def test_the_forward_is_hfs(any_layout):
     assert float((got - want).abs().max()) < 2e-4  # HF runs in float32, the trainer in float64
 
 
+def test_the_ep2_layout_is_hfs_forward_with_the_shared_expert_split_as_vllm_splits_it(any_layout, monkeypatch):
+    """Expert parallelism at TP=2 (KernelMoe._ep_moe: whole experts per rank by vLLM's expert map,
+    Qwen2-MoE's shared expert tensor-parallel, each rank's partial added before the all-reduce) computes
+    HF's forward in every layout (the all-reduce's fp32 sum bounds it), both ranks' routes one; the
+    control, a shared expert computed whole on both ranks, misses it."""
+    d, hf = any_layout
+    trainer = moe_from_dir(d, TorchReference, TorchMoeReference, compute_dtype=torch.float64)
+    trainer.tp, trainer.ep = 2, True
+    seqs = [[5, 17, 3, 88, 41, 9, 60, 2], [90, 1, 44, 23, 56, 78, 11, 30, 4, 19]]
+    ids, cu, mx = pack(seqs, "cpu")
+    with torch.no_grad():
+        got = trainer.logprobs(ids, cu, mx)
+    want = torch.cat([hf_logprobs(hf, s) for s in seqs])
+    assert float((got - want).abs().max()) < 2e-4
+    ranks = trainer.rank_routes_array()
+    assert ranks.shape[0] == 2 and (ranks[0] == ranks[1]).all() and (ranks[0] == trainer.routes_array()).all()
+    if trainer.layout.shared_expert:
+        whole = lambda m, h: [trainer._dense_mlp(m, h)] * 2  # noqa: E731
+        monkeypatch.setattr(trainer, "_tp_mlp_parts", whole)
+        with torch.no_grad():
+            bad = trainer.logprobs(ids, cu, mx)
+        assert float((bad - want).abs().max()) > 1e-2
+
+
 def test_routing_receipts_are_hf_routers_choice(tiny):
     d, hf = tiny
     trainer = moe_from_dir(d, TorchReference, TorchMoeReference, compute_dtype=torch.float64)

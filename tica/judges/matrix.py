@@ -34,6 +34,7 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from tica.errors import ReceiptError
@@ -152,12 +153,24 @@ def _routing(leg: Path):
                            arrays.rollout_logprobs, arrays.trainer_logprobs)
 
 
+def rank_routes(leg: Path) -> tuple[int, int] | None:
+    """An EP cell's trainer ranks: (ranks, token-layer routes where some rank's experts differ from
+    ``trainer_experts``); None where the leg recorded one rank only."""
+    arrays = load_step_arrays(step_arrays_path(leg, 1))
+    ranks = arrays.trainer_experts_ranks
+    if ranks is None:
+        return None
+    differ = (np.sort(ranks, -1) != np.sort(arrays.trainer_experts, -1)[None]).any(-1).any(0)
+    return int(ranks.shape[0]), int(differ.sum())
+
+
 def _is_control(cfg: dict, other: dict) -> bool:
     v = cfg.get("vocab_size")
     return (isinstance(v, int) and v % 64 != 0 and other.get("vocab_size") == _pad64(v)
             and all(cfg.get(k) == other.get(k) for k in SHAPE_KEYS)
-            # a TP=2 cell's control is the padded shape at TP=2 (a receipt without the key ran TP=1)
-            and cfg.get("tensor_parallel_size", 1) == other.get("tensor_parallel_size", 1))
+            # a TP=2 cell's control is the padded shape at TP=2 (a receipt without the key ran TP=1), an EP cell's at EP
+            and cfg.get("tensor_parallel_size", 1) == other.get("tensor_parallel_size", 1)
+            and bool(cfg.get("enable_expert_parallel")) == bool(other.get("enable_expert_parallel")))
 
 
 def matrix_legs(root: Path) -> list[tuple[str, Path, re.Match]]:
@@ -203,6 +216,15 @@ def matrix_cells(question: Question, root: str | Path) -> list[MatrixCell]:
                           and judged[leg2][0] is Verdict.PASS for run2, leg2, m2 in legs)
         overlay = cfg.get("source_overlay") or {}
         routing = _safe(_routing, leg, None)
+        ranks = _safe(rank_routes, leg, None)
+        if cfg.get("enable_expert_parallel") and "moe" in cfg and ranks is None and verdict is Verdict.PASS:
+            verdict, reasons = Verdict.INCONCLUSIVE, (
+                "inconclusive: an expert-parallel cell that recorded no routes from its trainer's ranks", *reasons)
+        if ranks is not None and ranks[1] and verdict is not Verdict.FAIL:
+            # the replicated router chose other experts on another rank: not the computation vLLM makes
+            verdict, reasons = Verdict.INCONCLUSIVE, (
+                f"inconclusive: the trainer's {ranks[0]} EP ranks routed {ranks[1]} token-layer routes differently",
+                *reasons)
         cause = None
         if verdict is Verdict.FAIL:
             cause = _cause(m["scored"], row, cfg, control, peer_passed)
@@ -216,7 +238,9 @@ def matrix_cells(question: Question, root: str | Path) -> list[MatrixCell]:
             shape=m["shape"], load=m["load"], scored=m["scored"], verdict=verdict,
             n_diff=row.get("tica/n_bitwise_diff"), n_tokens=row.get("tica/n_tokens"),
             vllm_decode_vs_prefill=row.get("tica/vllm_decode_vs_prefill_n_bitwise_diff"),
-            cause=cause, reasons=reasons, routing=None if routing is None else routing.sentence()))
+            cause=cause, reasons=reasons, routing=None if routing is None else routing.sentence() + (
+                "" if ranks is None else f"; trainer routes from {ranks[0]} EP ranks, "
+                + ("identical" if not ranks[1] else f"{ranks[1]} token-layer routes differ between them"))))
     return cells
 
 

@@ -191,7 +191,8 @@ def step_row(step: int, checkpoint: str, trainer_lp: np.ndarray, rollout_lp: np.
 
 
 def write_step_arrays(forward_dir: Path, step: int, *, token_ids, seq_lens, trainer_logprobs, rollout_logprobs,
-                      decode_logprobs=None, decode_mask=None, rollout_experts=None, trainer_experts=None) -> Path:
+                      decode_logprobs=None, decode_mask=None, rollout_experts=None, trainer_experts=None,
+                      trainer_experts_ranks=None) -> Path:
     d = forward_dir / "arrays"
     d.mkdir(parents=True, exist_ok=True)
     arrays = {
@@ -206,10 +207,12 @@ def write_step_arrays(forward_dir: Path, step: int, *, token_ids, seq_lens, trai
     if rollout_experts is not None or trainer_experts is not None:  # a MoE's routes: both sides, [tokens, layers, k]
         arrays["rollout_experts"] = np.asarray(rollout_experts, dtype=np.int32)
         arrays["trainer_experts"] = np.asarray(trainer_experts, dtype=np.int32)
+    if trainer_experts_ranks is not None:  # expert parallelism: every rank's routes, [ranks, tokens, layers, k]
+        arrays["trainer_experts_ranks"] = np.asarray(trainer_experts_ranks, dtype=np.int32)
     n = arrays["token_ids"].size
     assert int(arrays["seq_lens"].sum()) == n
     for k, a in arrays.items():
-        assert k == "seq_lens" or a.shape[0] == n, (k, a.shape, n)
+        assert k == "seq_lens" or a.shape[k == "trainer_experts_ranks"] == n, (k, a.shape, n)
     p = d / f"step_{step:04d}.npz"
     np.savez_compressed(p, **arrays)
     return p

@@ -20,7 +20,8 @@
 Suffixed shapes serve a seeded shape's weights another way: ``_fp8`` (vLLM's online FP8), ``_fp8b``
 (a block-FP8 checkpoint written from them, 128x128 blocks; ``_fp8bc`` the same with DeepGEMM off), ``_tp2``
 (vLLM at tensor-parallel 2, the trainer in its TP=2 layout with a ``trainer_tp1`` control variant)
-and ``_ep2`` (expert parallelism: written not run, the trainer does not follow it).
+and ``_ep2`` (a MoE at TP=2 with vLLM's expert parallelism, the trainer in its EP layout, ep.py, with
+``trainer_tp1`` and ``trainer_no_ep`` controls and the routes of both ranks).
 
 The orchestrator (``matrix``) builds the models, runs the (candidate, shape) processes two at a
 time on the one GPU (engine starts one at a time: a file lock), seals every leg with its
@@ -43,6 +44,8 @@ from pathlib import Path
 from tica.legs.common import process_identity
 from tica.models.hashing import weights_hash
 
+from .ep import DRY_EP, TRAINER_EP_LAYOUT, engine_expert_digests, engine_expert_maps, engine_maps_differ
+from .ep import reloaded_experts_equal as ep_reloaded_experts_equal
 from .legio import log
 from .overlay import CANDIDATE_PARTS, candidate_env, write_plugin_dist
 from .rollout import FORWARD_CFG
@@ -73,6 +76,8 @@ VARIANTS = {  # name: (what it changes from the product trainer, kernel attribut
                   "control that shows the 32-bit row offset limit", {"row_limit": None}, {}),
     "trainer_tp1": ("the trainer in the TP=1 layout against a TP=2 rollout (one matmul per linear, no partial "
                     "sums): a control, the layout mismatch must show", {}, {"tp": 1}),
+    "trainer_no_ep": ("the trainer's MoE in the TP=2 layout (every expert's rows split over the ranks) against an "
+                      "EP=2 rollout (whole experts per rank): a control, the layout mismatch must show", {}, {"ep": False}),
 }
 PACKED_LOAD = "packed_limit"  # the only load where "unchunked" differs from the product trainer
 STOCK_ONLY = ("decode_rows_255", "vllm_decode_rows")  # probes of the step-dependent kernels the overlay removes
@@ -150,13 +155,10 @@ def shape_quantization(shape: str) -> tuple[str, str | None]:
 # and the trainer in vLLM's TP=2 layout (KernelLlama.tp, as `producers bi1-tp` runs it), at the
 # matrix's loads. Not combined with another suffix yet.
 PARALLEL_SUFFIXES = {"_tp2": 2, "_ep2": 2}
-# `<moe_shape>_ep2`: TP=2 with vLLM's enable_expert_parallel=True; written not run (EP_NOT_FOLLOWED)
+# `<moe_shape>_ep2`: TP=2 with vLLM's enable_expert_parallel=True, the trainer in its EP layout
+# (KernelMoe.ep: whole experts per rank by vLLM's expert map, ep.py); a dense shape is written not run
 EXPERT_PARALLEL_SUFFIX = "_ep2"
-EP_NOT_FOLLOWED = ("the trainer does not follow vLLM's expert parallelism: with enable_expert_parallel=True at TP=2 "
-                   "each rank holds whole experts (half of them, placed by vLLM's expert map) and computes only its "
-                   "own experts' slots of each token's route, the two partials all-reduced; KernelMoe splits every "
-                   "expert's rows over the ranks instead (the TP layout), so it would be judged against a "
-                   "computation it does not make. No engine was started")
+EP_DENSE = "expert parallelism needs a MoE shape; this one is dense. No engine was started"
 
 
 def shape_tensor_parallel(shape: str) -> tuple[str, int]:
@@ -396,6 +398,8 @@ def run_load(legs: Path, cand: str, shape: str, load: str, ro: dict, model, kern
             continue  # below the bound, one call is what the product trainer makes anyway
         if name == "trainer_tp1" and getattr(model, "tp", 1) == 1:
             continue  # the layout control of a TP=2 cell only
+        if name == "trainer_no_ep" and not getattr(model, "ep", False):
+            continue  # the layout control of an EP=2 cell only
         if hasattr(kernels, "largest_call"):
             kernels.largest_call = {}
         undo = with_variant(model, kernels, name)
@@ -408,9 +412,13 @@ def run_load(legs: Path, cand: str, shape: str, load: str, ro: dict, model, kern
                           "prefill_n_diff": nbits(lp, pre_roll),
                           "largest_call_rows": dict(getattr(kernels, "largest_call", {}))}
         if name == "product":
-            product = (lp, dmask, model.routes_array() if hasattr(model, "routes_array") else None)
-    lp, dmask, trainer_routes = product
+            product = (lp, dmask, model.routes_array() if hasattr(model, "routes_array") else None,
+                       model.rank_routes_array() if getattr(model, "ep", False) else None)
+    lp, dmask, trainer_routes, rank_routes = product
     routes = {kind: cell_routes(ro, kind, trainer_routes) for kind in ("decode", "prefill")}
+    # an EP cell: the route each rank's replicated router chose, per scored token ([ranks, tokens, layers, k])
+    ranks = {kind: None if rank_routes is None or routes[kind][0] is None else
+             np.stack([cell_routes(ro, kind, r)[1] for r in rank_routes]) for kind in ("decode", "prefill")}
     vllm_self = nbits(dec_roll, pre_roll[dmask])
     shape_rec = {"tica/load": load, "tica/load_spec": LOADS[load].__dict__ | {"n_sequences": len(ro["fulls"])},
                  "tica/variants": variants, "tica/vllm_decode_vs_prefill_n_bitwise_diff": vllm_self,
@@ -420,6 +428,8 @@ def run_load(legs: Path, cand: str, shape: str, load: str, ro: dict, model, kern
                  "tica/largest_kernel_call_rows": variants["product"]["largest_call_rows"]}
     if trainer_routes is not None:  # a MoE: where each side's routes came from, or why a cell has none
         shape_rec["tica/routes"] = {kind: r[2] for kind, r in routes.items()}
+    if rank_routes is not None:
+        shape_rec["tica/ep_rank_routes"] = ep_rank_record(rank_routes)
     if ro.get("prefill_alone") is not None:
         # vLLM against itself: the first sequence's prompt_logprobs alone vs in this load's batch (a
         # batch-variant engine, e.g. FP8 experts scaled over the whole batch, differs here)
@@ -434,7 +444,7 @@ def run_load(legs: Path, cand: str, shape: str, load: str, ro: dict, model, kern
         d = legs / leg_name(cand, shape, load, kind + kind_suffix)
         r_ex, t_ex, _ = routes[kind]
         legio.write_step_arrays(d, 1, token_ids=tok, seq_lens=lens, trainer_logprobs=tr, rollout_logprobs=roll,
-                                rollout_experts=r_ex, trainer_experts=t_ex)
+                                rollout_experts=r_ex, trainer_experts=t_ex, trainer_experts_ranks=ranks[kind])
         row = legio.step_row(1, ck, tr, roll, dict(shape_rec, **{"tica/scored": kind}))
         legio.write_jsonl(d / "metrics.jsonl", [row])
         if probe is not None and kind == "prefill":
@@ -473,6 +483,16 @@ def run_load(legs: Path, cand: str, shape: str, load: str, ro: dict, model, kern
         + f" (of {int(dmask.sum())}/{lp.size}); vLLM decode vs prefill {vllm_self}")
     return {"load": load + kind_suffix, "variants": variants, "vllm_decode_vs_prefill": vllm_self,
             "n_decode": int(dmask.sum()), "n_prefill": int(lp.size)}
+
+
+def ep_rank_record(rank_routes) -> dict:
+    """The EP ranks' routes of the packed forward against rank 0's (the replicated router: equal)."""
+    import numpy as np
+
+    differ = (np.sort(rank_routes, -1) != np.sort(rank_routes[:1], -1)).any(-1)  # ranks x tokens x layers
+    return {"ranks": int(rank_routes.shape[0]), "token_layer_routes": int(differ[0].size),
+            "differing_from_rank0": [int(x) for x in differ.reshape(differ.shape[0], -1).sum(1)],
+            "source": "each emulated rank's router (KernelMoe.rank_routes)"}
 
 
 def kernels_norm(kernels) -> str:
@@ -590,11 +610,12 @@ def cmd_matrix_cell(a) -> int:
     engine_cfg = dict(MATRIX_MOE_CFG if moe else MATRIX_CFG,
                       **({"quantization": ENGINE_QUANTIZATION[quant]} if quant else {}),
                       **({"tensor_parallel_size": tp} if tp > 1 else {}))
-    if a.shape.endswith(EXPERT_PARALLEL_SUFFIX):  # before any engine starts: nothing the trainer computes to judge
+    ep = a.shape.endswith(EXPERT_PARALLEL_SUFFIX)
+    if ep:
         engine_cfg["enable_expert_parallel"] = True
-        reason = EP_NOT_FOLLOWED if moe else "expert parallelism needs a MoE shape; this one is dense"
+    if ep and not moe:  # before any engine starts
         cell_not_run(a, {"model": str(m0), "model_shape": a.shape, "candidate": a.candidate, **engine_cfg},
-                     cell_loads(getattr(a, "loads", None) or "", moe, quant)[0], reason)
+                     cell_loads(getattr(a, "loads", None) or "", moe, quant)[0], EP_DENSE)
         return 0
     serve = m0  # the checkpoint vLLM serves: m0, or for a block-FP8 cell its FP8 checkpoint written here
     block_ckpt = None
@@ -626,7 +647,8 @@ def cmd_matrix_cell(a) -> int:
         parts = list(CANDIDATE_PARTS[a.candidate] or [])
         pin = {"dry_run": True}
         llm = None
-        all_reduce = [{"dry_run": DRY_TP} for _ in range(tp)] if tp > 1 else None
+        all_reduce = [{"dry_run": DRY_EP if ep else DRY_TP} for _ in range(tp)] if tp > 1 else None
+        engine_maps = None
         if quant:
             fp8_rec = fp8_setup(model, None, moe, quant)
     else:
@@ -662,6 +684,7 @@ def cmd_matrix_cell(a) -> int:
             # the NCCL variables vLLM set under BI=1 (batch_invariant.override_envs_for_invariance)
             all_reduce = recorded(lambda: llm.collective_rpc(_all_reduce_record))
             rollout_kernels["all_reduce"] = all_reduce
+        engine_maps = recorded(lambda: llm.apply_model(engine_expert_maps)) if ep else None
         roll = lambda p, g, s: vllm_rollout(llm, p, g, s)  # noqa: E731
         rollout_kernels["vllm_log"] = vllm_lines.lines  # vLLM's own lines about the kernels it chose
         if quant:
@@ -676,6 +699,22 @@ def cmd_matrix_cell(a) -> int:
     if fp8_rec is not None and block_ckpt is not None:
         fp8_rec["checkpoint"] = block_ckpt
     model.tp = tp  # the dry run's fake rollout scores with this same model: its TP=2 layout too
+    ep_rec = None
+    if ep:
+        model.ep = True
+        maps = model.expert_maps()
+        ep_rec = {"ep_size": tp, "placement": model.ep_placement, "trainer": TRAINER_EP_LAYOUT,
+                  "expert_maps": [[int(x) for x in m.tolist()] for m in maps],
+                  "engine_expert_maps": engine_maps if engine_maps is not None else "dry run: no engine"}
+        if isinstance(engine_maps, dict):  # recorded() kept the error: where the experts are is not known
+            why = f"the engine's expert maps could not be read ({engine_maps.get('error')}), so the trainer's are unchecked"
+        else:
+            why = None if engine_maps is None else engine_maps_differ(engine_maps, maps)
+        if why:  # the engine's experts are not where the trainer computes them: nothing to judge
+            cell_not_run(a, {"model": str(m0), "model_shape": a.shape, "candidate": a.candidate, **engine_cfg,
+                             "expert_parallel": ep_rec}, cell_loads(getattr(a, "loads", None) or "", moe, quant)[0],
+                         f"the trainer does not follow this engine's expert parallelism: {why}")
+            return 0
     from .overlay import overlay_record
 
     common = {"rollout_kernels": rollout_kernels,
@@ -692,6 +731,7 @@ def cmd_matrix_cell(a) -> int:
                          **engine_cfg, "quantization": quant, **({"fp8": fp8_rec} if fp8_rec else {}),
                          "matrix_seed": SEED, "vllm_check": pin, "tensor_parallel_size": tp,
                          **({"all_reduce": all_reduce, "trainer_tensor_parallel": TRAINER_TP_LAYOUT} if tp > 1 else {}),
+                         **({"expert_parallel": ep_rec} if ep_rec else {}),
                          "trainer_packing": "all sequences of a load in one varlen batch; no knowledge of engine steps"}}
     probe = None
     if not dry:
@@ -753,9 +793,12 @@ def cmd_matrix_cell(a) -> int:
             summary["update"] = {"not_run": reason, **{k: v for k, v in upd.items() if k != "path"}}
             Path(a.summary).write_text(json.dumps(summary, indent=1, default=str))
             return 0
-        if moe and tp > 1:
+        if moe and ep:  # each rank's whole local experts, compared by digest (ep.reloaded_experts_equal)
+            upd["reloaded_experts_equal"] = recorded(
+                lambda: ep_reloaded_experts_equal(llm.apply_model(engine_expert_digests), model))
+        elif moe and tp > 1:
             upd["reloaded_experts_equal"] = {"not_checked": "at TP=2 each rank holds a slice of every expert; the "
-                                                             "check compares whole stacked tensors (TP=1 only)"}
+                                                             "check compares whole stacked tensors (TP=1 and EP only)"}
         elif moe:
             upd["reloaded_experts_equal"] = recorded(lambda: reloaded_experts_equal(llm, model))
         if quant == "fp8_block":

@@ -41,6 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from . import autograd as A
+from .ep import check_expert_maps, expert_map, local_experts, placement
 from .kernels import ROW_CALL_ELEMS, row_chunks
 from .model import KernelLlama, load_safetensors_dir
 from .moe_backward import moe_block
@@ -82,13 +83,18 @@ class TorchMoeReference:
         return w, ids.to(torch.int32)
 
     @staticmethod
-    def experts(x, w13, w2, weights, ids):
+    def experts(x, w13, w2, weights, ids, expert_map=None):
+        """expert_map (EP, ep.expert_map): w13/w2 hold this rank's experts; a slot routed to an
+        expert mapped to -1 contributes nothing, as vLLM's fused_experts zeroes its row."""
         wide = torch.promote_types(x.dtype, torch.float32)
         out = torch.zeros(x.shape[0], w2.shape[1], dtype=wide, device=x.device)
         for e in torch.unique(ids).tolist():
+            j = e if expert_map is None else int(expert_map[e])
+            if j < 0:
+                continue
             tok, slot = torch.nonzero(ids == e, as_tuple=True)
-            g, u = (x[tok].to(wide) @ w13[e].to(wide).t()).chunk(2, dim=-1)
-            y = (F.silu(g) * u) @ w2[e].to(wide).t()
+            g, u = (x[tok].to(wide) @ w13[j].to(wide).t()).chunk(2, dim=-1)
+            y = (F.silu(g) * u) @ w2[j].to(wide).t()
             out.index_add_(0, tok, y * weights[tok, slot].to(wide).unsqueeze(-1))
         return out.to(x.dtype)
 
@@ -118,7 +124,7 @@ class VllmMoeKernels:
         w, ids, _ = self._topk(hidden_states=x, gating_output=logits, topk=top_k, renormalize=renormalize)
         return w, ids
 
-    def experts(self, x, w13, w2, weights, ids):
+    def experts(self, x, w13, w2, weights, ids, expert_map=None):
         # vLLM 0.26's fused_experts does not split its tokens: its silu_and_mul is given tokens x top_k
         # rows of width 2I in one call, wrong past the 32-bit row offset (kernels.ROW_CALL_ELEMS), which
         # a packed trainer batch reaches (Mixtral's 8 x 14336 top-2: 37,449 tokens a call). Under BI=1
@@ -126,7 +132,10 @@ class VllmMoeKernels:
         # tokens give each token the same bits.
         calls = expert_calls(self.limits, x.shape[0], ids.shape[1] * max(w13.shape[1], x.shape[1]))
         x, w13, w2 = x.contiguous(), w13.contiguous(), w2.contiguous()
-        outs = [self._experts(x[c], w13, w2, weights[c], ids[c]) for c in calls]
+        # EP: the rank's local experts, the global count and the map, as UnquantizedFusedMoEMethod passes them
+        ep = {} if expert_map is None else {"global_num_experts": int(expert_map.numel()),
+                                            "expert_map": expert_map.to(x.device)}
+        outs = [self._experts(x[c], w13, w2, weights[c], ids[c], **ep) for c in calls]
         return outs[0] if len(outs) == 1 else torch.cat(outs)
 
     def describe(self) -> dict:
@@ -154,8 +163,8 @@ class TorchRouterFault:
     def __init__(self, inner) -> None:
         self.inner = inner
 
-    def experts(self, x, w13, w2, weights, ids):
-        return self.inner.experts(x, w13, w2, weights, ids)
+    def experts(self, x, w13, w2, weights, ids, expert_map=None):
+        return self.inner.experts(x, w13, w2, weights, ids, expert_map)
 
 
 def per_expert_state_dict(sd: dict[str, torch.Tensor], n_layers: int) -> dict[str, torch.Tensor]:
@@ -224,6 +233,11 @@ class KernelMoe(KernelLlama):
                               if i not in dense and self.n_experts > 0 and (i + 1) % step == 0]
         # per MoE layer: (ids int32 [T, k], weights float32 [T, k]) of the last forward, packed order
         self.routes: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        # expert parallelism over the tp ranks (vLLM's enable_expert_parallel; ep.py): whole experts
+        # per rank by vLLM's expert map; then every rank's route is recorded, rank order
+        self.ep: bool = False
+        self.ep_placement = placement("linear", config.get("num_expert_group"))
+        self.rank_routes: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         # a dict to record the forward's intermediates in ("{layer}.attn_out", "{layer}.mlp_in",
         # "{layer}.mlp_out", "final"): a probe that finds the first op whose bits differ from vLLM's
         self.trace: dict[str, torch.Tensor] | None = None
@@ -287,7 +301,37 @@ class KernelMoe(KernelLlama):
             parts.append(gate * shared[r] + out if shared is not None else out)
         return self._all_reduce(parts)
 
+    def expert_maps(self) -> list[torch.Tensor]:
+        """vLLM's expert map of each EP rank (the EP size is the TP size: FusedMoEParallelConfig.make)."""
+        maps = [expert_map(self.tp, r, self.n_experts, self.ep_placement) for r in range(self.tp)]
+        check_expert_maps(maps, self.n_experts)
+        return maps
+
+    def _ep_moe(self, i: int, p: str, h):
+        """vLLM's FusedMoE at TP=2 with enable_expert_parallel (ep.py): the router replicated, each
+        rank's fused_experts over its whole local experts with the expert map (another rank's slots
+        zero), a shared expert's TP partial added, and the sum all-reduced (the late all-reduce)."""
+        self._check_tp()
+        b = p + self.layout.block
+        w13, w2 = self.expert_weights(p)
+        shared = self._tp_mlp_parts(b + "shared_expert.", h) if self.layout.shared_expert else None
+        gate = (torch.sigmoid(self._lin(b + "shared_expert_gate", h, self.w(b + "shared_expert_gate.weight")))
+                if shared is not None else None)
+        parts, self.rank_routes[i] = [], []
+        for r, m in enumerate(self.expert_maps()):
+            # each rank computes the replicated gate itself, as each vLLM worker does: its route is its own receipt
+            logits = self._lin(b + "gate", h, self.w(b + "gate.weight"))
+            held = local_experts(m).to(w13.device)
+            out, weights, ids = moe_block(self.moe_kernels, h, logits, w13[held], w2[held], self.top_k,
+                                          self.renormalize, m.to(h.device))
+            self.rank_routes[i].append((ids.detach(), weights.detach()))
+            parts.append(gate * shared[r] + out if shared is not None else out)
+        self.routes[i] = self.rank_routes[i][0]
+        return self._all_reduce(parts)
+
     def _moe(self, i: int, p: str, h):
+        if self.tp > 1 and self.ep:
+            return self._ep_moe(i, p, h)
         if self.tp > 1:
             return self._tp_moe(i, p, h)
         b = p + self.layout.block
@@ -313,7 +357,7 @@ class KernelMoe(KernelLlama):
                          for s, e in zip(cu_seqlens[:-1].tolist(), cu_seqlens[1:].tolist())])
         h = F.embedding(ids, self.w("model.embed_tokens.weight"))
         residual = None
-        self.routes = {}
+        self.routes, self.rank_routes = {}, {}
         for i in range(self.n_layers):
             p = f"model.layers.{i}."
             if residual is None:
@@ -346,6 +390,17 @@ class KernelMoe(KernelLlama):
         import numpy as np
 
         return np.stack([self.routes[i][0].cpu().numpy() for i in self.sparse_layers], axis=1).astype(np.int32)
+
+    def rank_routes_array(self):
+        """The last forward's expert ids of every EP rank, int32 [ranks, packed tokens, MoE layers,
+        top-k] (numpy); None where the forward ran no expert parallelism."""
+        import numpy as np
+
+        if not self.rank_routes:
+            return None
+        ranks = len(self.rank_routes[self.sparse_layers[0]])
+        return np.stack([np.stack([self.rank_routes[i][r][0].cpu().numpy() for i in self.sparse_layers], axis=1)
+                         for r in range(ranks)]).astype(np.int32)
 
     def routing_receipt(self, start: int = 0, stop: int | None = None) -> list[LayerRoutes]:
         """The last forward's routes of packed tokens [start, stop), one entry per MoE layer in order."""

@@ -35,11 +35,12 @@ class MoeBlockFn(torch.autograd.Function):
     [T, k] fp32, expert ids [T, k] int32); the last two are the route, not differentiable."""
 
     @staticmethod
-    def forward(ctx, moe_kernels, x, logits, w13, w2, top_k: int, renormalize: bool):
+    def forward(ctx, moe_kernels, x, logits, w13, w2, top_k: int, renormalize: bool, expert_map=None):
         weights, ids = moe_kernels.route(x, logits, top_k, renormalize)
-        out = moe_kernels.experts(x, w13, w2, weights, ids)
+        out = (moe_kernels.experts(x, w13, w2, weights, ids) if expert_map is None
+               else moe_kernels.experts(x, w13, w2, weights, ids, expert_map))
         ctx.save_for_backward(x, logits, w13, w2, ids)
-        ctx.renormalize = renormalize
+        ctx.renormalize, ctx.expert_map = renormalize, expert_map
         ctx.mark_non_differentiable(weights, ids)
         return out, weights, ids
 
@@ -47,8 +48,8 @@ class MoeBlockFn(torch.autograd.Function):
     def backward(ctx, gy, _gw, _gids):
         x, logits, w13, w2, ids = ctx.saved_tensors
         A._BACKWARD_USED[MOE_OP] = "analytic at the forward's route (moe_backward.py), per-expert matmuls"
-        dx, dlogits, dw13, dw2 = moe_block_grads(x, logits, w13, w2, ids, ctx.renormalize, gy)
-        return None, dx, dlogits, dw13, dw2, None, None
+        dx, dlogits, dw13, dw2 = moe_block_grads(x, logits, w13, w2, ids, ctx.renormalize, gy, ctx.expert_map)
+        return None, dx, dlogits, dw13, dw2, None, None, None
 
 
 def route_weights(logits: torch.Tensor, ids: torch.Tensor, renormalize: bool) -> tuple[torch.Tensor, ...]:
@@ -61,8 +62,10 @@ def route_weights(logits: torch.Tensor, ids: torch.Tensor, renormalize: bool) ->
     return p, sel / s, s
 
 
-def moe_block_grads(x, logits, w13, w2, ids, renormalize: bool, gy):
-    """The analytic gradient of the block at the route ``ids`` (see the module's docstring)."""
+def moe_block_grads(x, logits, w13, w2, ids, renormalize: bool, gy, expert_map=None):
+    """The analytic gradient of the block at the route ``ids`` (see the module's docstring). With an
+    expert map (EP: one rank's local experts in w13/w2) the slots of other ranks' experts are zero in
+    the forward, so they get no gradient here: the ranks' gradients add up to the whole block's."""
     wd = A._wide(x.dtype)
     md = x.dtype if A._low(x) else wd  # the expert matmuls' dtype
     T, k = ids.shape
@@ -74,9 +77,12 @@ def moe_block_grads(x, logits, w13, w2, ids, renormalize: bool, gy):
     dw2 = torch.zeros(w2.shape, dtype=wd, device=x.device)
     ids_l = ids.long()
     for e in torch.unique(ids_l).tolist():
+        j = e if expert_map is None else int(expert_map[e])
+        if j < 0:
+            continue
         tok, slot = torch.nonzero(ids_l == e, as_tuple=True)
         xe = x[tok].to(md)
-        we13, we2 = w13[e].to(md), w2[e].to(md)
+        we13, we2 = w13[j].to(md), w2[j].to(md)
         g, u = (xe @ we13.t()).to(wd).chunk(2, dim=-1)
         sg = torch.sigmoid(g)
         act = g * sg * u
@@ -84,10 +90,10 @@ def moe_block_grads(x, logits, w13, w2, ids, renormalize: bool, gy):
         ge = gyw[tok]
         d_wn[tok, slot] = (ge * ye).sum(-1)
         dye = (ge * wn[tok, slot].unsqueeze(-1)).to(md)
-        dw2[e] = (dye.t() @ act.to(md)).to(wd)
+        dw2[j] = (dye.t() @ act.to(md)).to(wd)
         dact = (dye @ we2).to(wd)
         dgu = torch.cat((dact * u * sg * (1 + g * (1 - sg)), dact * g * sg), dim=-1).to(md)
-        dw13[e] = (dgu.t() @ xe).to(wd)
+        dw13[j] = (dgu.t() @ xe).to(wd)
         dx_slots[tok, slot] = (dgu @ we13).to(wd)
     dx = dx_slots.sum(1)
     planted = MOE_OP in A._WRONG  # the route's gradient without its centring term (renormalisation's or softmax's)
@@ -102,10 +108,10 @@ def moe_block_grads(x, logits, w13, w2, ids, renormalize: bool, gy):
     return dx.to(x.dtype), dlogits.to(logits.dtype), dw13.to(w13.dtype), dw2.to(w2.dtype)
 
 
-def moe_block(moe_kernels, x, logits, w13, w2, top_k: int, renormalize: bool):
+def moe_block(moe_kernels, x, logits, w13, w2, top_k: int, renormalize: bool, expert_map=None):
     """The block's output and its route (weights fp32, ids int32), differentiable in x, logits,
-    w13 and w2."""
-    return MoeBlockFn.apply(moe_kernels, x, logits, w13, w2, top_k, renormalize)
+    w13 and w2; with ``expert_map`` one EP rank's partial over its local experts (ep.py)."""
+    return MoeBlockFn.apply(moe_kernels, x, logits, w13, w2, top_k, renormalize, expert_map)
 
 
 def reference_block(x, logits, w13, w2, ids, renormalize: bool):
