@@ -21,6 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.long import size
 from tica.ledger import TABLES, Ledger, batches, parallel, verify_entries
 from tica.ledger.chain import Head
 
@@ -143,7 +144,7 @@ def fresh(tmp_path_factory):
     return lambda: tmp_path_factory.mktemp("body") / f"l{next(counter)}.duckdb"
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+@settings(max_examples=size(20, 60), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                  HealthCheck.too_slow])
 @given(rows=st.integers(0, 14), data=st.data(), anchored=st.booleans())
 def test_the_body_path_reports_what_the_python_path_reports_for_random_tamperings(fresh, rows, data, anchored):
