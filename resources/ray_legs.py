@@ -462,7 +462,8 @@ class RayLegRunner(LegRunner):
                 "slot": spec.slot, "concurrency": conc, "producer": RECORD_PRODUCER,
                 "producer_version": RECORD_VERSION,
                 "env": {**ARM_ENV[spec.arm], **job.node.env(),
-                        **({"TICA_GPU_UUID": job.gpu["uuid"]} if job.gpu and job.gpu.get("uuid") else {})},
+                        **({"CUDA_VISIBLE_DEVICES": job.gpu["cuda_visible_devices"], "TICA_GPU_UUID": job.gpu["uuid"]}
+                           if job.gpu and job.gpu.get("uuid") else {})},
                 "resolved_config": {"ray_job": job.submission_id, "producer_dir": str(job.out)},
                 "started_at": job.started_at, "ended_at": job.ended_at,
                 "processes": [], "not_run_reason": not_run_reason,

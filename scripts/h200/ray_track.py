@@ -64,8 +64,11 @@ def start_cluster(gpus: list[str], cpus_per_node: int = 4) -> LocalCluster:
     os.environ["PYTHONPATH"] = os.pathsep.join(x for x in (str(REPO), os.environ.get("PYTHONPATH", "")) if x)
     os.environ.pop("RAY_ADDRESS", None)
     port = _free_port()
+    # the head's dashboard agent on a free port: its default (52365) is taken by any other cluster on the
+    # host, and without that agent the dashboard takes no job
     cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 1, "num_gpus": 0, "include_dashboard": True, "dashboard_host": "127.0.0.1", "dashboard_port": port})
+        "num_cpus": 1, "num_gpus": 0, "include_dashboard": True, "dashboard_host": "127.0.0.1", "dashboard_port": port,
+        "dashboard_agent_listen_port": _free_port()})
     local = LocalCluster(cluster=cluster, address=f"http://127.0.0.1:{port}")
     saved = os.environ.get("CUDA_VISIBLE_DEVICES")
     try:
