@@ -262,6 +262,7 @@ def receipt_problems(leg: Path, gpu: dict | None) -> list[str]:
 def verify(run: TrackRun, dsn: str) -> dict[str, Any]:
     """The checks of the module's docstring, read from the shared folder and the ledger."""
     from resources.ray_gpu_check import check, records
+    from tica.evidence import EvidenceItem
     from tica.ledger import PostgresLedger
 
     recs = records(run.shared)
@@ -284,16 +285,18 @@ def verify(run: TrackRun, dsn: str) -> dict[str, Any]:
     wrong_node = [f"{r.get('item')}/{r.get('leg')}: pinned to {r.get('node_id')}, ran on {r.get('ran_on_node_id')}"
                   for r in recs if r.get("ran_on_node_id") and r["ran_on_node_id"] != r.get("node_id")]
     gpus = check(recs)
+    wanted = set(run.items) or {i.value for i in EvidenceItem if i is not EvidenceItem.ARTIFACTS}
+    no_jobs = sorted(wanted - {str(r.get("item")) for r in recs})
     verdicts = ledger.rows("SELECT track, item, verdict, summary FROM track_verdicts")
     checks = {
-        "legs_recorded": len(recs) > 0,
+        "every_item_ran_jobs": not no_jobs,
         "every_leg_in_ledger": not not_in_ledger,
         "receipts_name_node_and_gpu": not receipts,
         "ran_on_pinned_node": not wrong_node,
         "throughput_legs_alone_on_their_gpu": gpus.ok,
     }
     return {
-        "ok": all(checks.values()), "checks": checks, "not_in_ledger": not_in_ledger, "receipt_problems": receipts,
+        "ok": all(checks.values()), "checks": checks, "items_without_jobs": no_jobs, "not_in_ledger": not_in_ledger, "receipt_problems": receipts,
         "wrong_node": wrong_node, "gpu_overlaps": gpus.overlaps, "gpu_unknown": gpus.unknown,
         "ledger_legs": len(rows), "verdicts": [{k: r[k] for k in ("track", "item", "verdict", "summary")} for r in verdicts],
         "ledger_verified": bool(ledger.verify().ok), "ray_jobs": recs,
@@ -361,6 +364,7 @@ def main(argv: list[str] | None = None) -> int:
         if pg is not None:
             pg.stop()
     summary["seconds"] = round(time.monotonic() - t0, 1)
+    summary["ok"] = bool(summary["ok"] and success)  # a Dagster run that failed is no finished track
     write_out(args.out, run, summary)
     print(json.dumps({k: summary[k] for k in ("ok", "checks", "dagster_success", "seconds")}, indent=1))
     for line in summary["not_in_ledger"] + summary["receipt_problems"] + summary["gpu_overlaps"] + summary["gpu_unknown"]:
