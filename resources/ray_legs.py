@@ -28,10 +28,18 @@ the node). Items go to nodes in turn (`item_nodes` pins one by name).
 
 What a leg records. The runner puts the node in the leg's environment before the producer starts:
 `TICA_NODE` (the node's name, the custom resource without its prefix), `TICA_NODE_ID` (Ray's
-node id) and `TICA_NODE_IP`; every TICA producer records `TICA_*` variables in leg.json's `env`
-(tica.legs.common.recorded_env), so the node is in the sealed receipt. After the job the runner
-checks that Ray ran it on that node (`driver_node_id`), and writes beside the leg
-`<leg>.ray.json`: job id, node, status, Ray's message, times.
+node id) and `TICA_NODE_IP`; every TICA producer records `TICA_*` and `CUDA_*` variables in
+leg.json's `env` (tica.legs.common.recorded_env), so the node is in the sealed receipt. The job's
+entrypoint is tica.legs.gpu_identity, which reads the GPU Ray gave it (`CUDA_VISIBLE_DEVICES`, its
+UUID from nvidia-smi or `unknown`) into `<leg>.gpu.json` and `TICA_GPU_UUID`, then execs the
+producer. After the job the runner checks that Ray ran it on that node (`driver_node_id`), and
+writes beside the leg `<leg>.ray.json`: job id, node, GPU, status, Ray's message, times.
+
+GPUs. A leg asks Ray for `num_gpus`; a throughput leg for at least one whole GPU, whatever
+num_gpus says, so Ray never places another GPU leg on its device while it runs (a fraction would
+let two legs share one). A leg asking for none is given no device (gpu_identity empties its
+CUDA_VISIBLE_DEVICES). resources.ray_gpu_check reads the records back and names any throughput leg
+that overlapped another leg on one GPU.
 
 Receipts. Producers write under `shared_dir`, a folder every node sees (NFS, a PVC; here a local
 folder): `<shared_dir>/<track>/<candidate>/<item>/<run>/<leg>`. The judges read them there.
@@ -55,6 +63,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 import shlex
 import sys
 import time
@@ -78,6 +87,7 @@ RECORD_VERSION = "1"
 # The environment variables a leg is given to record its node (TICA_* are recorded by every producer).
 NODE_ENV = ("TICA_NODE", "TICA_NODE_ID", "TICA_NODE_IP")
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
+GPU_ENTRYPOINT = "tica.legs.gpu_identity"
 THREAD_WAIT_TIMEOUT_S = 120.0  # dagster's THREAD_WAIT_TIMEOUT for a Pipes reader's thread
 LOST_GRACE_S = 30.0  # how long a running job on a lost node may take to be failed by Ray
 
@@ -133,12 +143,15 @@ class LegJob:
     recorded_failure: Path | None = None
     submitted_at: str | None = None  # by this runner's clock
     returned_at: str | None = None
+    num_gpus: float | None = None  # what the job asked Ray for
+    gpu: dict[str, Any] | None = None  # tica.legs.gpu_identity's record, read on the node; None: none written
 
     def record(self) -> dict[str, Any]:
-        return {"leg": self.spec.name, "submission_id": self.submission_id, "status": self.status,
+        return {"item": self.spec.item.value, "leg": self.spec.name, "submission_id": self.submission_id, "status": self.status,
                 "node": self.node.name, "node_id": self.node.node_id, "node_ip": self.node.ip,
                 "ran_on_node_id": self.ran_on_node_id, "submitted_at": self.submitted_at, "started_at": self.started_at,
                 "ended_at": self.ended_at, "returned_at": self.returned_at,
+                "num_gpus": self.num_gpus, "gpu": self.gpu,
                 "error_type": self.error_type, "message": self.message, "stopped_because": self.stopped_because,
                 "error": self.error, "sealed_legs": [str(p) for p in self.legs],
                 "failure_record": str(self.recorded_failure) if self.recorded_failure else None}
@@ -163,6 +176,8 @@ class RayLegRunner(LegRunner):
     env: dict[str, str] = Field(default_factory=dict, description="extra environment for every leg (HF_HOME ...)")
     producer_module: str = Field("", description="module run in place of tica.legs.<item> ({item} is replaced; "
                                                  "words after the module are passed before the leg's flags)")
+    item_args: dict[str, str] = Field(default_factory=dict, description="item -> producer flags added before the "
+                                                                       "leg's own (engine sizing on a GPU node)")
     leg_timeout_s: float = Field(3600.0, gt=0, description="a leg's job past this (pending or running) is stopped")
     poll_interval_s: float = Field(0.5, gt=0, description="how often job status and node liveness are polled")
 
@@ -254,6 +269,12 @@ class RayLegRunner(LegRunner):
         return [p for j in jobs for p in (*j.legs, *(sealed_leg_dirs(j.recorded_failure) if j.recorded_failure else ()))]
 
     # ------------------------------------------------------------------ one leg
+    def gpus_for(self, spec: LegSpec) -> float:
+        """The GPUs a leg asks Ray for: a throughput leg at least one whole one (no other leg beside it)."""
+        if spec.item is EvidenceItem.THROUGHPUT:
+            return float(max(1, math.ceil(self.num_gpus)))
+        return self.num_gpus
+
     def leg_command(self, spec: LegSpec, request: LegRequest, out: Path) -> tuple[list[str], dict[str, str]]:
         """The producer's argv and the environment the job adds (not this process's environment)."""
         from tica.legs.common import ALIGNED_ENV, ARM_ENV
@@ -264,6 +285,9 @@ class RayLegRunner(LegRunner):
         if self.producer_module:
             at = command.index("-m") + 1
             command[at:at + 1] = shlex.split(self.producer_module.format(item=spec.item.value))
+        if spec.item.value in self.item_args:
+            at = command.index("--out")
+            command[at:at] = shlex.split(self.item_args[spec.item.value])
         root = self.project_root or str(PROJECT_ROOT)
         env = {**self.env, **ALIGNED_ENV, **ARM_ENV[spec.arm]}  # the arm's switch last: it wins
         env["PYTHONPATH"] = ":".join(x for x in (root, self.env.get("PYTHONPATH", "")) if x)
@@ -283,16 +307,19 @@ class RayLegRunner(LegRunner):
         job.out.parent.mkdir(parents=True, exist_ok=True)
         command, env = self.leg_command(spec, request, job.out)
         env.update(node.env())  # recorded by the producer in leg.json's env
+        job.num_gpus = self.gpus_for(spec)
+        env["TICA_LEG_GPUS"] = f"{job.num_gpus:g}"
         root = self.project_root or str(PROJECT_ROOT)
+        wrapped = [command[0], "-m", GPU_ENTRYPOINT, "--record", str(self.gpu_record(job.out)), "--", *command]
         params: dict[str, Any] = {
-            "entrypoint": f"cd {shlex.quote(root)} && {shlex.join(command)}",
+            "entrypoint": f"cd {shlex.quote(root)} && {shlex.join(wrapped)}",
             "submission_id": job.submission_id,
             "entrypoint_resources": {node.resource: self.node_pin},
             "metadata": {"tica_item": spec.item.value, "tica_leg": spec.name, "tica_node": node.name,
                          "dagster_run_id": context.run.run_id},
         }
-        if self.num_gpus:
-            params["entrypoint_num_gpus"] = self.num_gpus
+        if job.num_gpus:
+            params["entrypoint_num_gpus"] = job.num_gpus
         if self.num_cpus:
             params["entrypoint_num_cpus"] = self.num_cpus
         context.log.info(f"leg {spec.item.value}/{spec.name}: Ray job {job.submission_id} on {node.name}: "
@@ -322,6 +349,7 @@ class RayLegRunner(LegRunner):
         finally:
             job.returned_at = _dt.datetime.now(_dt.timezone.utc).isoformat()
         self._job_info(job)
+        job.gpu = self._gpu_record(job.out)
         sealed = sealed_leg_dirs(job.out)
         wanted = self._wanted_subs(spec, request)
         job.legs = sealed
@@ -367,6 +395,16 @@ class RayLegRunner(LegRunner):
                     time.sleep(self.poll_interval_s)
                 return status
             time.sleep(self.poll_interval_s)
+
+    @staticmethod
+    def gpu_record(out: Path) -> Path:
+        return out.with_name(out.name + ".gpu.json")
+
+    def _gpu_record(self, out: Path) -> dict[str, Any] | None:
+        try:
+            return json.loads(self.gpu_record(out).read_text())
+        except (OSError, ValueError):
+            return None
 
     def _wanted_subs(self, spec: LegSpec, request: LegRequest) -> list[int] | None:
         """Throughput: the concurrencies a leg seals one sub-leg each for (`c<N>/`)."""
@@ -423,7 +461,9 @@ class RayLegRunner(LegRunner):
                 "schema": "tica.leg/1", "item": spec.item.value, "arm": spec.arm, "round": spec.round,
                 "slot": spec.slot, "concurrency": conc, "producer": RECORD_PRODUCER,
                 "producer_version": RECORD_VERSION,
-                "env": {**ARM_ENV[spec.arm], **job.node.env()},
+                "env": {**ARM_ENV[spec.arm], **job.node.env(),
+                        **({"CUDA_VISIBLE_DEVICES": job.gpu["cuda_visible_devices"], "TICA_GPU_UUID": job.gpu["uuid"]}
+                           if job.gpu and job.gpu.get("uuid") else {})},
                 "resolved_config": {"ray_job": job.submission_id, "producer_dir": str(job.out)},
                 "started_at": job.started_at, "ended_at": job.ended_at,
                 "processes": [], "not_run_reason": not_run_reason,

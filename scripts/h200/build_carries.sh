@@ -4,7 +4,8 @@
 # (gguf, megatron-core), and the Dagster wheels for the Pipes proof. Writes .devstage/ at the root of
 # the checkout it belongs to (from any folder), after scripts/setup.sh; needs PyPI. `build_carries.sh moe`
 # writes .devstage/m1 alone (after the kit's build_stage.sh); `build_carries.sh fp8` writes .devstage/m2 alone
-# (with DeepGEMM's headers from the kit's wheel, where build_stage.sh left it in .devstage/whl).
+# (with DeepGEMM's headers from the kit's wheel, where build_stage.sh left it in .devstage/whl);
+# `build_carries.sh ray` writes .devstage/r1-r5 alone (Ray, dagster-ray, psycopg, Dagster, Postgres 15).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 if [ "${1:-}" = moe ]; then  # vLLM's MoE ops library, which the kit drops (run_h200.sh probe), from the kit's wheel
@@ -29,6 +30,48 @@ if [ "${1:-}" = fp8 ]; then  # what vLLM's FP8 path imports and the GPU image la
     echo "no .devstage/whl/vllm-0.26.0 wheel (the kit's build_stage.sh): m2 without DeepGEMM's headers" >&2
   fi
   du -sh .devstage/m2; exit 0
+fi
+if [ "${1:-}" = ray ]; then  # the Ray two-GPU track (run_h200.sh ray, scripts/h200/ray_track.py); the image has neither
+  # Ray nor dagster-ray nor a Postgres server. r1-r3: ray's wheel (~75 MB) in three parts with its sha256;
+  # r4: the wheels beside it (dagster-ray, ray[default]'s extras the kit's vLLM site lacks, psycopg for the
+  # ledger, and the Dagster wheels of the `dagster` list below); r5: Postgres 15 (this machine's Debian build:
+  # server, initdb, pg_ctl, their share/ and every library they load but glibc's), 20 MB as xz. Each part
+  # stays under ~30 MiB so that it travels beside the ~29 MiB tree and the kit in one call.
+  PIPDL=(python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp
+         --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64)
+  rm -rf .devstage/r1 .devstage/r2 .devstage/r3 .devstage/r4 .devstage/r5
+  mkdir -p .devstage/r1 .devstage/r2 .devstage/r3 .devstage/r4 .devstage/r5
+  W=$(mktemp -d)
+  "${PIPDL[@]}" -d "$W" ray==2.60.0
+  R=$(ls "$W"/ray-2.60.0-*.whl)
+  split -n 3 -d -a 1 "$R" "$W/ray.part"  # ray.part0, .part1, .part2
+  mv "$W/ray.part0" .devstage/r1/ && mv "$W/ray.part1" .devstage/r2/ && mv "$W/ray.part2" .devstage/r3/
+  basename "$R" > .devstage/r3/ray.whl.name
+  sha256sum "$R" | cut -d' ' -f1 > .devstage/r3/ray.whl.sha256
+  rm -rf "$W"
+  "${PIPDL[@]}" -d .devstage/r4 dagster-ray==0.4.8 tenacity==9.2.1 aiohttp_cors==0.8.1 colorful==0.5.8 \
+    py_spy==0.4.3 opencensus==0.11.4 opencensus_context==0.1.3 google_api_core==2.44.0 google_auth==2.63.1 \
+    googleapis_common_protos==1.76.0 proto_plus==1.29.0 pyasn1==0.6.5 pyasn1_modules==0.4.2 cryptography==51.0.1 six==1.17.0 \
+    cachetools==7.3.3 smart_open==9.0.4 wrapt==2.5.2 virtualenv==21.15.14 distlib==0.4.4 python_discovery==1.9.9 \
+    opentelemetry_exporter_prometheus==0.66b2 opentelemetry_proto==1.45.2 psycopg==3.3.9 psycopg_binary==3.3.9 \
+    alembic==1.20.1 antlr4_python3_runtime==4.13.2 coloredlogs==14.0 dagster==1.13.27 dagster_pipes==1.13.27 \
+    dagster_shared==1.13.27 docstring_parser==0.18.0 grpcio_health_checking==1.81.1 humanfriendly==10.0 \
+    mako==1.4.3 pathlib_abc==0.5.2 platformdirs==4.14.8 python_dotenv==1.2.4 pytz==2026.6 sqlalchemy==2.1.9 \
+    structlog==26.1.0 tomli==2.5.0 tomlkit==0.15.2 toposort==1.10 tzdata==2026.6 universal_pathlib==0.3.10 \
+    watchdog==6.0.0
+  P=/usr/lib/postgresql/15 W=$(mktemp -d)
+  mkdir -p "$W/usr/lib/postgresql/15/bin" "$W/usr/lib/postgresql/15/lib" "$W/usr/share/postgresql" "$W/libs"
+  cp -a $P/bin/initdb $P/bin/pg_ctl $P/bin/postgres "$W/usr/lib/postgresql/15/bin/"
+  (cd $P/lib && tar --exclude=bitcode --exclude='llvmjit*' -cf - .) | tar -C "$W/usr/lib/postgresql/15/lib" -xf -
+  cp -a /usr/share/postgresql/15 "$W/usr/share/postgresql/" && rm -rf "$W/usr/share/postgresql/15/man"
+  # the libraries the server loads (bin/ and the two modules initdb needs), glibc's own left to the image
+  for l in $(ldd $P/bin/postgres $P/bin/initdb $P/bin/pg_ctl $P/lib/dict_snowball.so $P/lib/plpgsql.so \
+             | awk '/=>/{print $3}' | sort -u); do
+    case $(basename "$l") in libc.so.6|libm.so.6|libresolv.so.2|libpthread.so.0|libdl.so.2) ;; *) cp -L "$l" "$W/libs/" ;; esac
+  done
+  tar -C "$W" -cf - . | xz -6 -T0 > .devstage/r5/pg15.tar.xz && rm -rf "$W"
+  grep -qx '/.devstage/' .git/info/exclude 2>/dev/null || echo '/.devstage/' >> "$(git rev-parse --git-path info/exclude)"
+  du -sh .devstage/r1 .devstage/r2 .devstage/r3 .devstage/r4 .devstage/r5; exit 0
 fi
 G=$(.venv/bin/python -c "from tica.models.smollm2 import gguf_path; print(gguf_path())")
 rm -rf .devstage/q1 .devstage/q2 .devstage/q3 && mkdir -p .devstage/q1 .devstage/q2 .devstage/q3

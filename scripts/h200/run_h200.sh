@@ -74,9 +74,27 @@ recv() {  # keep this call's carried parts; once all three are here, join and ch
   fi
   ls -la $CARRY | tee -a "$OUT/run.log"
 }
+ray_recv() {  # the Ray track's carries (build_carries.sh ray: r1-r3 ray's wheel in parts, r4 wheels, r5 Postgres)
+  R=/tmp/tica_ray_carry; mkdir -p $R
+  for d in .devstage/r1 .devstage/r2 .devstage/r3 .devstage/r4 .devstage/r5; do [ -d $d ] && cp $d/* $R/; done
+  if [ -f $R/ray.whl.name ] && [ ! -f "$R/$(cat $R/ray.whl.name)" ] && ls $R/ray.part0 $R/ray.part1 $R/ray.part2 >/dev/null 2>&1; then
+    cat $R/ray.part0 $R/ray.part1 $R/ray.part2 > $R/ray.tmp
+    [ "$(sha256sum $R/ray.tmp | cut -d' ' -f1)" = "$(cat $R/ray.whl.sha256)" ] && mv $R/ray.tmp "$R/$(cat $R/ray.whl.name)" \
+      && rm -f $R/ray.part? || echo "ray wheel parts do not add up (sha256)" | tee -a "$OUT/run.log"
+  fi
+  if ls $R/ray-2.60.0-*.whl $R/dagster_ray-*.whl >/dev/null 2>&1 && [ ! -f /tmp/rsite/.ok ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/rsite $R/*.whl \
+      && touch /tmp/rsite/.ok
+  fi
+  if [ -f $R/pg15.tar.xz ] && [ ! -x /tmp/tica_pg/usr/lib/postgresql/15/bin/postgres ]; then
+    mkdir -p /tmp/tica_pg && tar -C /tmp/tica_pg -xJf $R/pg15.tar.xz && chmod -R a+rX /tmp/tica_pg
+  fi
+  ls -la $R | tee -a "$OUT/run.log"
+}
 export PYTHONPATH=$PYTHONPATH:/tmp/xsite TICA_SMOLLM2_GGUF=$CARRY/smollm2.gguf
 case "$1" in
   recv) recv ;;
+  ray-recv) ray_recv ;;
   forward)
     recv
     # make-model (mid4) -> bi1 (gradcheck, forward 1-5, planted faults, backward, AdamW, reload, forward 6-10,
@@ -226,5 +244,45 @@ case "$1" in
       done
     done
     ;;
-  *) echo "usage: $0 recv|forward|tp2|throughput|quality|matrix|bench|accept|probe"; exit 2 ;;
+  ray)
+    # issue 34: the h200-accept track's legs as Ray jobs on this host's GPUs (scripts/h200/ray_track.py):
+    # a local Ray cluster (head + one worker node per GPU, each its own tica_node_gpu<i>), a Postgres ledger
+    # (the carried server, data in /tmp/tica_ray), Dagster materializing the track with TICA_LEG_RUNNER=ray,
+    # each leg's producer tica.legs.<item> (the manifest's trainer: vllm_kernels) on the GPU Ray gave it.
+    # Extra args go to ray_track.py (--items forward,backward,update: the items of this call; /tmp/tica_ray
+    # keeps the ledger for the next call). Staging on nvidia-h100-x2 (or nvidia-h200-x2), each call at once
+    # after the last: stage_split.sh recv with c1a, then c1b; run_h200.sh recv with c2; recv with q1, with
+    # q2a, with q2b, with q3 (SmolLM2's GGUF); ray-recv with r1, r2, r3, r4, r5 (build_carries.sh ray); then
+    #   run("bash scripts/h200/run_h200.sh ray --items forward,backward,update", carry=[".devstage/kit"],
+    #       kind="nvidia-h100-x2", timeout_s=600)
+    #   run("bash scripts/h200/run_h200.sh ray --items quality,clean_exit", carry=[".devstage/kit"],
+    #       kind="nvidia-h100-x2", timeout_s=600)
+    # (throughput's 10 legs of 2048 in / 512 out, one vLLM server each, are more than one call's 600 s:
+    #  written, not yet placed in a call; RayLegRunner re-runs an item's legs whole, it does not resume)
+    # where each staging call is, e.g.:
+    #   run("bash scripts/h200/stage_split.sh recv", carry=[".devstage/c1a", ".devstage/kit"], kind="nvidia-h100-x2")
+    #   run("bash scripts/h200/stage_split.sh recv", carry=[".devstage/c1b", ".devstage/kit"], kind="nvidia-h100-x2")
+    #   run("bash scripts/h200/run_h200.sh recv", carry=[".devstage/c2", ".devstage/kit"], kind="nvidia-h100-x2")
+    #   run("bash scripts/h200/run_h200.sh recv", carry=[".devstage/kit", ".devstage/q1"], kind="nvidia-h100-x2")
+    #   ... q2a, q2b, q3 the same ...
+    #   run("bash scripts/h200/run_h200.sh ray-recv", carry=[".devstage/kit", ".devstage/r1"], kind="nvidia-h100-x2")
+    #   ... r2, r3, r4, r5 the same ...
+    recv
+    ray_recv
+    [ -f /tmp/rsite/.ok ] && [ -x /tmp/tica_pg/usr/lib/postgresql/15/bin/postgres ] \
+      || { echo "no Ray site or Postgres: carry r1-r5 first (run_h200.sh ray-recv)" | tee -a "$OUT/run.log"; exit 3; }
+    export PYTHONPATH=$PYTHONPATH:/tmp/rsite
+    nvidia-smi -L | tee -a "$OUT/run.log"
+    SMOL=/tmp/tica_smollm2
+    python3 -c "from tica.models.smollm2 import convert_smollm2; convert_smollm2('$SMOL')" 2>&1 | tail -2 | tee -a "$OUT/run.log"
+    # the accept track's engine (rollout.GRAPHS_CFG: decode CUDA graphs, no compile, prefix caching, chunked prefill)
+    E='{"enforce_eager": false, "enable_prefix_caching": true, "enable_chunked_prefill": true, "max_num_batched_tokens": 8192, "compilation_config": {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}}'
+    ENG="--max-model-len 4096 --gpu-memory-utilization 0.5"
+    python3 scripts/h200/ray_track.py --out "$OUT" --work /tmp/tica_ray --track h200-accept --model-dir $SMOL \
+      --gpus 0,1 --pg-bin /tmp/tica_pg/usr/lib/postgresql/15/bin --pg-lib /tmp/tica_pg/libs --leg-timeout 540 \
+      --item-args "forward=$ENG --engine-args '$E'" --item-args "update=$ENG --engine-args '$E'" \
+      --item-args "quality=$ENG --engine-args '$E'" --item-args "throughput=$ENG" --item-args "clean_exit=$ENG" \
+      "${@:2}" 2>&1 | tee -a "$OUT/run.log"
+    ;;
+  *) echo "usage: $0 recv|ray-recv|forward|tp2|throughput|quality|matrix|bench|accept|probe|ray"; exit 2 ;;
 esac

@@ -1,7 +1,7 @@
 """A local Ray cluster for the tests of RayLegRunner (resources/ray_legs.py): a head running the
 dashboard (the job API dagster-ray's Pipes client submits to) and two worker nodes, each
-advertising one fake GPU (`num_gpus=1`: Ray's bookkeeping, no device) and its own node resource
-(`tica_node_w1`, `tica_node_w2`). All on this host: one set of processes per node, started once
+advertising one fake GPU (`num_gpus=1`: Ray's bookkeeping, no device; a CUDA_VISIBLE_DEVICES index of
+its own) and its own node resource (`tica_node_w1`, `tica_node_w2`). All on this host: one set of processes per node, started once
 per session. The Postgres fixtures are tests/postgres_server.py's."""
 
 from __future__ import annotations
@@ -28,7 +28,17 @@ class RayTestCluster:
     nodes: dict  # name -> the Cluster's node handle
 
     def add_worker(self, name: str):
-        node = self.cluster.add_node(num_cpus=4, num_gpus=1, resources={PREFIX + name: 1})
+        # a fake device index of its own, as scripts/h200/ray_track.py gives each node its GPU: Ray
+        # hands a job the index its node started with (CUDA_VISIBLE_DEVICES)
+        saved = os.environ.get("CUDA_VISIBLE_DEVICES")
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(len(self.nodes))
+        try:
+            node = self.cluster.add_node(num_cpus=4, num_gpus=1, resources={PREFIX + name: 1})
+        finally:
+            if saved is None:
+                os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+            else:
+                os.environ["CUDA_VISIBLE_DEVICES"] = saved
         self.cluster.wait_for_nodes()
         self.nodes[name] = node
         return node
