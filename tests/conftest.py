@@ -25,19 +25,27 @@ from tests.long import FULL, SKIP_REASON
 # The files of the longest wall time in the full run (tests/<path>, slowest first); the rest keep
 # their collection order after these. Only the order changes: every test runs.
 SLOWEST_FIRST = (
-    "legs/test_legs_cpu.py",  # the demo leg set (430 s), the faulted throughput legs (56 s), the clean-exit canary
-    "ray/test_ray_legs.py",  # 154 s, and a Ray cluster of its own (the node-loss tests' is in the serial phase)
-    "legs/test_walkthrough_report.py",  # 143 s
-    "dagster/test_dagster_browser.py",  # 120 s
-    "dagster/test_pipes_gpu_proof.py",  # 85 s + 17 s + 12 s
-    "legs/test_demo_cpu_track.py",  # 62 s + 43 s
+    "legs/test_legs_cpu.py",  # the demo leg set (430-590 s), the faulted throughput legs (65 s), the clean-exit canary
+    "legs/test_walkthrough_report.py",  # 145-205 s
+    "dagster/test_pipes_gpu_proof.py",  # 145 s + 20 s + 15 s + 15 s
+    "ray/test_ray_legs.py",  # 155-185 s, and a Ray cluster of its own (the node-loss tests' is in the serial phase)
+    "core/test_ledger_batch_verify.py",  # 130 s of tamperings, DuckDB and Postgres
+    "legs/test_demo_cpu_track.py",  # 62 s + 51 s
+    "metamorphic/test_unknowns_spelling.py",  # 96 s
+    "dagster/test_demo_browser_in_clone.py",  # 80-90 s
+    "metamorphic/test_relations.py",  # 84 s
+    "core/test_ledger_in_db_verify.py",  # 79 s
     "legs/test_matrix_fp8_block.py",  # 72 s + 14 s of CPU dry runs
-    "dagster/test_demo_browser_in_clone.py",  # 80 s
-    "dagster/test_dagster_acceptance.py",  # five of 12-14 s
-    "dagster/test_dagster_staleness.py",  # 36 s
+    "dagster/test_dagster_acceptance.py",  # five of 10-15 s
+    "dagster/test_dagster_browser.py",  # 55-120 s
+    "scale/test_postgres_track_verdicts_view.py",  # 54 s
+    "false_pass/test_acceptance_trust.py",  # 50 s
+    "dagster/test_dagster_staleness.py",  # 36-48 s
+    "legs/test_leg_run_trust.py",  # 46 s
+    "core/test_ledger_body_verify.py",
+    "ray/test_ray_track.py",
     "dagster/test_dagster_instance_postgres.py",
     "legs/test_pipes_child.py",
-    "legs/test_leg_run_trust.py",
     "legs/test_leg_identity.py",
 )
 
