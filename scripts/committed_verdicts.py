@@ -80,7 +80,7 @@ def basis_and_matrix(tmp: Path) -> list[str]:
             for run in runs:
                 legs = [p for pattern in run["legs"] for p in sorted((basis / track).glob(pattern))]
                 out.append(line(f"{track}/{item} ({run['run']})", judge(item, q, legs, candidate)))
-    for archive in ("matrix", "matrix_moe", "matrix_fp8", "matrix_fp8b"):
+    for archive in ("matrix", "matrix_moe", "matrix_fp8", "matrix_fp8b", "matrix_fp8bc"):
         matrix = unpacked(FIXTURES / "h200" / f"{archive}.tar.xz", tmp / archive)
         cells = matrix_cells(load_question(QUESTIONS / "h200-matrix" / "forward.yaml"), matrix)
         counts = Counter((c.run, c.verdict.value) for c in cells)

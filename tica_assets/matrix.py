@@ -58,6 +58,9 @@ MATRIX_SETS = (
     MatrixSet("matrix_fp8b", FIXTURES_DIR / "matrix_fp8b.tar.xz",
               "the block-FP8 cell (run fp8b): llama3.2-1b_l4 served from a 128x128 block-FP8 checkpoint on "
               "vLLM's DeepGEMM linears, overlay3 only (stock and the Cutlass-block cell did not run)"),
+    MatrixSet("matrix_fp8bc", FIXTURES_DIR / "matrix_fp8bc.tar.xz",
+              "the block-FP8 cells with DeepGEMM off (run fp8bc): llama3.2-1b_l4 and qwen2.5-0.5b_l4 served from "
+              "a 128x128 block-FP8 checkpoint on vLLM's Cutlass block linears, stock and overlay3"),
 )
 
 

@@ -120,6 +120,28 @@ def test_a_block_fp8_cell_with_one_logprob_changed_shows_failing(settings, tmp_p
     assert meta["verdicts"] == "fp8b: fail x 1; fp8b: pass x 7"
 
 
+def test_the_cutlass_block_fp8_table_shows_the_pinned_verdict_counts(settings):
+    meta = metadata(settings, SETS["matrix_fp8bc"])["matrix_fp8bc"]
+    pin = pinned("fp8bc")
+    assert pin == {"fail": 8, "pass": 24} and totals(meta["rows"], "fp8bc") == (24, 32)
+    assert meta["verdicts"] == "fp8bc: fail x 8; fp8bc: pass x 24" and meta["answer"] == "32 cells judged: 8 fail, 24 pass"
+    # the README's Cutlass-block rows: overlay3 bitwise on every load of both shapes, before and after the
+    # update; stock passes prefill and fails every decode cell
+    for shape in ("llama3.2-1b_l4_fp8bc", "qwen2.5-0.5b_l4_fp8bc"):
+        got = row(meta["rows"], "fp8bc", shape)
+        assert (got["overlay3 decode"], got["overlay3 prefill"], got["stock prefill"], got["stock decode"]) == (
+            "4/4 pass", "4/4 pass", "4/4 pass", "0/4 pass"), shape
+
+
+def test_a_cutlass_block_fp8_cell_with_one_logprob_changed_shows_failing(settings, tmp_path):
+    receipts = shutil.copytree(unpacked(PROJECT_ROOT / SETS["matrix_fp8bc"].receipts), tmp_path / "fp8bc")
+    perturb_arrays(receipts / "fp8bc" / "mx-overlay3-qwen2.5-0.5b_l4_fp8bc-chunked-prefill", 1)  # resealed
+    meta = metadata(settings, MatrixSet("planted", receipts, "the Cutlass-block FP8 cells, one logprob off"))["planted"]
+    assert row(meta["rows"], "fp8bc", "qwen2.5-0.5b_l4_fp8bc")["overlay3 prefill"] == "3/4 pass"
+    assert row(meta["rows"], "fp8bc", "llama3.2-1b_l4_fp8bc")["overlay3 prefill"] == "4/4 pass"  # control
+    assert meta["verdicts"] == "fp8bc: fail x 9; fp8bc: pass x 23"
+
+
 def test_a_planted_route_flip_fails_its_cell_and_the_table_shows_it(settings, tmp_path):
     receipts = shutil.copytree(unpacked(PROJECT_ROOT / SETS["matrix_moe"].receipts), tmp_path / "moe")
     flip_route(receipts / "moe1" / "mx-overlay3-qwen3-30b-a3b_l2-c1-prefill", 1)  # resealed: only the judge can tell
