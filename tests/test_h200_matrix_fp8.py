@@ -8,15 +8,12 @@ One invariant per test, each beside the control that could make it fail.
 from __future__ import annotations
 
 import json
-import shutil
 from collections import Counter
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from tica.canaries import perturb_arrays
-from tica.items.forward.judge import judge_forward
+from tests.h200_block_fp8 import one_logprob_changed_never_passes
 from tica.judges.matrix import matrix_canaries, matrix_cells
 from tica.question import load_question
 from tica.receipt_archive import unpacked
@@ -148,20 +145,4 @@ def test_every_planted_fault_is_caught_beside_its_control(matrix):
 
 @pytest.mark.parametrize("reseal", [True, False], ids=["resealed", "seal_broken"])
 def test_a_leg_with_one_logprob_changed_never_passes(matrix, tmp_path, reseal):
-    src = matrix / "fp8" / f"mx-overlay3-{DENSE}-c64-prefill_post_update"
-    assert judge_forward(QUESTION, [src]).verdict is Verdict.PASS  # control
-    leg = shutil.copytree(src, tmp_path / "fp8" / src.name)
-    if reseal:
-        perturb_arrays(leg, 1)  # one rollout logprob one ulp off, metrics recomputed, resealed
-        assert check_seal(leg) == []
-    else:
-        p = leg / "arrays" / "step_0001.npz"
-        with np.load(p) as z:
-            data = {k: z[k] for k in z.files}
-        data["trainer_logprobs"][4] = np.nextafter(data["trainer_logprobs"][4], np.float32(0))
-        np.savez_compressed(p, **data)
-        assert check_seal(leg) != []
-    (c,) = matrix_cells(QUESTION, tmp_path)
-    assert c.verdict is not Verdict.PASS and c.cause is not None
-    if reseal:
-        assert c.verdict is Verdict.FAIL
+    one_logprob_changed_never_passes(QUESTION, matrix / "fp8" / f"mx-overlay3-{DENSE}-c64-prefill_post_update", tmp_path / "fp8", reseal)

@@ -17,11 +17,11 @@ import shutil
 from collections import Counter
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from tica.canaries import edit_meta, perturb_arrays
-from tica.items.forward.judge import judge_forward
+from tests.h200_block_fp8 import (CUTLASS, DEEPGEMM, config, kernel_edit_is_refused, one_logprob_changed_never_passes,
+                                  served_kernel)
+from tica.canaries import edit_meta
 from tica.judges.matrix import matrix_canaries, matrix_cells
 from tica.judges.planted import canary_status
 from tica.question import load_question
@@ -34,7 +34,6 @@ ROOT = Path(__file__).resolve().parents[1]
 ARCHIVE = ROOT / "tests" / "fixtures" / "h200" / "matrix_fp8b.tar.xz"
 QUESTION = load_question(ROOT / "demo" / "questions" / "h200-matrix" / "forward.yaml")
 SHAPE, RUN = "llama3.2-1b_l4_fp8b", "fp8b"
-DEEPGEMM = "DeepGemmFp8BlockScaledMMKernel"
 N_LINEARS = 16  # q/k/v, o, gate/up, down x 4 layers
 CELLS = sorted([(x, k) for x in ("c1", "c64", "chunked") for k in ("decode", "prefill")]
                + [("c64", "decode_post_update"), ("c64", "prefill_post_update")])
@@ -54,25 +53,6 @@ def leg_dir(matrix: Path, load: str, scored: str) -> Path:
     return matrix / RUN / f"mx-overlay3-{SHAPE}-{load}-{scored}"
 
 
-def config(leg: Path) -> dict:
-    return read_receipt(leg / "leg.json")["resolved_config"]
-
-
-def served_kernel(leg: Path) -> str:
-    """The one block-FP8 kernel a leg records vLLM serving every linear with and the trainer calling,
-    refused (ValueError) where the receipt's seal is broken or its records disagree."""
-    if problems := check_seal(leg):
-        raise ValueError(f"{leg.name}: seal broken: {problems[0]}")
-    meta = read_receipt(leg / "leg.json")
-    fp8 = meta["resolved_config"]["fp8"]
-    vllm = {key.split("/")[1] for key in fp8["vllm"]["linear_kernels"]}
-    named = {"vllm's linears": vllm, "vllm's block plan": {fp8["vllm"]["block"]["plan"]["kernel"]},
-             "the trainer": {fp8["trainer"]["kernel"]}, "the trainer's plan": {fp8["trainer"]["ops"]["plan"]["kernel"]},
-             "the leg's kernels": {meta["kernels"]["trainer"]["linear_fp8"]["kernel"]}}
-    if len(set().union(*named.values())) != 1 or any(len(v) != 1 for v in named.values()):
-        raise ValueError(f"{leg.name}: the recorded kernels disagree: {named}")
-    (kernel,) = vllm
-    return kernel
 
 
 def test_every_leg_of_the_call_is_sealed_once_and_verifies_and_only_the_overlay3_cell_ran(matrix):
@@ -123,31 +103,7 @@ def test_vllm_served_every_linear_on_deepgemm_and_the_trainer_called_the_same_ke
 
 @pytest.mark.parametrize("reseal", [True, False], ids=["resealed", "seal_broken"])
 def test_a_receipt_whose_recorded_kernel_is_edited_is_refused(matrix, tmp_path, reseal):
-    src = leg_dir(matrix, "c64", "decode")
-    assert served_kernel(src) == DEEPGEMM and judge_forward(QUESTION, [src]).verdict is Verdict.PASS  # control
-    leg = shutil.copytree(src, tmp_path / RUN / src.name)
-
-    def to_cutlass(meta: dict) -> None:
-        kernels = meta["resolved_config"]["fp8"]["vllm"]["linear_kernels"]
-        kernels["Fp8LinearMethod/CutlassFp8BlockScaledMMKernel/out torch.bfloat16"] = kernels.pop(
-            f"Fp8LinearMethod/{DEEPGEMM}/out torch.bfloat16")
-
-    if reseal:
-        edit_meta(leg, to_cutlass)
-        assert check_seal(leg) == []
-        with pytest.raises(ValueError, match="the recorded kernels disagree"):
-            served_kernel(leg)
-        # the judge reads the logprobs, not the kernel: the resealed cell is as it was
-        (c,) = matrix_cells(QUESTION, tmp_path)
-        assert c.verdict is Verdict.PASS
-    else:
-        meta = json.loads((leg / "leg.json").read_text())
-        to_cutlass(meta)
-        (leg / "leg.json").write_text(json.dumps(meta, indent=1))
-        with pytest.raises(ValueError, match="seal broken"):
-            served_kernel(leg)
-        (c,) = matrix_cells(QUESTION, tmp_path)
-        assert c.verdict is Verdict.INCONCLUSIVE and c.cause == "not judged: inconclusive"
+    kernel_edit_is_refused(QUESTION, leg_dir(matrix, "c64", "decode"), tmp_path / RUN, DEEPGEMM, CUTLASS, reseal)
 
 
 def test_overlay3_is_bitwise_on_every_block_fp8_cell_before_and_after_the_update(cells):
@@ -173,23 +129,7 @@ def test_vllm_scores_one_sequence_alone_as_in_the_batch(matrix):
 @pytest.mark.parametrize("reseal", [True, False], ids=["resealed", "seal_broken"])
 @pytest.mark.parametrize("cell", [("c1", "decode"), ("c64", "prefill_post_update")], ids=lambda c: "-".join(c))
 def test_a_leg_with_one_logprob_changed_never_passes(matrix, tmp_path, reseal, cell):
-    src = leg_dir(matrix, *cell)
-    assert judge_forward(QUESTION, [src]).verdict is Verdict.PASS  # control
-    leg = shutil.copytree(src, tmp_path / RUN / src.name)
-    if reseal:
-        perturb_arrays(leg, 1)  # one rollout logprob one ulp off, metrics recomputed, resealed
-        assert check_seal(leg) == []
-    else:
-        p = leg / "arrays" / "step_0001.npz"
-        with np.load(p) as z:
-            data = {k: z[k] for k in z.files}
-        data["trainer_logprobs"][4] = np.nextafter(data["trainer_logprobs"][4], np.float32(0))
-        np.savez_compressed(p, **data)
-        assert check_seal(leg) != []
-    (c,) = matrix_cells(QUESTION, tmp_path)
-    assert c.verdict is not Verdict.PASS and c.cause is not None
-    if reseal:
-        assert c.verdict is Verdict.FAIL and c.n_diff == 1
+    one_logprob_changed_never_passes(QUESTION, leg_dir(matrix, *cell), tmp_path / RUN, reseal)
 
 
 def test_vllm_reloads_the_updated_weights_into_the_same_block_fp8_bytes_the_trainer_computes(matrix):

@@ -17,11 +17,11 @@ import shutil
 from collections import Counter
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from tica.canaries import edit_meta, perturb_arrays
-from tica.items.forward.judge import judge_forward
+from tests.h200_block_fp8 import (CUTLASS, DEEPGEMM, config, kernel_edit_is_refused, one_logprob_changed_never_passes,
+                                  served_kernel)
+from tica.canaries import edit_meta
 from tica.judges.matrix import matrix_canaries, matrix_cells
 from tica.judges.planted import canary_status
 from tica.question import load_question
@@ -35,7 +35,6 @@ ARCHIVE = ROOT / "tests" / "fixtures" / "h200" / "matrix_fp8bc.tar.xz"
 QUESTION = load_question(ROOT / "demo" / "questions" / "h200-matrix" / "forward.yaml")
 RUN = "fp8bc"
 LLAMA, QWEN = "llama3.2-1b_l4_fp8bc", "qwen2.5-0.5b_l4_fp8bc"
-CUTLASS = "CutlassFp8BlockScaledMMKernel"
 N_LINEARS = 16  # q/k/v, o, gate/up, down x 4 layers, both shapes
 CELL_IDS = [f"{c}/{s}" for c in ("overlay3", "stock") for s in (LLAMA, QWEN)]
 CELLS = [tuple(c.split("/")) for c in CELL_IDS]
@@ -77,29 +76,10 @@ def all_legs(matrix: Path) -> list[Path]:
     return sorted(p.parent for p in (matrix / RUN).glob("mx-*/leg.json"))
 
 
-def config(leg: Path) -> dict:
-    return read_receipt(leg / "leg.json")["resolved_config"]
-
 
 def first_row(leg: Path) -> dict:
     return json.loads((leg / "metrics.jsonl").read_text().splitlines()[0])
 
-
-def served_kernel(leg: Path) -> str:
-    """The one block-FP8 kernel a leg records vLLM serving every linear with and the trainer calling,
-    refused (ValueError) where the receipt's seal is broken or its records disagree."""
-    if problems := check_seal(leg):
-        raise ValueError(f"{leg.name}: seal broken: {problems[0]}")
-    meta = read_receipt(leg / "leg.json")
-    fp8 = meta["resolved_config"]["fp8"]
-    vllm = {key.split("/")[1] for key in fp8["vllm"]["linear_kernels"]}
-    named = {"vllm's linears": vllm, "vllm's block plan": {fp8["vllm"]["block"]["plan"]["kernel"]},
-             "the trainer": {fp8["trainer"]["kernel"]}, "the trainer's plan": {fp8["trainer"]["ops"]["plan"]["kernel"]},
-             "the leg's kernels": {meta["kernels"]["trainer"]["linear_fp8"]["kernel"]}}
-    if len(set().union(*named.values())) != 1 or any(len(v) != 1 for v in named.values()):
-        raise ValueError(f"{leg.name}: the recorded kernels disagree: {named}")
-    (kernel,) = vllm
-    return kernel
 
 
 def test_every_leg_of_both_calls_is_sealed_once_and_verifies(matrix):
@@ -178,31 +158,7 @@ def test_the_trainers_fp8_weights_equal_vllms_on_every_leg_and_layer_0_is_equal_
 
 @pytest.mark.parametrize("reseal", [True, False], ids=["resealed", "seal_broken"])
 def test_a_receipt_whose_recorded_kernel_is_edited_is_refused(matrix, tmp_path, reseal):
-    src = leg_dir(matrix, "overlay3", QWEN, "c64", "decode")
-    assert served_kernel(src) == CUTLASS and judge_forward(QUESTION, [src]).verdict is Verdict.PASS  # control
-    leg = shutil.copytree(src, tmp_path / RUN / src.name)
-
-    def to_deepgemm(meta: dict) -> None:
-        kernels = meta["resolved_config"]["fp8"]["vllm"]["linear_kernels"]
-        kernels["Fp8LinearMethod/DeepGemmFp8BlockScaledMMKernel/out torch.bfloat16"] = kernels.pop(
-            f"Fp8LinearMethod/{CUTLASS}/out torch.bfloat16")
-
-    if reseal:
-        edit_meta(leg, to_deepgemm)
-        assert check_seal(leg) == []
-        with pytest.raises(ValueError, match="the recorded kernels disagree"):
-            served_kernel(leg)
-        # the judge reads the logprobs, not the kernel: the resealed cell is as it was
-        (c,) = matrix_cells(QUESTION, tmp_path)
-        assert c.verdict is Verdict.PASS
-    else:
-        meta = json.loads((leg / "leg.json").read_text())
-        to_deepgemm(meta)
-        (leg / "leg.json").write_text(json.dumps(meta, indent=1))
-        with pytest.raises(ValueError, match="seal broken"):
-            served_kernel(leg)
-        (c,) = matrix_cells(QUESTION, tmp_path)
-        assert c.verdict is Verdict.INCONCLUSIVE and c.cause == "not judged: inconclusive"
+    kernel_edit_is_refused(QUESTION, leg_dir(matrix, "overlay3", QWEN, "c64", "decode"), tmp_path / RUN, CUTLASS, DEEPGEMM, reseal)
 
 
 def test_the_judge_judged_every_cell_once(cells):
@@ -268,23 +224,7 @@ def test_vllm_scores_one_sequence_alone_as_in_the_batch_with_overlay3_and_not_al
                                   ("stock", LLAMA, "chunked", "prefill"), ("stock", QWEN, "c64", "prefill_post_update")],
                          ids=lambda c: "-".join(c))
 def test_a_leg_with_one_logprob_changed_never_passes(matrix, tmp_path, reseal, cell):
-    src = leg_dir(matrix, *cell)
-    assert judge_forward(QUESTION, [src]).verdict is Verdict.PASS  # control
-    leg = shutil.copytree(src, tmp_path / RUN / src.name)
-    if reseal:
-        perturb_arrays(leg, 1)  # one rollout logprob one ulp off, metrics recomputed, resealed
-        assert check_seal(leg) == []
-    else:
-        p = leg / "arrays" / "step_0001.npz"
-        with np.load(p) as z:
-            data = {k: z[k] for k in z.files}
-        data["trainer_logprobs"][4] = np.nextafter(data["trainer_logprobs"][4], np.float32(0))
-        np.savez_compressed(p, **data)
-        assert check_seal(leg) != []
-    (c,) = matrix_cells(QUESTION, tmp_path)
-    assert c.verdict is not Verdict.PASS and c.cause is not None
-    if reseal:
-        assert c.verdict is Verdict.FAIL and c.n_diff == 1
+    one_logprob_changed_never_passes(QUESTION, leg_dir(matrix, *cell), tmp_path / RUN, reseal)
 
 
 @pytest.mark.parametrize("cell", CELLS, ids=CELL_IDS)
