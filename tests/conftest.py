@@ -43,7 +43,6 @@ SLOWEST_FIRST = (
     "dagster/test_dagster_staleness.py",  # 36-48 s
     "legs/test_leg_run_trust.py",  # 46 s
     "core/test_ledger_body_verify.py",
-    "ray/test_ray_track.py",
     "dagster/test_dagster_instance_postgres.py",
     "legs/test_pipes_child.py",
     "legs/test_leg_identity.py",

@@ -32,7 +32,10 @@ from tests.long import FULL, SKIP_REASON
 from tests.ray.ray_project import TRACK, leg_json, ray_project
 from tica.evidence import EvidenceItem
 
-pytestmark = pytest.mark.scale
+# serial beside the node-loss and writers tests, whose cluster (tests/ray/conftest.py) it shares: in the
+# two-worker phase it met tests/ray/test_ray_legs.py's cluster on the other worker, and two clusters on one
+# host at once lost its jobs (404: the job does not exist)
+pytestmark = [pytest.mark.scale, pytest.mark.serial]
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "h200" / "ray_track.py"
