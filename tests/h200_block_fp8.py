@@ -90,3 +90,16 @@ def one_logprob_changed_never_passes(question, src: Path, run_dir: Path, reseal:
     assert c.verdict is not Verdict.PASS and c.cause is not None
     if reseal:
         assert c.verdict is Verdict.FAIL and c.n_diff == 1
+
+
+def update_record_removed_is_not_judged_after_the_update(question, src: Path, run_dir: Path) -> None:
+    """A post-update leg resealed without its update record is inconclusive; as it came back, it passes."""
+    leg = shutil.copytree(src, run_dir / src.name)
+    edit_meta(leg, lambda meta: meta["resolved_config"].pop("update"))  # resealed: only the judge can tell
+    (c,) = matrix_cells(question, run_dir.parent)
+    assert c.verdict is Verdict.INCONCLUSIVE
+    assert f"is named for scored '{src.name.rsplit('-', 1)[1]}' but recorded running scored 'decode'" in c.reasons[0]
+    shutil.rmtree(run_dir)  # control: the same leg as it came back passes as a cell scored after the update
+    shutil.copytree(src, run_dir / src.name)
+    (c,) = matrix_cells(question, run_dir.parent)
+    assert (c.verdict, c.scored) == (Verdict.PASS, "decode_post_update")

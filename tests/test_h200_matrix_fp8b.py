@@ -20,8 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.h200_block_fp8 import (CUTLASS, DEEPGEMM, config, kernel_edit_is_refused, one_logprob_changed_never_passes,
-                                  served_kernel)
-from tica.canaries import edit_meta
+                                  served_kernel, update_record_removed_is_not_judged_after_the_update)
 from tica.judges.matrix import matrix_canaries, matrix_cells
 from tica.judges.planted import canary_status
 from tica.question import load_question
@@ -148,17 +147,7 @@ def test_vllm_reloads_the_updated_weights_into_the_same_block_fp8_bytes_the_trai
 
 
 def test_a_post_update_cell_whose_update_record_is_removed_is_not_judged_after_the_update(matrix, tmp_path):
-    src = leg_dir(matrix, "c64", "decode_post_update")
-    leg = shutil.copytree(src, tmp_path / RUN / src.name)
-    edit_meta(leg, lambda meta: meta["resolved_config"].pop("update"))  # resealed: only the judge can tell
-    (c,) = matrix_cells(QUESTION, tmp_path)
-    assert c.verdict is Verdict.INCONCLUSIVE
-    assert "is named for scored 'decode_post_update' but recorded running scored 'decode'" in c.reasons[0]
-    # control: the same leg as it came back passes as a cell scored after the update
-    shutil.rmtree(tmp_path / RUN)
-    shutil.copytree(src, tmp_path / RUN / src.name)
-    (c,) = matrix_cells(QUESTION, tmp_path)
-    assert (c.verdict, c.scored) == (Verdict.PASS, "decode_post_update")
+    update_record_removed_is_not_judged_after_the_update(QUESTION, leg_dir(matrix, "c64", "decode_post_update"), tmp_path / RUN)
 
 
 def test_every_planted_fault_is_caught_beside_its_control(matrix):
