@@ -133,6 +133,19 @@ class LegTelemetry(_Receipt):
     # role (client, api_server, engine_core) -> CPU seconds over wall seconds while the leg ran
     cpu_util: dict[Literal["client", "api_server", "engine_core"],
                    Annotated[float, Field(ge=0, le=1024, allow_inf_nan=False)] | None] | None = None
+    # role -> times per second it was switched out while runnable (tica.legs.telemetry); None: unread
+    involuntary_switches_per_s: dict[Literal["client", "api_server", "engine_core"],
+                                     Annotated[float, Field(ge=0, le=1e7, allow_inf_nan=False)] | None] | None = None
+    # the machine's CPU time while the leg ran, in percent of all its CPUs: stolen by the hypervisor, busy
+    cpu_steal_pct: float | None = Field(None, ge=0, le=100, allow_inf_nan=False)
+    cpu_busy_pct: float | None = Field(None, ge=0, le=100, allow_inf_nan=False)
+    cpu_mhz_median: float | None = Field(None, gt=0, le=100_000, allow_inf_nan=False)
+    # one fixed pure-Python loop timed by a separate process every half second (tica.legs.telemetry.PROBE)
+    cpu_probe_ms_median: float | None = Field(None, gt=0, le=1e6, allow_inf_nan=False)
+    cpu_probe_ms_max: float | None = Field(None, gt=0, le=1e6, allow_inf_nan=False)
+    cpu_probes: int | None = Field(None, ge=0)
+    # the engine core's mean time between a request's tokens over the leg (vLLM's inter-token histogram)
+    engine_itl_ms_mean: float | None = Field(None, ge=0, le=1e7, allow_inf_nan=False)
 
 
 class LegMeta(_Receipt):

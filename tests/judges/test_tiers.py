@@ -12,13 +12,20 @@ BASE = dict(source="nvidia-smi", samples=40, interval_ms=500, sm_clock_mhz_media
             power_w_median=450.0, temperature_c_max=60.0, gpu_util_pct_median=99.0, throttle_reasons=(),
             cpu_load_1m_start=1.0, cpu_load_1m_end=1.0, served_before=1, cuda_graphs=False,
             prefix_cache_hit_rate=0.5, preemptions=4, engine_steps=600, tokens_per_step=40.0,
-            cpu_util={"engine_core": 0.5, "api_server": 0.3, "client": 0.4})
+            cpu_util={"engine_core": 0.5, "api_server": 0.3, "client": 0.4},
+            involuntary_switches_per_s={"engine_core": 120.0, "api_server": 40.0, "client": 10.0},
+            cpu_steal_pct=0.0, cpu_busy_pct=20.0, cpu_mhz_median=2600.0, cpu_probe_ms_median=8.0,
+            cpu_probe_ms_max=9.5, cpu_probes=60, engine_itl_ms_mean=5.0)
+_BY_ROLE = ("cpu_util", "involuntary_switches_per_s")
 
 
 def tel(**over) -> LegTelemetry:
-    """`cpu_util.<role>=x` sets one role's CPU time per second."""
-    roles = {k.partition(".")[2]: over.pop(k) for k in [k for k in over if k.startswith("cpu_util.")]}
-    return LegTelemetry(**{**BASE, **over, "cpu_util": {**BASE["cpu_util"], **roles}})
+    """`cpu_util.<role>=x` sets one role's CPU time per second (likewise each per-role field)."""
+    merged = {**BASE}
+    for field in _BY_ROLE:
+        roles = {k.partition(".")[2]: over.pop(k) for k in [k for k in over if k.startswith(field + ".")]}
+        merged[field] = {**BASE[field], **roles}
+    return LegTelemetry(**{**merged, **over})
 
 
 def base(field: str) -> float:
@@ -39,6 +46,13 @@ def test_each_signal_that_differs_between_the_tiers_is_named(field, what, _unit,
     # the control: a difference inside the signal's tolerance names nothing
     near = kind(base(field) * (1 - rel / 2))
     assert "not found" in tier_cause([(100.0, tel(**{field: near})), (140.0, tel())])
+
+
+@pytest.mark.parametrize("field,fast,slow", [("cpu_steal_pct", 0.2, 0.9), ("cpu_busy_pct", 6.0, 10.0)])
+def test_a_share_that_differs_by_less_than_its_floor_is_noise_whatever_its_ratio(field, fast, slow):
+    assert "not found" in tier_cause([(100.0, tel(**{field: slow})), (140.0, tel(**{field: fast}))])
+    # the control: past the floor the same direction is named
+    assert "not found" not in tier_cause([(100.0, tel(**{field: slow + 5.0})), (140.0, tel(**{field: fast}))])
 
 
 def test_throttling_only_in_the_slow_legs_is_named():
@@ -107,6 +121,30 @@ def test_the_sampler_reads_each_roles_cpu_time_and_leaves_an_unread_role_unknown
     assert s.summary(served_before=0, cuda_graphs=None)["cpu_util"] is None
 
 
+def test_the_sampler_reads_the_host_and_its_probe_while_the_leg_runs(monkeypatch):
+    """The host's stolen and busy CPU, each role's involuntary switches and the probe's loop times
+    are read on any machine (no GPU needed); a role that cannot be read stays unknown."""
+    import os
+
+    from tica.legs import telemetry
+
+    monkeypatch.setattr(telemetry.shutil, "which", lambda name: None)
+    gone = 2**22 + 12345
+    with telemetry.Sampler(processes={"client": [os.getpid()], "api_server": [gone]}) as s:
+        deadline = telemetry.time.monotonic() + 1.5
+        while telemetry.time.monotonic() < deadline and len(s.probe_ms) < 2:
+            telemetry.time.sleep(0.05)
+    got = LegTelemetry(**s.summary(served_before=0, cuda_graphs=None))
+    assert got.cpu_probes and got.cpu_probes >= 1 and got.cpu_probe_ms_median is not None
+    assert got.cpu_probe_ms_max is not None and got.cpu_probe_ms_max >= got.cpu_probe_ms_median
+    assert got.cpu_busy_pct is not None and got.cpu_steal_pct is not None
+    assert got.involuntary_switches_per_s["client"] is not None and got.involuntary_switches_per_s["api_server"] is None
+    assert s._probe is not None and s._probe.poll() is not None  # the probe does not outlive its leg
+    # the control: shares read across a counter that went back (another boot) are unknown, never negative
+    later = telemetry.psutil.cpu_times()
+    assert telemetry.host_shares(later, s._host_start) in ({"cpu_steal_pct": None, "cpu_busy_pct": None},)
+
+
 @pytest.mark.parametrize("bad", [{"engine_core": -0.1}, {"engine_core": float("nan")}, {"gpu": 0.5}])
 def test_a_cpu_time_out_of_range_or_of_an_unknown_role_is_refused(bad):
     from pydantic import ValidationError
@@ -135,7 +173,8 @@ vllm:prefix_cache_hits_created{engine="0",model_name="tput"} 1.7e9
     before = parse_counters(text)
     assert before == {"prefix_cache_hits": 2048.0, "prefix_cache_queries": 4096.0, "preemptions": 1.0}
     after = {"prefix_cache_hits": 2048.0 + 900, "prefix_cache_queries": 4096.0 + 1000, "preemptions": 1.0}
-    unread_steps = {"engine_steps": None, "tokens_per_step": None}  # this text exposes no step histogram
+    unread_steps = {"engine_steps": None, "tokens_per_step": None,  # this text exposes no step histogram
+                    "engine_itl_ms_mean": None}
     assert engine_counts(before, after) == {"prefix_cache_hit_rate": 0.9, "preemptions": 0, **unread_steps}
     # unread, or a counter that went back (another server answered): unknown, never 0
     assert engine_counts({}, after) == {"prefix_cache_hit_rate": None, "preemptions": None, **unread_steps}

@@ -13,6 +13,7 @@ from tica.legs.telemetry import engine_counts, read_counters, reset_prefix_cache
 
 class _Vllm(BaseHTTPRequestHandler):
     hits, queries, resets, dev_mode, steps, step_tokens = 0.0, 0.0, 0, True, 0.0, 0.0
+    gaps, gap_seconds = 0.0, 0.0
 
     def do_GET(self):  # noqa: N802
         if self.path != "/metrics":
@@ -23,7 +24,10 @@ class _Vllm(BaseHTTPRequestHandler):
                 'vllm:num_preemptions_total{engine="0",model_name="m"} 0.0\n'
                 f'vllm:iteration_tokens_total_bucket{{engine="0",le="1.0",model_name="m"}} 7.0\n'
                 f'vllm:iteration_tokens_total_count{{engine="0",model_name="m"}} {type(self).steps}\n'
-                f'vllm:iteration_tokens_total_sum{{engine="0",model_name="m"}} {type(self).step_tokens}\n').encode()
+                f'vllm:iteration_tokens_total_sum{{engine="0",model_name="m"}} {type(self).step_tokens}\n'
+                f'vllm:inter_token_latency_seconds_bucket{{engine="0",le="0.01",model_name="m"}} 3.0\n'
+                f'vllm:inter_token_latency_seconds_count{{engine="0",model_name="m"}} {type(self).gaps}\n'
+                f'vllm:inter_token_latency_seconds_sum{{engine="0",model_name="m"}} {type(self).gap_seconds}\n').encode()
         self.send_response(200)
         self.end_headers()
         self.wfile.write(body)
@@ -55,7 +59,8 @@ def test_a_legs_hit_rate_is_read_from_the_servers_counters_before_and_after_it(s
     before = read_counters(url)
     handler.hits, handler.queries = 100.0 + 990, 1000.0 + 1000
     assert engine_counts(before, read_counters(url)) == {"prefix_cache_hit_rate": 0.99, "preemptions": 0,
-                                                         "engine_steps": 0, "tokens_per_step": None}
+                                                         "engine_steps": 0, "tokens_per_step": None,
+                                                         "engine_itl_ms_mean": None}
 
 
 def test_a_legs_engine_steps_and_tokens_per_step_are_its_share_of_the_step_histogram(server):
@@ -73,6 +78,18 @@ def test_a_legs_engine_steps_and_tokens_per_step_are_its_share_of_the_step_histo
     assert (got["engine_steps"], got["tokens_per_step"]) == (None, None)
 
 
+def test_a_legs_engine_time_between_tokens_is_its_share_of_the_inter_token_histogram(server):
+    """The engine core's mean gap between a request's tokens over the leg, from the count and sum
+    of vLLM's inter-token histogram. Control: a server restarted mid-leg (counters went back) is unread."""
+    handler, url = server
+    handler.gaps, handler.gap_seconds = 100.0, 0.5
+    before = read_counters(url)
+    handler.gaps, handler.gap_seconds = 100.0 + 2000, 0.5 + 10.0
+    assert engine_counts(before, read_counters(url))["engine_itl_ms_mean"] == 5.0
+    handler.gaps, handler.gap_seconds = 10.0, 0.01
+    assert engine_counts(before, read_counters(url))["engine_itl_ms_mean"] is None
+
+
 def test_a_cold_leg_empties_the_cache_only_where_the_server_says_it_did(server):
     handler, url = server
     assert reset_prefix_cache(url) is True and handler.resets == 1
@@ -84,4 +101,4 @@ def test_no_server_reads_as_unknown_never_as_zero():
     assert read_counters("http://127.0.0.1:9") == {}
     assert reset_prefix_cache("http://127.0.0.1:9") is False
     assert engine_counts({}, {}) == {"prefix_cache_hit_rate": None, "preemptions": None, "engine_steps": None,
-                                     "tokens_per_step": None}
+                                     "tokens_per_step": None, "engine_itl_ms_mean": None}

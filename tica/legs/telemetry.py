@@ -5,7 +5,11 @@ half second in one child process and reads the CPU's load average at the start a
 never changes a GPU setting. Given the processes that serve the leg (by role), it also reads the
 CPU time each role used while the leg ran, as a share of one core: a small model's throughput is
 bound by the host (the engine's scheduling loop, the API server, the client) rather than the GPU,
-and GPU telemetry alone cannot explain its tiers. `summary()` is the `telemetry` section of leg.json
+and GPU telemetry alone cannot explain its tiers. It also reads the host while the leg ran: the
+machine's CPU time stolen by its hypervisor and its busy share (/proc/stat through psutil), the CPU
+clock, how many times each role was switched out against its will, and a probe (a separate process
+timing one fixed pure-Python loop every half second), whose time rises when the host gives a busy
+thread less than a whole core whatever the reason. `summary()` is the `telemetry` section of leg.json
 (tica.receipts.LegTelemetry). A field nothing measured is None (unknown), never 0.
 """
 
@@ -13,10 +17,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import time
 import statistics
 import subprocess
+import sys
 import threading
+import time
 from typing import Any
 
 import psutil
@@ -29,6 +34,17 @@ THROTTLE_BITS = {
     0x100: "display_clock_setting",
 }
 INTERVAL_MS = 500
+# the probe: one fixed loop, timed, then a pause; it costs a core about 2% of the leg
+PROBE_LOOP, PROBE_PAUSE_S = 200_000, 0.5
+PROBE = ("import sys, time\n"
+         "n, pause = int(sys.argv[1]), float(sys.argv[2])\n"
+         "while True:\n"
+         "    t = time.perf_counter()\n"
+         "    x = 0\n"
+         "    for i in range(n):\n"
+         "        x += i\n"
+         "    print(round((time.perf_counter() - t) * 1000, 3), flush=True)\n"
+         "    time.sleep(pause)\n")
 
 
 def throttle_names(mask: int) -> list[str]:
@@ -59,11 +75,25 @@ class Sampler:
         self._proc: subprocess.Popen | None = None
         self._reader: threading.Thread | None = None
         self.error: str | None = None
+        self._host_start: Any = None
+        self.host: dict[str, float | None] = {"cpu_steal_pct": None, "cpu_busy_pct": None}
+        self._switches_start: dict[str, int | None] = {}
+        self.switches: dict[str, float | None] = {}
+        self.probe_ms: list[float] = []
+        self.cpu_mhz: list[float] = []
+        self._probe: subprocess.Popen | None = None
+        self._probe_reader: threading.Thread | None = None
 
     def __enter__(self) -> "Sampler":
         self.load_start = os.getloadavg()[0]
         self._cpu_start = {role: cpu_seconds(pids) for role, pids in self.processes.items()}
+        self._switches_start = {role: involuntary_switches(pids) for role, pids in self.processes.items()}
+        self._host_start = psutil.cpu_times()
         self._wall_start = time.monotonic()
+        self._probe = subprocess.Popen([sys.executable, "-c", PROBE, str(PROBE_LOOP), str(PROBE_PAUSE_S)],
+                                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self._probe_reader = threading.Thread(target=self._read_probe, daemon=True)
+        self._probe_reader.start()
         smi = shutil.which("nvidia-smi")
         if smi is None:
             self.error = "no nvidia-smi on this machine"
@@ -87,6 +117,19 @@ class Sampler:
             except ValueError:
                 pass
 
+    def _read_probe(self) -> None:
+        assert self._probe is not None and self._probe.stdout is not None
+        for line in self._probe.stdout:
+            ms = _num(line)
+            if ms is not None and ms > 0:
+                self.probe_ms.append(ms)
+            try:
+                freq = psutil.cpu_freq()
+            except (OSError, NotImplementedError, RuntimeError):
+                freq = None
+            if freq is not None and freq.current > 0:
+                self.cpu_mhz.append(float(freq.current))
+
     def __exit__(self, *exc) -> None:
         self.load_end = os.getloadavg()[0]
         wall = time.monotonic() - self._wall_start
@@ -94,15 +137,20 @@ class Sampler:
             end, start = cpu_seconds(pids), self._cpu_start.get(role)
             self.cpu_util[role] = round((end - start) / wall, 3) if end is not None and start is not None \
                 and wall > 0 and end >= start else None
-        if self._proc is not None:
-            self._proc.terminate()
-            try:
-                self._proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
-        if self._reader is not None:
-            self._reader.join(timeout=5)
+            n_end, n_start = involuntary_switches(pids), self._switches_start.get(role)
+            self.switches[role] = round((n_end - n_start) / wall, 1) if n_end is not None and n_start is not None \
+                and wall > 0 and n_end >= n_start else None
+        self.host = host_shares(self._host_start, psutil.cpu_times())
+        for proc, reader in ((self._proc, self._reader), (self._probe, self._probe_reader)):
+            if proc is not None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+            if reader is not None:
+                reader.join(timeout=5)
 
     def summary(self, *, served_before: int | None, cuda_graphs: bool | None) -> dict[str, Any]:
         def col(i: int) -> list[float]:
@@ -129,6 +177,12 @@ class Sampler:
             "served_before": served_before, "cuda_graphs": cuda_graphs,
             # CPU time per role over the leg's wall time (1.0 = one core busy throughout); None: unread
             "cpu_util": dict(sorted(self.cpu_util.items())) if self.processes else None,
+            "involuntary_switches_per_s": dict(sorted(self.switches.items())) if self.processes else None,
+            **self.host,
+            "cpu_mhz_median": round(statistics.median(self.cpu_mhz), 1) if self.cpu_mhz else None,
+            "cpu_probe_ms_median": round(statistics.median(self.probe_ms), 3) if self.probe_ms else None,
+            "cpu_probe_ms_max": round(max(self.probe_ms), 3) if self.probe_ms else None,
+            "cpu_probes": len(self.probe_ms),
         }
 
 
@@ -145,15 +199,44 @@ def cpu_seconds(pids: list[int]) -> float | None:
     return total if pids else None
 
 
+def involuntary_switches(pids: list[int]) -> int | None:
+    """How many times these processes were switched out while still runnable (None where any cannot be read)."""
+    total = 0
+    for pid in pids:
+        try:
+            total += psutil.Process(pid).num_ctx_switches().involuntary
+        except psutil.Error:
+            return None
+    return total if pids else None
+
+
+def host_shares(start: Any, end: Any) -> dict[str, float | None]:
+    """The machine's CPU time between two psutil.cpu_times() readings: the share its hypervisor
+    stole and the share that was busy (not idle, not waiting on I/O), in percent of all CPUs."""
+    if start is None or end is None:
+        return {"cpu_steal_pct": None, "cpu_busy_pct": None}
+    delta = {f: getattr(end, f) - getattr(start, f) for f in end._fields}
+    total = sum(delta.values())
+    if total <= 0 or any(v < 0 for v in delta.values()):
+        return {"cpu_steal_pct": None, "cpu_busy_pct": None}
+    idle = delta.get("idle", 0.0) + delta.get("iowait", 0.0)
+    steal = round(100 * delta["steal"] / total, 2) if "steal" in delta else None  # psutil names steal on Linux only
+    return {"cpu_steal_pct": steal, "cpu_busy_pct": round(100 * (total - idle) / total, 1)}
+
+
 # vLLM's Prometheus counters (vllm/v1/metrics/loggers.py), summed over engines: what a leg's
 # requests found in the prefix cache, how often the scheduler preempted a request for KV room, and
 # the engine's steps (the count and sum of its tokens-per-step histogram): one workload served in
-# more, smaller steps is a scheduling difference the clocks do not show
+# more, smaller steps is a scheduling difference the clocks do not show; and the time between a
+# request's tokens, which vLLM measures on the engine core's clock (vllm/v1/metrics/stats.py), so a
+# slow tier that is slow there is slow in the engine, not in the API server or the client
 ENGINE_COUNTERS = {"prefix_cache_queries": "vllm:prefix_cache_queries_total",
                    "prefix_cache_hits": "vllm:prefix_cache_hits_total",
                    "preemptions": "vllm:num_preemptions_total",
                    "engine_steps": "vllm:iteration_tokens_total_count",
-                   "step_tokens": "vllm:iteration_tokens_total_sum"}
+                   "step_tokens": "vllm:iteration_tokens_total_sum",
+                   "itl_count": "vllm:inter_token_latency_seconds_count",
+                   "itl_seconds": "vllm:inter_token_latency_seconds_sum"}
 
 
 def parse_counters(text: str) -> dict[str, float]:
@@ -185,8 +268,8 @@ def read_counters(base_url: str, timeout: float = 5.0) -> dict[str, float]:
 
 
 def engine_counts(before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
-    """The leg's share of the counters: its prefix-cache hit rate, preemptions, engine steps and
-    tokens per step (None: unread)."""
+    """The leg's share of the counters: its prefix-cache hit rate, preemptions, engine steps, tokens
+    per step and the engine's mean time between a request's tokens (None: unread)."""
     def delta(key: str) -> float | None:
         if key not in before or key not in after or after[key] < before[key]:
             return None
@@ -195,9 +278,11 @@ def engine_counts(before: dict[str, float], after: dict[str, float]) -> dict[str
     queries, hits, preempted = (delta(k) for k in ("prefix_cache_queries", "prefix_cache_hits", "preemptions"))
     rate = round(hits / queries, 4) if queries and hits is not None and hits <= queries else None
     steps, tokens = delta("engine_steps"), delta("step_tokens")
+    gaps, seconds = delta("itl_count"), delta("itl_seconds")
     return {"prefix_cache_hit_rate": rate, "preemptions": int(preempted) if preempted is not None else None,
             "engine_steps": int(steps) if steps is not None else None,
-            "tokens_per_step": round(tokens / steps, 2) if steps and tokens is not None else None}
+            "tokens_per_step": round(tokens / steps, 2) if steps and tokens is not None else None,
+            "engine_itl_ms_mean": round(1000 * seconds / gaps, 4) if gaps and seconds is not None else None}
 
 
 def reset_prefix_cache(base_url: str, timeout: float = 30.0) -> bool:

@@ -4,7 +4,9 @@ Tiers inside one arm (max/min throughput over the question's tier_ratio) keep a 
 inconclusive whatever their cause. This says which recorded condition differs between the fast
 and the slow legs of that arm (GPU clocks, power, temperature, throttling, CPU load, the CPU time
 of the engine, the API server and the client, the prefix-cache hit rate and preemptions of the
-leg's requests, the engine's steps and tokens per step, how many legs the server ran before), so a person sees the candidate cause; it never changes a verdict.
+leg's requests, the engine's steps, tokens per step and time between tokens, the host's stolen and
+busy CPU, its clock, a CPU probe's loop time, involuntary switches, how many legs the server ran
+before), so a person sees the candidate cause; it never changes a verdict.
 """
 
 from __future__ import annotations
@@ -30,7 +32,16 @@ SIGNALS: tuple[tuple[str, str, str, float], ...] = (
     ("preemptions", "preemptions", "", 0.5),
     ("engine_steps", "the engine's steps", "", 0.10),
     ("tokens_per_step", "tokens per engine step", "", 0.10),
+    ("engine_itl_ms_mean", "the engine's time between a request's tokens", " ms", 0.10),
+    ("cpu_probe_ms_median", "the CPU probe's loop time", " ms", 0.10),
+    ("cpu_mhz_median", "the CPU clock", " MHz", 0.03),
+    ("cpu_steal_pct", "CPU time stolen by the hypervisor", "%", 0.5),
+    ("cpu_busy_pct", "the machine's busy CPU share", "%", 0.5),
+    ("involuntary_switches_per_s.engine_core", "the engine's involuntary switches per second", "", 0.5),
+    ("involuntary_switches_per_s.api_server", "the API server's involuntary switches per second", "", 0.5),
 )
+# below these the difference between two shares is noise, whatever its ratio (percent points)
+FLOORS = {"cpu_steal_pct": 1.0, "cpu_busy_pct": 5.0}
 # an engine loop this busy while the GPU idles this much is bound by the host, not the GPU
 HOST_BOUND_ENGINE_CPU, HOST_BOUND_GPU_UTIL = 0.9, 80.0
 
@@ -63,7 +74,7 @@ def tier_cause(legs: Sequence[tuple[float, LegTelemetry | None]]) -> str:
         f, s = _median([_signal(t, name) for t in fast]), _median([_signal(t, name) for t in slow])
         if f is None or s is None:
             unread.append(what)
-        elif abs(f - s) > rel * max(abs(f), abs(s), 1e-9):
+        elif abs(f - s) > max(rel * max(abs(f), abs(s), 1e-9), FLOORS.get(name, 0.0)):
             found.append(f"{what} {f:g}{unit} in the fast legs against {s:g}{unit} in the slow")
     only_slow = sorted({r for t in slow for r in (t.throttle_reasons or ())} - {r for t in fast for r in (t.throttle_reasons or ())})
     if only_slow:
@@ -81,4 +92,4 @@ def tier_cause(legs: Sequence[tuple[float, LegTelemetry | None]]) -> str:
                 "so their cause is not found")
     not_read = f" ({', '.join(unread)} not recorded)" if unread else ""
     return ("nothing the legs recorded (clocks, power, temperature, throttling, CPU load and CPU time, prefix-cache "
-            f"hits, preemptions, engine steps, legs served before) differs between the tiers{not_read}, so their cause is not found")
+            f"hits, preemptions, engine steps and their time, the host's CPU, legs served before) differs between the tiers{not_read}, so their cause is not found")
