@@ -101,6 +101,28 @@ def test_a_call_of_the_matrix_moe_shapes_stays_under_the_32_bit_row_offset(shape
     assert tokens * width <= 2**31 - 1 < (tokens + 1) * width
 
 
+def test_the_moe_packed_load_crosses_mixtrals_unsigned_row_offset_and_the_trainer_splits_it():
+    """The matrix's moe_packed load (asked by name for mixtral-8x7b_l1 on the device) packs more
+    tokens than one fused_experts call computes right (tokens x top-2 rows of width 2 x 14336 past
+    2^32 elements), so its one-call control must differ there; the product trainer's calls stay
+    under the signed bound. Control: the default MoE loads stay under both, so they cannot show it."""
+    from tica.legs.vllm_kernels.matrix import LOADS, MOE_LOADS, MOE_PACKED_LOAD, workload
+    from tica.legs.vllm_kernels.moe import expert_calls
+
+    def packed_tokens(load: str) -> int:
+        prompts, gens, _ = workload(load, vocab=32000)
+        return sum(len(p) + g for p, g in zip(prompts, gens))
+
+    inter, k = 14336, 2
+    first_wrong_token = -(-2**32 // (2 * inter)) // k  # its row r = token x k + slot wraps from 2^32
+    n = packed_tokens(MOE_PACKED_LOAD)
+    assert n > first_wrong_token > max(packed_tokens(x) for x in MOE_LOADS)
+    limits = SimpleNamespace(row_limit=ROW_CALL_ELEMS, largest_call={})
+    calls = expert_calls(limits, n, k * 2 * inter)
+    assert len(calls) >= 2 and limits.largest_call["fused_experts"] * k * 2 * inter <= ROW_CALL_ELEMS
+    assert LOADS[MOE_PACKED_LOAD].n * LOADS[MOE_PACKED_LOAD].prompt[1] < 2 * first_wrong_token  # a small receipt
+
+
 def test_the_moe_trainer_binds_its_experts_to_the_dense_bound_and_keeps_its_logprobs(tmp_path_factory):
     """Through KernelMoe: a bound small enough to split every MoE layer's call gives the logprobs of
     the unsplit forward, bit for bit, and the receipt's largest call shows the split."""

@@ -268,7 +268,7 @@ def summary_table(cells: Iterable[MatrixCell]) -> str:
     """Markdown: one row per (run, candidate, shape, scored), one column per load (pass, or the
     differing tokens)."""
     cells = list(cells)
-    known = ("c1", "c16", "c64", "c256s", "c320", "chunked", "packed_limit")  # the producer's order; others after
+    known = ("c1", "c16", "c64", "c256s", "c320", "chunked", "packed_limit", "moe_packed")  # the producer's order; others after
     loads = sorted({c.load for c in cells}, key=lambda x: (known.index(x) if x in known else len(known), x))
     grid: dict[tuple, dict[str, str]] = {}
     for c in cells:

@@ -226,7 +226,7 @@ def main(argv=None) -> int:
     p.add_argument("--min-cell-s", type=float, default=90, help="start no cell later than this before the deadline")
     p.add_argument("--loads", default="",
                    help="comma-separated (default: a dense shape's " + ",".join(DEFAULT_LOADS) + ", a MoE shape's "
-                   + ",".join(MOE_LOADS) + "; packed_limit is asked for by name); the update needs c64 (MoE: c16)")
+                   + ",".join(MOE_LOADS) + "; packed_limit and moe_packed are asked for by name); the update needs c64 (MoE: c16)")
     p.add_argument("--dry-run", action="store_true")
     p = sub.add_parser("matrix-cell")
     p.add_argument("--loads", default="")
