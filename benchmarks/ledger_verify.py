@@ -1,6 +1,7 @@
 """`Ledger.verify()` on a ledger of realistic verdict rows, against a plain DuckDB scan of the same rows.
 
     .venv/bin/python benchmarks/ledger_verify.py --rows 100000
+    .venv/bin/python benchmarks/ledger_verify.py --rows 1000000 --store postgres
 
 The rows are chained exactly as appends chain them (built in bulk, so building takes seconds,
 not the appends' minutes). A verdict row here carries a 300-character summary, about 2 KB of
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import duckdb
 
-from tica.ledger import CHAIN_COLUMNS, GENESIS, TABLES, Ledger, row_hash
+from tica.ledger import CHAIN_COLUMNS, GENESIS, TABLES, Ledger, PostgresLedger, row_hash
 
 _NUMBERS = json.dumps({f"c={c}": {"rounds": [{"round": r, "bi1": 1234.5 + r, "bi0": 1500.25 - r, "loss": 0.177 + r / 1000}
                                             for r in range(1, 7)], "median_loss": 0.18, "tiers": 1.02}
@@ -42,11 +43,9 @@ def verdict_row(i: int) -> dict:
     }
 
 
-def build(path: Path, n: int, start: int = 0) -> None:
-    """Append rows start+1..start+n to the verdicts table, chained as Ledger.append chains them."""
-    ledger = Ledger(path).init()
-    con = duckdb.connect(str(path))
-    head = con.execute("SELECT seq, row_hash FROM ledger_chain ORDER BY seq DESC LIMIT 1").fetchone()
+def chained_rows(n: int, start: int = 0, head: tuple[int, str] | None = None) -> tuple[list[str], list[list]]:
+    """Verdict rows start+1..start+n after `head` (seq, row_hash; None: genesis), chained as
+    Ledger.append chains them: the columns' names and the rows."""
     seq, prev = head if head else (0, GENESIS)
     names = [*CHAIN_COLUMNS, *(c for c, _ in TABLES["verdicts"])]
     batch = []
@@ -60,6 +59,15 @@ def build(path: Path, n: int, start: int = 0) -> None:
     before = head[1] if head else GENESIS
     for r in batch:
         r[1], before = before, r[2]
+    return names, batch
+
+
+def build(path: Path, n: int, start: int = 0) -> None:
+    """Append rows start+1..start+n to the verdicts table, chained as Ledger.append chains them."""
+    ledger = Ledger(path).init()
+    con = duckdb.connect(str(path))
+    head = con.execute("SELECT seq, row_hash FROM ledger_chain ORDER BY seq DESC LIMIT 1").fetchone()
+    names, batch = chained_rows(n, start, head)
     # One bulk load through a JSON-lines file: executemany would take minutes.
     rows_file = path.with_suffix(".jsonl")
     rows_file.write_text("\n".join(json.dumps(dict(zip(names, r))) for r in batch))
@@ -71,6 +79,20 @@ def build(path: Path, n: int, start: int = 0) -> None:
     del ledger
 
 
+def build_postgres(dsn: str, n: int) -> None:
+    """As build, into the Postgres ledger at `dsn` (made by init, so its tables are the code's): one COPY."""
+    import psycopg
+
+    PostgresLedger(dsn).init()
+    names, batch = chained_rows(n)
+    with psycopg.connect(dsn) as con, con.cursor() as cur:
+        with cur.copy(f"COPY verdicts ({', '.join(names)}) FROM STDIN") as copy:
+            for r in batch:
+                copy.write_row(r)
+    with psycopg.connect(dsn, autocommit=True) as con:
+        con.execute("VACUUM (ANALYZE, FREEZE) verdicts")  # hint bits set once, not by the first timed read
+
+
 def timed(fn, repeats: int = 3) -> float:
     best = float("inf")
     for _ in range(repeats):
@@ -80,15 +102,25 @@ def timed(fn, repeats: int = 3) -> float:
     return best
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rows", type=int, default=100_000)
-    args = ap.parse_args()
+def load() -> str:
+    """The load average (1, 5, 15 min): what else ran on the cores before a timed run."""
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "unknown"
+
+
+def timed_runs(fn, repeats: int, what: str) -> float:
+    print(f"  {what}: load average before: {load()}", flush=True)
+    return timed(fn, repeats)
+
+
+def measure_duckdb(rows: int, repeats: int) -> tuple[float, float, float]:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "ledger.duckdb"
         t0 = time.perf_counter()
-        build(path, args.rows)
-        print(f"built {args.rows} chained verdict rows in {time.perf_counter() - t0:.1f} s "
+        build(path, rows)
+        print(f"built {rows} chained verdict rows in {time.perf_counter() - t0:.1f} s "
               f"({path.stat().st_size / 1e6:.0f} MB)")
         ledger = Ledger(path)
         assert ledger.verify().ok
@@ -98,11 +130,61 @@ def main() -> None:
             con.execute("SELECT * FROM verdicts").fetchall()
             con.close()
 
-        peer = timed(scan)
-        full = timed(lambda: ledger.verify())
+        peer = timed_runs(scan, repeats, "plain SELECT *")
+        full = timed_runs(lambda: ledger.verify(), repeats, "full verify")
         head = ledger.verify().head
-        anchored = timed(lambda: ledger.verify(expect=head))
+        anchored = timed_runs(lambda: ledger.verify(expect=head), repeats, "verify against a head")
         assert ledger.verify(expect=head).ok
+    return peer, full, anchored
+
+
+def measure_postgres(rows: int, repeats: int) -> tuple[float, float, float]:
+    """The same on a fresh Postgres server (tests/postgres_server.py's, loopback, fsync off): the
+    peer is a plain `SELECT *` of the same rows into Python through psycopg (one process)."""
+    import sys
+
+    import psycopg
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tests.postgres_server import pg_dsn, postgres_server
+
+    server = postgres_server.__wrapped__()
+    address = next(server)
+    try:
+        dsn = pg_dsn.__wrapped__(address)
+        t0 = time.perf_counter()
+        build_postgres(dsn, rows)
+        with psycopg.connect(dsn) as con:
+            version, size = con.execute("SELECT current_setting('server_version'), "
+                                        "pg_total_relation_size('verdicts')").fetchone()
+        print(f"built {rows} chained verdict rows in {time.perf_counter() - t0:.1f} s "
+              f"(Postgres {version}, verdicts {size / 1e6:.0f} MB)")
+        ledger = PostgresLedger(dsn)
+        assert ledger.verify().ok
+
+        def scan() -> None:
+            with psycopg.connect(dsn) as con:
+                con.execute("SELECT * FROM verdicts").fetchall()
+
+        peer = timed_runs(scan, repeats, "plain SELECT *")
+        full = timed_runs(lambda: ledger.verify(), repeats, "full verify")
+        head = ledger.verify().head
+        anchored = timed_runs(lambda: ledger.verify(expect=head), repeats, "verify against a head")
+        assert ledger.verify(expect=head).ok
+    finally:
+        server.close()  # the fixture's teardown: pg_ctl stop, folder removed
+    return peer, full, anchored
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", type=int, default=100_000)
+    ap.add_argument("--store", choices=("duckdb", "postgres"), default="duckdb")
+    ap.add_argument("--repeats", type=int, default=3, help="runs of each (best shown)")
+    args = ap.parse_args()
+    measure = measure_duckdb if args.store == "duckdb" else measure_postgres
+    peer, full, anchored = measure(args.rows, args.repeats)
+    print(f"{args.store}, {args.rows} rows, best of {args.repeats}:")
     print(f"plain SELECT * into Python   {peer:6.2f} s  (peer)")
     target = 5.0 if args.rows >= 1_000_000 else 2.0  # issue 32: 5 s at 1M rows; issue 15: 2 s at 100k
     print(f"full verify                  {full:6.2f} s  {full / peer:.1f}x the peer (target <= {target:g} s: "

@@ -383,7 +383,8 @@ def test_postgres_every_range_reads_the_snapshot_verify_began_with(pg_dsn, monke
         return wrapped
 
     if workers == "1":
-        monkeypatch.setattr(tica.ledger.batches, "postgres_batches", append_first(tica.ledger.batches.postgres_batches))
+        monkeypatch.setattr(tica.ledger.batches, "postgres_hashed_batches",
+                            append_first(tica.ledger.batches.postgres_hashed_batches))
     else:
         monkeypatch.setattr(tica.ledger.parallel, "_run", append_first(tica.ledger.parallel._run))
     answered = []
@@ -406,3 +407,84 @@ def test_postgres_a_forged_row_is_caught_in_batches(postgres_server, monkeypatch
                         "reruns", "reason", 'say "hi"', spec)
         on, off = _both(ledger, None, monkeypatch)
         assert on == off and on.ok == spec and (_pg_segment(ledger) is not None) == spec
+
+
+# ----------------------------------------------------------------------------------- Arrow batches as bytes
+def test_the_arrow_class_of_a_column_is_text_class_on_every_character():
+    import pyarrow as pa
+
+    from tica.ledger.batches import arrow_text_class
+
+    for code in [*range(0x800), *range(0x800, sys.maxunicode + 1, 997)]:
+        if 0xD800 <= code <= 0xDFFF:
+            continue
+        c = chr(code)
+        for values in ([c], ["ab", f"x{c}y"], ['say "hi"', c]):
+            for kind in (pa.string(), pa.large_string()):
+                assert arrow_text_class(pa.array(values, kind)) == text_class(values), (hex(code), values)
+    assert arrow_text_class(pa.array(["a", None])) is None and arrow_text_class(pa.array([], pa.string())) == "plain"
+    assert arrow_text_class(pa.array(["", ""])) == "plain"
+    sliced = pa.array(["back\\slash", 'say "hi"', "plain"]).slice(1)  # the class of its own values only
+    assert arrow_text_class(sliced) == "quoted" and arrow_text_class(sliced.slice(1)) == "plain"
+
+
+@settings(max_examples=300, deadline=None)
+@given(table=st.sampled_from(sorted(TABLES)), data=st.data())
+def test_an_arrow_batch_hashes_as_the_spec_whatever_its_values(table, data):
+    import pyarrow as pa
+
+    from tica.ledger.batches import arrow_batch_hashes
+
+    names = [n for n, _ in TABLES[table]]
+    rows = data.draw(st.integers(1, 4))
+    # per column all printable, quoted, with a backslash, unicode or null: each class the batch takes
+    text = st.one_of(_printable, _printable.map(lambda t: t.replace("\\", "")),
+                     _printable.map(lambda t: t.replace('"', "").replace("\\", "")), st.text(max_size=8))
+    columns: dict[str, list] = {}
+    for name, kind in [*TABLES[table], ("recorded_at", "VARCHAR")]:
+        if kind == "BIGINT":
+            columns[name] = [data.draw(st.one_of(st.none(), st.integers(-(2**63), 2**63 - 1))) for _ in range(rows)]
+        else:
+            nullable = name != "recorded_at" and data.draw(st.booleans())
+            columns[name] = [data.draw(st.one_of(st.none(), text) if nullable else text) for _ in range(rows)]
+    seqs = list(range(1, rows + 1))
+    prevs = [data.draw(st.text(max_size=4)) for _ in range(rows)]
+    digests = [f"d{k}" for k in range(rows)]
+    arrays = [pa.array(seqs, pa.int64()), pa.array(prevs, pa.string()), pa.array(digests, pa.string()),
+              pa.array(columns["recorded_at"], pa.string()),
+              *(pa.array(columns[n], pa.int64() if kind == "BIGINT" else pa.string()) for n, kind in TABLES[table])]
+    batch = pa.RecordBatch.from_arrays(arrays, names=[*CHAIN_COLUMNS, *names])
+    chain, got = arrow_batch_hashes(table, batch)
+    want = [row_hash(prevs[i], table, seqs[i], columns["recorded_at"][i], {n: columns[n][i] for n in names})
+            for i in range(rows)]
+    assert got == want and chain == [seqs, prevs, digests, columns["recorded_at"]]
+
+
+def test_an_arrow_batch_of_another_type_than_the_codes_is_out_of_place():
+    import pyarrow as pa
+
+    from tica.ledger.batches import _OutOfPlace, arrow_batch_hashes
+
+    names = [n for n, _ in TABLES["reruns"]]
+    batch = pa.RecordBatch.from_arrays([pa.array([1]), *(pa.array(["x"]) for _ in range(3)),
+                                        *(pa.array([b"x"], pa.binary()) for _ in names)], names=[*CHAIN_COLUMNS, *names])
+    with pytest.raises(_OutOfPlace):
+        arrow_batch_hashes("reruns", batch)
+
+
+def test_postgres_hashed_batches_give_the_segment_of_the_columns(postgres_server, monkeypatch):  # noqa: F811
+    from tica.ledger.batches import postgres_hashed_batches
+
+    ledger = _pg_filled(pg_dsn.__wrapped__(postgres_server))
+    hashed = _pg_segment(ledger, postgres_hashed_batches)
+    assert hashed is not None and hashed == _pg_segment(ledger, postgres_batches)
+    monkeypatch.setitem(sys.modules, "adbc_driver_postgresql", None)  # not installed: psycopg's columns
+    assert _pg_segment(ledger, postgres_hashed_batches) == hashed
+    monkeypatch.undo()
+    for spec in (False, True):  # a forged row: out of place, unless re-hashed by the spec
+        dsn = pg_dsn.__wrapped__(postgres_server)
+        ledger = _pg_filled(dsn)
+        with psycopg.connect(dsn) as con:
+            _forge_last(lambda q, p: con.execute(q.replace("?", "%s"), p), lambda q: con.execute(q).fetchone(),
+                        "reruns", "reason", 'say "hi"', spec)
+        assert (_pg_segment(ledger, postgres_hashed_batches) is not None) == spec

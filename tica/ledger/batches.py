@@ -28,6 +28,7 @@ eighth of hashlib's.
 
 from __future__ import annotations
 
+import ast
 import functools
 import hashlib
 import re
@@ -116,6 +117,97 @@ def batch_hashes(table: str, columns: Columns) -> list[str]:
 
 class _OutOfPlace(Exception):
     pass
+
+
+# ----------------------------------------------------------------------------------- Arrow batches as bytes
+# Postgres (issue 32): a batch's text columns are hashed as the bytes Arrow holds, not as Python
+# strings. A column whose every value in the batch is set and printable ASCII without a backslash
+# (its class checked on the Arrow buffer: a min, a max and a search for '\\' and '"', numpy) comes
+# to Python as bytes (no UTF-8 decoding, no encode of the joined body after), its quotes escaped by
+# bytes.replace; any other column comes as str and is encoded value by value as the row-wise body
+# encodes it. Measured at 1M verdict rows (2 cores): see README, "Verify at 1M rows on Postgres".
+def _bytes_hasher_source(table: str, plain: frozenset[str], quoted: frozenset[str]) -> str:
+    """_hasher_source over bytes: the same parts as `_body_parts` gives the str hasher, each
+    constant as bytes, each column in `plain` or `quoted` a bytes value (its quotes escaped by
+    bytes.replace), any other part the str expression `_body_parts` writes, encoded."""
+    names, parts = _body_parts(table, plain, quoted)
+    local = dict(zip((n for n, _ in TABLES[table]), names)) | {"recorded_at": "recorded_at"}
+    as_is = {local[n] for n in plain if n in local}
+    escaped = {f"{local[n]}.replace({chr(34)!r}, {chr(92) + chr(34)!r})" for n in quoted if n in local}
+    out = []
+    for part in parts:
+        if part in as_is:
+            out.append(part)
+        elif part in escaped:
+            out.append(part.split(".", 1)[0] + ".replace(b'\"', b'\\\\\"')")
+        elif part[:1] in ("'", '"'):  # a constant: repr of a str
+            out.append(repr(ast.literal_eval(part).encode()))
+        else:
+            out.append(f"({part}).encode()")
+    row = ", ".join(["seq", "prev", "recorded_at", *names])
+    return (f"def hashes(seq_c, prev_c, at_c{''.join(f', {n}_c' for n in names)}):\n"
+            f"    return [_sha256(b''.join((prev, b'\\n', {', '.join(out)}))).hexdigest()\n"
+            f"            for {row} in zip(seq_c, prev_c, at_c{''.join(f', {n}_c' for n in names)})]\n")
+
+
+@functools.lru_cache(maxsize=1024)
+def bytes_hasher(table: str, plain: frozenset[str], quoted: frozenset[str] = frozenset()) -> Callable[..., list[str]]:
+    """hasher's twin over bytes: hashes(seqs, prev_hashes as bytes, recorded_ats, *payload columns),
+    the columns in `plain` and `quoted` (recorded_at among them when named) bytes values the caller
+    checked (`arrow_text_class`), every other column Python values as the row-wise path reads them."""
+    namespace = dict(_BODY_NAMESPACE)
+    exec(compile(_bytes_hasher_source(table, plain, quoted),  # noqa: S102
+                 f"<tica.ledger.batches bytes hashes of {table}>", "exec"), namespace)
+    return namespace["hashes"]
+
+
+def arrow_text_class(column: Any) -> str | None:
+    """text_class of an Arrow string column, read on its buffers: "plain", "quoted" or None (a null,
+    a byte outside 0x20-0x7E, a backslash)."""
+    import pyarrow as pa
+
+    if column.null_count:
+        return None
+    if pa.types.is_string(column.type):
+        width = np.int32
+    elif pa.types.is_large_string(column.type):
+        width = np.int64
+    else:
+        return None
+    n = len(column)
+    if not n:
+        return "plain"
+    _, offsets_buf, data_buf = column.buffers()
+    offsets = np.frombuffer(offsets_buf, dtype=width)[column.offset:column.offset + n + 1]
+    lo, hi = int(offsets[0]), int(offsets[-1])
+    if lo == hi:
+        return "plain"
+    data = np.frombuffer(data_buf, dtype=np.uint8)[lo:hi]
+    if data.min() < 0x20 or data.max() > 0x7E or (data == 0x5C).any():
+        return None
+    return "quoted" if (data == 0x22).any() else "plain"
+
+
+def arrow_batch_hashes(table: str, batch: Any) -> tuple[Columns, list[str]]:
+    """One Arrow record batch of `table` (seq, prev_hash, row_hash, recorded_at, then the payload's
+    columns, TABLES order, of the code's types: else _OutOfPlace) as its chain columns and each
+    row's recomputed row_hash (`bytes_hasher`)."""
+    import pyarrow as pa
+
+    if not _arrow_types_as_created(table, batch.schema):
+        raise _OutOfPlace(table)
+    columns = batch.columns
+    seq, prev, digest, at = (c.to_pylist() for c in columns[:4])
+    kinds = {n: arrow_text_class(c) for n, c in zip(["recorded_at", *(n for n, _ in TABLES[table])], columns[3:])
+             if n in _TEXT_COLUMNS[table]}
+    as_bytes = {n for n, k in kinds.items() if k is not None}
+    values = [c.cast(pa.binary()).to_pylist() if n in as_bytes else c.to_pylist()
+              for (n, _), c in zip(TABLES[table], columns[4:])]
+    hashes = bytes_hasher(table, frozenset(n for n, k in kinds.items() if k == "plain"),
+                          frozenset(n for n, k in kinds.items() if k == "quoted"))(
+        seq, columns[1].cast(pa.binary()).to_pylist(),
+        columns[3].cast(pa.binary()).to_pylist() if "recorded_at" in as_bytes else at, *values)
+    return [seq, prev, digest, at], hashes
 
 
 def range_segment(batches: Iterable[tuple[str, Columns] | tuple[str, Columns, Sequence[str]]], start: int,
@@ -400,37 +492,67 @@ def postgres_batches(dsn: str, snapshot: str, lo: int | None = None, hi: int | N
     time at 100k verdicts) where it is installed, else a psycopg server-side cursor per table. The
     driver is called through adbc_driver_manager's own classes: its DB-API module imports pandas,
     0.14 s of every range process's start."""
+    arrow = _adbc_arrow_batches(dsn, snapshot, lo, hi)
+    if arrow is None:
+        yield from psycopg_batches(dsn, snapshot, lo, hi, rows)
+        return
+    for table, batch in arrow:
+        if not _arrow_types_as_created(table, batch.schema):
+            raise _OutOfPlace(table)
+        yield table, [c.to_pylist() for c in batch.columns]
+
+
+def postgres_hashed_batches(dsn: str, snapshot: str, lo: int | None = None, hi: int | None = None,
+                            rows: int = BATCH_ROWS) -> Iterator[tuple[str, Columns] | tuple[str, Columns, list[str]]]:
+    """postgres_batches as range_segment takes them, each Arrow batch hashed here as bytes
+    (`arrow_batch_hashes`: its chain columns and each row's recomputed hash); without ADBC,
+    psycopg's batches of columns (hashed by range_segment)."""
+    arrow = _adbc_arrow_batches(dsn, snapshot, lo, hi)
+    if arrow is None:
+        yield from psycopg_batches(dsn, snapshot, lo, hi, rows)
+        return
+    for table, batch in arrow:
+        chain, hashes = arrow_batch_hashes(table, batch)
+        yield table, chain, hashes
+
+
+def _adbc_arrow_batches(dsn: str, snapshot: str, lo: int | None, hi: int | None
+                        ) -> Iterator[tuple[str, Any]] | None:
+    """Every table's rows with lo <= seq < hi as (table, Arrow record batch) through ADBC's Postgres
+    driver on the exported `snapshot`; None where the driver is not installed."""
     try:
         import adbc_driver_manager
         import adbc_driver_postgresql
         import pyarrow as pa
     except ImportError:
-        yield from psycopg_batches(dsn, snapshot, lo, hi, rows)
-        return
+        return None
     _check_snapshot(snapshot)
-    with closing(adbc_driver_postgresql.connect(dsn)) as db, \
-            closing(adbc_driver_manager.AdbcConnection(db)) as con:
-        con.set_autocommit(False)
 
-        def statement(sql: str):
-            stmt = adbc_driver_manager.AdbcStatement(con)
-            stmt.set_sql_query(sql)
-            return closing(stmt)
+    def read() -> Iterator[tuple[str, Any]]:
+        with closing(adbc_driver_postgresql.connect(dsn)) as db, \
+                closing(adbc_driver_manager.AdbcConnection(db)) as con:
+            con.set_autocommit(False)
 
-        try:
-            for sql in ("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ", f"SET TRANSACTION SNAPSHOT '{snapshot}'"):
-                with statement(sql) as stmt:
-                    stmt.execute_update()
-            for table in TABLES:
-                with statement(_literal_range_sql(table, lo, hi)) as stmt:
-                    handle, _ = stmt.execute_query()
-                    with closing(pa.RecordBatchReader._import_from_c(handle.address)) as reader:
-                        for batch in reader:
-                            if not _arrow_types_as_created(table, batch.schema):
-                                raise _OutOfPlace(table)
-                            yield table, [c.to_pylist() for c in batch.columns]
-        finally:
-            con.rollback()
+            def statement(sql: str):
+                stmt = adbc_driver_manager.AdbcStatement(con)
+                stmt.set_sql_query(sql)
+                return closing(stmt)
+
+            try:
+                for sql in ("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ",
+                            f"SET TRANSACTION SNAPSHOT '{snapshot}'"):
+                    with statement(sql) as stmt:
+                        stmt.execute_update()
+                for table in TABLES:
+                    with statement(_literal_range_sql(table, lo, hi)) as stmt:
+                        handle, _ = stmt.execute_query()
+                        with closing(pa.RecordBatchReader._import_from_c(handle.address)) as reader:
+                            for batch in reader:
+                                yield table, batch
+            finally:
+                con.rollback()
+
+    return read()
 
 
 def psycopg_batches(dsn: str, snapshot: str, lo: int | None = None, hi: int | None = None,

@@ -191,7 +191,7 @@ def _duckdb_batch_range(path: str, lo: int | None, hi: int | None, start: int, w
 
 def _postgres_batch_range(dsn: str, snapshot: str, lo: int | None, hi: int | None, start: int,
                           want: int | None) -> ChainSegment | None:
-    return batches.range_segment(batches.postgres_batches(dsn, snapshot, lo, hi), start, want)
+    return batches.range_segment(batches.postgres_hashed_batches(dsn, snapshot, lo, hi), start, want)
 
 
 def verify_batches(kind: str, con, source: str, expect: Head | None, views: Sequence[str], workers: int,
@@ -203,7 +203,8 @@ def verify_batches(kind: str, con, source: str, expect: Head | None, views: Sequ
     Postgres: `source` the DSN, every read on the caller's exported `snapshot`."""
     want = expect.seq if expect else None
     if workers <= 1:
-        read = _duckdb_read(con, None, None, bodies) if kind == "duckdb" else batches.postgres_batches(source, snapshot)
+        read = (_duckdb_read(con, None, None, bodies) if kind == "duckdb"
+                else batches.postgres_hashed_batches(source, snapshot))
         return batches.join_or_none([batches.range_segment(read, 1, want)], expect, views)
     cuts = even_cuts(con.execute(max_seq_sql()).fetchone()[0] or 0, workers)
     head = (source,) if kind == "duckdb" else (source, snapshot)
