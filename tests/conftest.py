@@ -27,7 +27,7 @@ from tests.long import FULL, SKIP_REASON
 SLOWEST_FIRST = (
     "legs/test_legs_cpu.py",  # the demo leg set (430-590 s), the faulted throughput legs (65 s), the clean-exit canary
     "legs/test_walkthrough_report.py",  # 145-205 s
-    "dagster/test_pipes_gpu_proof.py",  # 145 s + 20 s + 15 s + 15 s
+    "dagster/test_pipes_gpu_proof.py",  # 20 s + 15 s + 15 s (the real producers' 145 s: TICA_TESTS=full)
     "ray/test_ray_legs.py",  # 155-185 s, and a Ray cluster of its own (the node-loss tests' is in the serial phase)
     "core/test_ledger_batch_verify.py",  # 130 s of tamperings, DuckDB and Postgres
     "legs/test_demo_cpu_track.py",  # 62 s + 51 s

@@ -71,6 +71,8 @@ def test_past_its_deadline_the_proof_still_writes_what_it_has(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.long  # ~2.5 min; its short slices: the proof above with the fake producer (the pool, the
+# leases, Pipes) and tests/legs/test_pipes_child.py (a real producer's dry run through the Pipes child)
 def test_the_proof_runs_the_real_producers_dry(tmp_path):
     """The producers' own CPU dry run (tiny model, torch reference kernels, fake rollout): about
     two and a half minutes on two cores, two bi1 processes at once."""
