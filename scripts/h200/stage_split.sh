@@ -10,44 +10,33 @@
 # puts .devstage/m1/moe_C.so.xz back where run_h200.sh's moe_lib finds it in the later calls.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+split_halves() {  # carry (c1, m1) file: .devstage/<carry>a/<file>.part1, .devstage/<carry>b/<file>.part2 + sha256
+  local c=$1 f=$2 half
+  rm -rf .devstage/${c}a .devstage/${c}b && mkdir -p .devstage/${c}a .devstage/${c}b
+  half=$(( ($(stat -c %s .devstage/$c/$f) + 1) / 2 ))
+  head -c "$half" .devstage/$c/$f > .devstage/${c}a/$f.part1
+  tail -c +"$((half + 1))" .devstage/$c/$f > .devstage/${c}b/$f.part2
+  sha256sum .devstage/$c/$f | cut -d' ' -f1 > .devstage/${c}b/$f.sha256
+  ls -la .devstage/${c}a .devstage/${c}b
+}
+recv_halves() {  # carry file: 0 once both halves came and .devstage/<carry>/<file> is whole again, 1 before
+  local c=$1 f=$2
+  mkdir -p /tmp/${c}parts
+  for d in .devstage/${c}a .devstage/${c}b; do [ -d $d ] && cp $d/* /tmp/${c}parts/; done
+  if [ -f /tmp/${c}parts/$f.part1 ] && [ -f /tmp/${c}parts/$f.part2 ]; then
+    mkdir -p .devstage/$c
+    cat /tmp/${c}parts/$f.part1 /tmp/${c}parts/$f.part2 > .devstage/$c/$f
+    [ "$(sha256sum .devstage/$c/$f | cut -d' ' -f1)" = "$(cat /tmp/${c}parts/$f.sha256)" ] \
+      || { echo "$f halves do not add up (sha256)"; exit 3; }
+    return 0
+  fi
+  echo "half received; carry the other one in the next call"; ls -la /tmp/${c}parts
+  return 1
+}
 case "${1:-}" in
-  split)
-    rm -rf .devstage/c1a .devstage/c1b && mkdir -p .devstage/c1a .devstage/c1b
-    half=$(( ($(stat -c %s .devstage/c1/C.so.xz) + 1) / 2 ))
-    head -c "$half" .devstage/c1/C.so.xz > .devstage/c1a/C.so.xz.part1
-    tail -c +"$((half + 1))" .devstage/c1/C.so.xz > .devstage/c1b/C.so.xz.part2
-    sha256sum .devstage/c1/C.so.xz | cut -d' ' -f1 > .devstage/c1b/C.so.xz.sha256
-    ls -la .devstage/c1a .devstage/c1b ;;
-  recv)
-    mkdir -p /tmp/c1parts
-    for d in .devstage/c1a .devstage/c1b; do [ -d $d ] && cp $d/* /tmp/c1parts/; done
-    if [ -f /tmp/c1parts/C.so.xz.part1 ] && [ -f /tmp/c1parts/C.so.xz.part2 ]; then
-      mkdir -p .devstage/c1
-      cat /tmp/c1parts/C.so.xz.part1 /tmp/c1parts/C.so.xz.part2 > .devstage/c1/C.so.xz
-      [ "$(sha256sum .devstage/c1/C.so.xz | cut -d' ' -f1)" = "$(cat /tmp/c1parts/C.so.xz.sha256)" ] \
-        || { echo "C.so.xz halves do not add up (sha256)"; exit 3; }
-      bash .devstage/kit/stage1.sh
-    else
-      echo "half received; carry the other one in the next call"; ls -la /tmp/c1parts
-    fi ;;
-  split-m1)
-    rm -rf .devstage/m1a .devstage/m1b && mkdir -p .devstage/m1a .devstage/m1b
-    half=$(( ($(stat -c %s .devstage/m1/moe_C.so.xz) + 1) / 2 ))
-    head -c "$half" .devstage/m1/moe_C.so.xz > .devstage/m1a/moe_C.so.xz.part1
-    tail -c +"$((half + 1))" .devstage/m1/moe_C.so.xz > .devstage/m1b/moe_C.so.xz.part2
-    sha256sum .devstage/m1/moe_C.so.xz | cut -d' ' -f1 > .devstage/m1b/moe_C.so.xz.sha256
-    ls -la .devstage/m1a .devstage/m1b ;;
-  recv-m1)
-    mkdir -p /tmp/m1parts
-    for d in .devstage/m1a .devstage/m1b; do [ -d $d ] && cp $d/* /tmp/m1parts/; done
-    if [ -f /tmp/m1parts/moe_C.so.xz.part1 ] && [ -f /tmp/m1parts/moe_C.so.xz.part2 ]; then
-      mkdir -p .devstage/m1
-      cat /tmp/m1parts/moe_C.so.xz.part1 /tmp/m1parts/moe_C.so.xz.part2 > .devstage/m1/moe_C.so.xz
-      [ "$(sha256sum .devstage/m1/moe_C.so.xz | cut -d' ' -f1)" = "$(cat /tmp/m1parts/moe_C.so.xz.sha256)" ] \
-        || { echo "moe_C.so.xz halves do not add up (sha256)"; exit 3; }
-      ls -la .devstage/m1
-    else
-      echo "half received; carry the other one in the next call"; ls -la /tmp/m1parts
-    fi ;;
+  split) split_halves c1 C.so.xz ;;
+  recv) if recv_halves c1 C.so.xz; then bash .devstage/kit/stage1.sh; fi ;;
+  split-m1) split_halves m1 moe_C.so.xz ;;
+  recv-m1) if recv_halves m1 moe_C.so.xz; then ls -la .devstage/m1; fi ;;
   *) echo "usage: $0 split|recv|split-m1|recv-m1"; exit 2 ;;
 esac

@@ -88,10 +88,23 @@ def is_plain(values: Sequence[Any]) -> bool:
 
 def _hasher_source(table: str, plain: frozenset[str], quoted: frozenset[str]) -> str:
     names, parts = _body_parts(table, plain, quoted)
+    return _hashes_source(names, f"''.join((prev, '\\n', {', '.join(parts)})).encode()")
+
+
+def _hashes_source(names: list[str], body: str) -> str:
+    """`def hashes(seq_c, prev_c, at_c, *columns)`: sha256 of `body` (an expression over one row's
+    names) for every row of the columns."""
+    columns = "".join(f", {n}_c" for n in names)
     row = ", ".join(["seq", "prev", "recorded_at", *names])
-    return (f"def hashes(seq_c, prev_c, at_c{''.join(f', {n}_c' for n in names)}):\n"
-            f"    return [_sha256(''.join((prev, '\\n', {', '.join(parts)})).encode()).hexdigest()\n"
-            f"            for {row} in zip(seq_c, prev_c, at_c{''.join(f', {n}_c' for n in names)})]\n")
+    return (f"def hashes(seq_c, prev_c, at_c{columns}):\n"
+            f"    return [_sha256({body}).hexdigest()\n"
+            f"            for {row} in zip(seq_c, prev_c, at_c{columns})]\n")
+
+
+def _compiled_hashes(source: str, name: str) -> Callable[..., list[str]]:
+    namespace = dict(_BODY_NAMESPACE)
+    exec(compile(source, name, "exec"), namespace)  # noqa: S102
+    return namespace["hashes"]
 
 
 @functools.lru_cache(maxsize=1024)
@@ -99,10 +112,7 @@ def hasher(table: str, plain: frozenset[str], quoted: frozenset[str] = frozenset
     """hashes(seqs, prev_hashes, recorded_ats, *payload columns): each row's row_hash as the spec
     computes it, the columns in `plain` written as they are and those in `quoted` with only their
     quotes escaped (the caller checked them: `text_class`)."""
-    namespace = dict(_BODY_NAMESPACE)
-    exec(compile(_hasher_source(table, plain, quoted), f"<tica.ledger.batches hashes of {table}>", "exec"),  # noqa: S102
-         namespace)
-    return namespace["hashes"]
+    return _compiled_hashes(_hasher_source(table, plain, quoted), f"<tica.ledger.batches hashes of {table}>")
 
 
 def batch_hashes(table: str, columns: Columns) -> list[str]:
@@ -144,10 +154,7 @@ def _bytes_hasher_source(table: str, plain: frozenset[str], quoted: frozenset[st
             out.append(repr(ast.literal_eval(part).encode()))
         else:
             out.append(f"({part}).encode()")
-    row = ", ".join(["seq", "prev", "recorded_at", *names])
-    return (f"def hashes(seq_c, prev_c, at_c{''.join(f', {n}_c' for n in names)}):\n"
-            f"    return [_sha256(b''.join((prev, b'\\n', {', '.join(out)}))).hexdigest()\n"
-            f"            for {row} in zip(seq_c, prev_c, at_c{''.join(f', {n}_c' for n in names)})]\n")
+    return _hashes_source(names, f"b''.join((prev, b'\\n', {', '.join(out)}))")
 
 
 @functools.lru_cache(maxsize=1024)
@@ -155,10 +162,8 @@ def bytes_hasher(table: str, plain: frozenset[str], quoted: frozenset[str] = fro
     """hasher's twin over bytes: hashes(seqs, prev_hashes as bytes, recorded_ats, *payload columns),
     the columns in `plain` and `quoted` (recorded_at among them when named) bytes values the caller
     checked (`arrow_text_class`), every other column Python values as the row-wise path reads them."""
-    namespace = dict(_BODY_NAMESPACE)
-    exec(compile(_bytes_hasher_source(table, plain, quoted),  # noqa: S102
-                 f"<tica.ledger.batches bytes hashes of {table}>", "exec"), namespace)
-    return namespace["hashes"]
+    return _compiled_hashes(_bytes_hasher_source(table, plain, quoted),
+                            f"<tica.ledger.batches bytes hashes of {table}>")
 
 
 def arrow_text_class(column: Any) -> str | None:
