@@ -145,6 +145,20 @@ def test_the_sampler_reads_the_host_and_its_probe_while_the_leg_runs(monkeypatch
     assert telemetry.host_shares(later, s._host_start) in ({"cpu_steal_pct": None, "cpu_busy_pct": None},)
 
 
+def test_host_shares_count_guest_time_once():
+    """/proc/stat counts a guest's time inside user already: a host running only guests is 50% busy
+    here (user 50 of 100), never more. Control: without guest time the same user time reads the same."""
+    from collections import namedtuple
+
+    from tica.legs.telemetry import host_shares
+
+    Times = namedtuple("Times", "user nice system idle iowait irq softirq steal guest guest_nice")
+    start = Times(*[0.0] * 10)
+    with_guest = Times(50.0, 0.0, 0.0, 50.0, 0.0, 0.0, 0.0, 0.0, 50.0, 0.0)
+    assert host_shares(start, with_guest) == {"cpu_steal_pct": 0.0, "cpu_busy_pct": 50.0}
+    assert host_shares(start, with_guest._replace(guest=0.0)) == host_shares(start, with_guest)
+
+
 @pytest.mark.parametrize("bad", [{"engine_core": -0.1}, {"engine_core": float("nan")}, {"gpu": 0.5}])
 def test_a_cpu_time_out_of_range_or_of_an_unknown_role_is_refused(bad):
     from pydantic import ValidationError

@@ -215,7 +215,8 @@ def host_shares(start: Any, end: Any) -> dict[str, float | None]:
     stole and the share that was busy (not idle, not waiting on I/O), in percent of all CPUs."""
     if start is None or end is None:
         return {"cpu_steal_pct": None, "cpu_busy_pct": None}
-    delta = {f: getattr(end, f) - getattr(start, f) for f in end._fields}
+    # guest time is already counted in user (and guest_nice in nice) by /proc/stat: not added twice
+    delta = {f: getattr(end, f) - getattr(start, f) for f in end._fields if f not in ("guest", "guest_nice")}
     total = sum(delta.values())
     if total <= 0 or any(v < 0 for v in delta.values()):
         return {"cpu_steal_pct": None, "cpu_busy_pct": None}
