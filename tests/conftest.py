@@ -18,9 +18,21 @@ one worker idle while the other finishes it."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from tests.long import FULL, SKIP_REASON
+
+# vLLM's CPU platform pins each engine's worker process (its imports included) to the first core
+# when VLLM_CPU_OMP_THREADS_BIND is "auto", its default: with two xdist workers each starting an
+# engine, both land on core 0 while core 1 waits. Measured here, two tiny-model engines started at
+# once: 44 s with the default, 34 s with one core each (one engine alone: 33 s). So each worker's
+# engines get a core of their own; a caller's own setting is kept. The legs record it (VLLM_*).
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+if _WORKER.startswith("gw") and _WORKER[2:].isdigit() and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
+    _cores = sorted(os.sched_getaffinity(0))
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = str(_cores[int(_WORKER[2:]) % len(_cores)])
 
 # The files of the longest wall time in the full run (tests/<path>, slowest first); the rest keep
 # their collection order after these. Only the order changes: every test runs.
