@@ -146,6 +146,11 @@ class LegTelemetry(_Receipt):
     cpu_probes: int | None = Field(None, ge=0)
     # the engine core's mean time between a request's tokens over the leg (vLLM's inter-token histogram)
     engine_itl_ms_mean: float | None = Field(None, ge=0, le=1e7, allow_inf_nan=False)
+    # where the engine core ran, read with each probe (tica.legs.telemetry.placement)
+    engine_cpus: tuple[Annotated[int, Field(ge=0, le=1_000_000)], ...] | None = Field(None, strict=False)
+    engine_numa_nodes: tuple[Annotated[int, Field(ge=0, le=1_000_000)], ...] | None = Field(None, strict=False)
+    engine_cpu_moves_pct: float | None = Field(None, ge=0, le=100, allow_inf_nan=False)
+    engine_sibling_busy_pct: float | None = Field(None, ge=0, le=100, allow_inf_nan=False)
 
 
 class LegMeta(_Receipt):

@@ -15,7 +15,8 @@ BASE = dict(source="nvidia-smi", samples=40, interval_ms=500, sm_clock_mhz_media
             cpu_util={"engine_core": 0.5, "api_server": 0.3, "client": 0.4},
             involuntary_switches_per_s={"engine_core": 120.0, "api_server": 40.0, "client": 10.0},
             cpu_steal_pct=0.0, cpu_busy_pct=20.0, cpu_mhz_median=2600.0, cpu_probe_ms_median=8.0,
-            cpu_probe_ms_max=9.5, cpu_probes=60, engine_itl_ms_mean=5.0)
+            cpu_probe_ms_max=9.5, cpu_probes=60, engine_itl_ms_mean=5.0, engine_cpus=(3, 5), engine_numa_nodes=(0,),
+            engine_cpu_moves_pct=20.0, engine_sibling_busy_pct=20.0)
 _BY_ROLE = ("cpu_util", "involuntary_switches_per_s")
 
 
@@ -48,7 +49,8 @@ def test_each_signal_that_differs_between_the_tiers_is_named(field, what, _unit,
     assert "not found" in tier_cause([(100.0, tel(**{field: near})), (140.0, tel())])
 
 
-@pytest.mark.parametrize("field,fast,slow", [("cpu_steal_pct", 0.2, 0.9), ("cpu_busy_pct", 6.0, 10.0)])
+@pytest.mark.parametrize("field,fast,slow", [("cpu_steal_pct", 0.2, 0.9), ("cpu_busy_pct", 6.0, 10.0),
+                                             ("engine_cpu_moves_pct", 0.0, 9.0), ("engine_sibling_busy_pct", 1.0, 5.5)])
 def test_a_share_that_differs_by_less_than_its_floor_is_noise_whatever_its_ratio(field, fast, slow):
     assert "not found" in tier_cause([(100.0, tel(**{field: slow})), (140.0, tel(**{field: fast}))])
     # the control: past the floor the same direction is named
@@ -193,3 +195,64 @@ vllm:prefix_cache_hits_created{engine="0",model_name="tput"} 1.7e9
     # unread, or a counter that went back (another server answered): unknown, never 0
     assert engine_counts({}, after) == {"prefix_cache_hit_rate": None, "preemptions": None, **unread_steps}
     assert engine_counts(after, before)["prefix_cache_hit_rate"] is None
+
+
+def test_the_kernels_cpu_lists_are_read_as_cpu_numbers():
+    from tica.legs.telemetry import parse_cpu_list
+
+    assert parse_cpu_list("0-3,8,10-11\n") == [0, 1, 2, 3, 8, 10, 11]
+    assert parse_cpu_list("5") == [5] and parse_cpu_list("") == []
+
+
+def test_placement_counts_moves_between_readings_and_leaves_a_missing_sibling_unknown():
+    """Moves are changes between consecutive readings (3 of 4 here); the sibling's share is the median
+    over the readings after the first. Control: one reading without a sibling's share makes it
+    unknown, never the median of the rest."""
+    from tica.legs.telemetry import placement
+
+    got = placement([2, 2, 7, 2, 3], [None, 10.0, 30.0, 20.0, 90.0])
+    assert got["engine_cpus"] == [2, 3, 7] and got["engine_cpu_moves_pct"] == 75.0
+    assert got["engine_sibling_busy_pct"] == 25.0
+    assert placement([2, 2, 7], [None, 10.0, None])["engine_sibling_busy_pct"] is None
+    one = placement([4], [None])  # one reading: no move and no interval to read
+    assert one["engine_cpus"] == [4] and one["engine_cpu_moves_pct"] is None and one["engine_sibling_busy_pct"] is None
+    assert set(placement([], []).values()) == {None}
+
+
+@pytest.mark.processes
+def test_the_sampler_reads_where_the_engine_ran_and_its_siblings_load(monkeypatch, tmp_path):
+    """On this machine, against a busy child standing in for the engine core: its CPUs are read, and
+    with a topology that gives every CPU a sibling (a copy of sysfs's layout) the sibling's busy share
+    is read too. Control: the machine's own topology, whose CPUs here have no SMT sibling, leaves it
+    unknown."""
+    import subprocess
+    import sys
+
+    from tica.legs import telemetry
+
+    monkeypatch.setattr(telemetry.shutil, "which", lambda name: None)
+    cpus = sorted(telemetry.os.sched_getaffinity(0))
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        def sample(root):
+            monkeypatch.setattr(telemetry, "CPU_SYSFS", root)
+            with telemetry.Sampler(processes={"engine_core": [busy.pid]}) as s:
+                deadline = telemetry.time.monotonic() + 6
+                while telemetry.time.monotonic() < deadline and len(s.engine_cpus) < 3:
+                    telemetry.time.sleep(0.05)
+            return LegTelemetry(**s.summary(served_before=0, cuda_graphs=None))
+
+        paired = tmp_path / "cpu"
+        for c in range(max(cpus) + 2):
+            (paired / f"cpu{c}" / "topology").mkdir(parents=True)
+            (paired / f"cpu{c}" / "topology" / "thread_siblings_list").write_text(f"{c - c % 2}-{c - c % 2 + 1}\n")
+            (paired / f"cpu{c}" / "node0").mkdir()
+        got = sample(paired)
+        assert got.engine_cpus and set(got.engine_cpus) <= set(cpus) and got.engine_numa_nodes == (0,)
+        assert got.engine_cpu_moves_pct is not None and got.engine_sibling_busy_pct is not None
+        if len(cpus) < 2 or any(telemetry.cpu_siblings(c, telemetry.Path("/sys/devices/system/cpu")) for c in cpus):
+            return  # the control needs a machine without SMT siblings
+        assert sample(telemetry.Path("/sys/devices/system/cpu")).engine_sibling_busy_pct is None
+    finally:
+        busy.kill()
+        busy.wait()

@@ -9,8 +9,10 @@ and GPU telemetry alone cannot explain its tiers. It also reads the host while t
 machine's CPU time stolen by its hypervisor and its busy share (/proc/stat through psutil), the CPU
 clock, how many times each role was switched out against its will, and a probe (a separate process
 timing one fixed pure-Python loop every half second), whose time rises when the host gives a busy
-thread less than a whole core whatever the reason. `summary()` is the `telemetry` section of leg.json
-(tica.receipts.LegTelemetry). A field nothing measured is None (unknown), never 0.
+thread less than a whole core whatever the reason. With each probe it also reads where the engine
+core ran: its CPU, that CPU's NUMA node, and how busy the CPU's other hardware threads (its SMT
+siblings, which share the core) were since the last reading. `summary()` is the `telemetry` section
+of leg.json (tica.receipts.LegTelemetry). A field nothing measured is None (unknown), never 0.
 """
 
 from __future__ import annotations
@@ -22,9 +24,12 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import psutil
+
+CPU_SYSFS = Path("/sys/devices/system/cpu")
 
 QUERY = ("clocks.sm", "clocks.mem", "power.draw", "temperature.gpu", "utilization.gpu", "clocks_throttle_reasons.active")
 # nvidia-smi's clocks_throttle_reasons bits (nvml.h: nvmlClocksEventReasons)
@@ -83,6 +88,9 @@ class Sampler:
         self.cpu_mhz: list[float] = []
         self._probe: subprocess.Popen | None = None
         self._probe_reader: threading.Thread | None = None
+        self.engine_cpus: list[int] = []  # the engine core's CPU at each probe
+        self.sibling_busy: list[float | None] = []  # its busiest SMT sibling's busy share since the probe before
+        self._percpu: Any = None
 
     def __enter__(self) -> "Sampler":
         self.load_start = os.getloadavg()[0]
@@ -129,6 +137,26 @@ class Sampler:
                 freq = None
             if freq is not None and freq.current > 0:
                 self.cpu_mhz.append(float(freq.current))
+            self._read_placement()
+
+    def _read_placement(self) -> None:
+        """Where the engine core runs now, and how busy its core's other hardware threads were since
+        the last reading (one engine process only: a role of several has no one place)."""
+        pids = self.processes.get("engine_core") or []
+        if len(pids) != 1:
+            return
+        try:
+            cpu, percpu = psutil.Process(pids[0]).cpu_num(), psutil.cpu_times(percpu=True)
+        except (psutil.Error, OSError):
+            return
+        before, self._percpu = self._percpu, percpu
+        self.engine_cpus.append(cpu)
+        siblings = cpu_siblings(cpu)
+        if before is None or not siblings or max(siblings) >= min(len(before), len(percpu)):
+            self.sibling_busy.append(None)
+            return
+        shares = [host_shares(before[c], percpu[c])["cpu_busy_pct"] for c in siblings]
+        self.sibling_busy.append(None if None in shares else max(s for s in shares if s is not None))
 
     def __exit__(self, *exc) -> None:
         self.load_end = os.getloadavg()[0]
@@ -183,7 +211,51 @@ class Sampler:
             "cpu_probe_ms_median": round(statistics.median(self.probe_ms), 3) if self.probe_ms else None,
             "cpu_probe_ms_max": round(max(self.probe_ms), 3) if self.probe_ms else None,
             "cpu_probes": len(self.probe_ms),
+            **placement(self.engine_cpus, self.sibling_busy),
         }
+
+
+def placement(cpus: list[int], sibling_busy: list[float | None]) -> dict[str, Any]:
+    """The engine core's placement over a leg: the CPUs it was seen on and their NUMA nodes, how often
+    it was on another CPU than at the reading before (percent of readings), and its busiest SMT
+    sibling's median busy share (None where a reading had none or could not read one)."""
+    if not cpus:
+        return {"engine_cpus": None, "engine_numa_nodes": None, "engine_cpu_moves_pct": None,
+                "engine_sibling_busy_pct": None}
+    nodes = {numa_node(c) for c in cpus}
+    moves = sum(a != b for a, b in zip(cpus, cpus[1:]))
+    read = sibling_busy[1:]  # the first reading has no interval before it
+    return {"engine_cpus": sorted(set(cpus)), "engine_numa_nodes": None if None in nodes else sorted(nodes),
+            "engine_cpu_moves_pct": round(100 * moves / (len(cpus) - 1), 1) if len(cpus) > 1 else None,
+            "engine_sibling_busy_pct": round(statistics.median(read), 1) if read and None not in read else None}
+
+
+def parse_cpu_list(text: str) -> list[int]:
+    """The kernel's CPU list format ("0-3,8,10-11") as CPU numbers."""
+    out: list[int] = []
+    for part in text.strip().split(","):
+        if not part:
+            continue
+        lo, _, hi = part.partition("-")
+        out.extend(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def cpu_siblings(cpu: int, root: Path | None = None) -> list[int] | None:
+    """The other hardware threads of this CPU's core ([] with SMT off; None: unread)."""
+    try:
+        return [c for c in parse_cpu_list(((root or CPU_SYSFS) / f"cpu{cpu}" / "topology" / "thread_siblings_list").read_text()) if c != cpu]
+    except (OSError, ValueError):
+        return None
+
+
+def numa_node(cpu: int, root: Path | None = None) -> int | None:
+    """The NUMA node this CPU belongs to (None: unread)."""
+    try:
+        (node,) = [p.name for p in ((root or CPU_SYSFS) / f"cpu{cpu}").glob("node[0-9]*")]
+        return int(node[4:])
+    except (OSError, ValueError):
+        return None
 
 
 def cpu_seconds(pids: list[int]) -> float | None:

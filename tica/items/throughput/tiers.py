@@ -5,8 +5,8 @@ inconclusive whatever their cause. This says which recorded condition differs be
 and the slow legs of that arm (GPU clocks, power, temperature, throttling, CPU load, the CPU time
 of the engine, the API server and the client, the prefix-cache hit rate and preemptions of the
 leg's requests, the engine's steps, tokens per step and time between tokens, the host's stolen and
-busy CPU, its clock, a CPU probe's loop time, involuntary switches, how many legs the server ran
-before), so a person sees the candidate cause; it never changes a verdict.
+busy CPU, its clock, a CPU probe's loop time, involuntary switches, where the engine ran (its moves
+between CPUs, its SMT sibling's load), how many legs the server ran before), so a person sees the candidate cause; it never changes a verdict.
 """
 
 from __future__ import annotations
@@ -39,9 +39,11 @@ SIGNALS: tuple[tuple[str, str, str, float], ...] = (
     ("cpu_busy_pct", "the machine's busy CPU share", "%", 0.5),
     ("involuntary_switches_per_s.engine_core", "the engine's involuntary switches per second", "", 0.5),
     ("involuntary_switches_per_s.api_server", "the API server's involuntary switches per second", "", 0.5),
+    ("engine_cpu_moves_pct", "how often the engine moved to another CPU", "%", 0.5),
+    ("engine_sibling_busy_pct", "the busy share of the engine's SMT sibling", "%", 0.5),
 )
 # below these the difference between two shares is noise, whatever its ratio (percent points)
-FLOORS = {"cpu_steal_pct": 1.0, "cpu_busy_pct": 5.0}
+FLOORS = {"cpu_steal_pct": 1.0, "cpu_busy_pct": 5.0, "engine_cpu_moves_pct": 10.0, "engine_sibling_busy_pct": 5.0}
 # an engine loop this busy while the GPU idles this much is bound by the host, not the GPU
 HOST_BOUND_ENGINE_CPU, HOST_BOUND_GPU_UTIL = 0.9, 80.0
 
@@ -92,4 +94,4 @@ def tier_cause(legs: Sequence[tuple[float, LegTelemetry | None]]) -> str:
                 "so their cause is not found")
     not_read = f" ({', '.join(unread)} not recorded)" if unread else ""
     return ("nothing the legs recorded (clocks, power, temperature, throttling, CPU load and CPU time, prefix-cache "
-            f"hits, preemptions, engine steps and their time, the host's CPU, legs served before) differs between the tiers{not_read}, so their cause is not found")
+            f"hits, preemptions, engine steps and their time, the host's CPU, where the engine ran, legs served before) differs between the tiers{not_read}, so their cause is not found")
