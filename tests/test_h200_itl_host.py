@@ -13,18 +13,18 @@ a starved host."""
 
 from __future__ import annotations
 
-import json
 import statistics
 from pathlib import Path
 
 import pytest
 
+from tests.test_h200_engine_steps import _arm_legs
 from tica.evidence import EvidenceItem
 from tica.items.throughput.tiers import SIGNALS, tier_cause
 from tica.judges import judge_criteria
 from tica.question import load_question
 from tica.receipt_archive import unpacked
-from tica.receipts import LegTelemetry, load_leg
+from tica.receipts import load_leg
 from tica.seal import check_seal
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,15 +43,6 @@ def dirs(tmp_path_factory) -> dict[str, list[Path]]:
     root = tmp_path_factory.mktemp("itl")
     return {"itl": sorted((unpacked(LEGS, root / "itl") / "h200").glob("throughput_*")),
             "steps": sorted((unpacked(STEPS, root / "steps") / "h200").glob("throughput_*"))}
-
-
-def _legs(dirs: list[Path], arm: str, c: int) -> list[tuple[float, LegTelemetry]]:
-    out = []
-    for d in dirs:
-        meta = load_leg(d).meta
-        if meta.arm == arm and meta.concurrency == c:
-            out.append((json.loads((d / "bench.json").read_text())["output_throughput"], meta.telemetry))
-    return out
 
 
 def _tiers(legs):
@@ -80,7 +71,7 @@ def test_twenty_sealed_legs_each_with_the_engines_clock_and_the_hosts_readings(d
 
 @pytest.mark.parametrize("arm", ["bi0", "bi1"])
 def test_at_c64_the_engines_time_between_tokens_slows_as_much_as_the_throughput(dirs, arm):
-    fast, slow = _tiers(_legs(dirs["itl"], arm, 64))
+    fast, slow = _tiers(_arm_legs(dirs["itl"], arm, 64))
     throughput = statistics.median(x for x, _ in fast) / statistics.median(x for x, _ in slow)
     itl = _median(slow, "engine_itl_ms_mean") / _median(fast, "engine_itl_ms_mean")
     assert throughput > 1.15  # tiers past the question's 1.15
@@ -89,7 +80,7 @@ def test_at_c64_the_engines_time_between_tokens_slows_as_much_as_the_throughput(
 
 @pytest.mark.parametrize("arm", ["bi0", "bi1"])
 def test_at_c64_the_gpu_is_less_busy_in_the_slow_tier_at_unchanged_clocks(dirs, arm):
-    legs = _legs(dirs["itl"], arm, 64)
+    legs = _arm_legs(dirs["itl"], arm, 64)
     fast, slow = _tiers(legs)
     assert _median(slow, "gpu_util_pct_median") < _median(fast, "gpu_util_pct_median")
     assert len({(t.sm_clock_mhz_median, t.mem_clock_mhz_median) for _, t in legs}) == 1
@@ -100,7 +91,7 @@ def test_at_c64_the_gpu_is_less_busy_in_the_slow_tier_at_unchanged_clocks(dirs, 
 def test_at_c64_no_host_reading_separates_the_tiers(dirs, arm):
     """The judge's cause names the engine's time and the GPU's utilisation, none of the host's readings.
     Control: the same legs with the slow tier's probe loop and stolen share edited up are named."""
-    legs = _legs(dirs["itl"], arm, 64)
+    legs = _arm_legs(dirs["itl"], arm, 64)
     cause = tier_cause(legs)
     assert WHAT["engine_itl_ms_mean"] in cause and WHAT["gpu_util_pct_median"] in cause
     assert not [f for f in HOST if WHAT[f] in cause], cause
