@@ -156,7 +156,7 @@ class Sampler:
             self.sibling_busy.append(None)
             return
         shares = [host_shares(before[c], percpu[c])["cpu_busy_pct"] for c in siblings]
-        self.sibling_busy.append(None if None in shares else max(s for s in shares if s is not None))
+        self.sibling_busy.append(None if None in shares else max(shares))  # type: ignore[type-var]
 
     def __exit__(self, *exc) -> None:
         self.load_end = os.getloadavg()[0]
@@ -243,8 +243,9 @@ def parse_cpu_list(text: str) -> list[int]:
 
 def cpu_siblings(cpu: int, root: Path | None = None) -> list[int] | None:
     """The other hardware threads of this CPU's core ([] with SMT off; None: unread)."""
+    path = (root or CPU_SYSFS) / f"cpu{cpu}" / "topology" / "thread_siblings_list"
     try:
-        return [c for c in parse_cpu_list(((root or CPU_SYSFS) / f"cpu{cpu}" / "topology" / "thread_siblings_list").read_text()) if c != cpu]
+        return [c for c in parse_cpu_list(path.read_text()) if c != cpu]
     except (OSError, ValueError):
         return None
 
