@@ -65,3 +65,20 @@ def test_the_vcpu_the_engine_ran_on_does_not_make_a_leg_fast_or_slow(dirs):
     assert shared, cpu_of
     cause = tier_cause(legs)
     assert WHAT["engine_cpu_moves_pct"] not in cause and WHAT["engine_sibling_busy_pct"] not in cause, cause
+
+
+def test_the_tiers_table_shows_each_legs_engine_time_and_where_the_engine_ran(dirs):
+    """What a person reads in the throughput cell's tiers table: per leg the engine's time between
+    tokens and its CPUs with how often it moved, read from that leg's receipt."""
+    from tica.evidence import EvidenceItem
+    from tica.judges import judge_criteria
+    from tica.question import load_question
+
+    question = load_question(ROOT / "demo" / "questions" / "h200-accept" / "throughput.yaml")
+    cell = judge_criteria(EvidenceItem.THROUGHPUT, question, dirs)
+    table = cell.tables["tiers: what each leg ran under"]
+    assert "| engine ITL ms |" in table and "| engine CPUs |" in table
+    moved = next(load_leg(d).meta.telemetry for d in dirs if load_leg(d).meta.arm == "bi0"
+                 and load_leg(d).meta.concurrency == 1 and len(load_leg(d).meta.telemetry.engine_cpus) == 2)
+    assert f"| {moved.engine_itl_ms_mean:g} |" in table
+    assert f"{', '.join(map(str, moved.engine_cpus))} ({moved.engine_cpu_moves_pct:g}% moves)" in table

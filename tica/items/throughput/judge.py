@@ -484,13 +484,23 @@ def _arm_leg(rnd: Round, arm: str) -> LegCheck | None:
 def _tier_row(c: int, arm: str, number: int, t: float, lc: LegCheck | None) -> list[Any]:
     tel = lc.leg.meta.telemetry if lc and lc.leg.meta else None
     if tel is None:
-        return [c, arm, number, t] + ["unknown"] * 9
+        return [c, arm, number, t] + ["unknown"] * (len(TIER_COLUMNS) - 4)
     return [c, arm, number, t, tel.sm_clock_mhz_median, tel.mem_clock_mhz_median, tel.power_w_median,
             tel.temperature_c_max, tel.gpu_util_pct_median,
             "unknown" if tel.throttle_reasons is None else ", ".join(tel.throttle_reasons) or "none",
             f"{fmt(tel.cpu_load_1m_start)}/{fmt(tel.cpu_load_1m_end)}",
             "unknown" if tel.cpu_util is None else "/".join(
-                fmt(tel.cpu_util.get(r)) for r in ("engine_core", "api_server", "client")), tel.served_before]
+                fmt(tel.cpu_util.get(r)) for r in ("engine_core", "api_server", "client")),
+            tel.engine_steps, tel.engine_itl_ms_mean, f"{fmt(tel.cpu_steal_pct)}/{fmt(tel.cpu_busy_pct)}",
+            tel.cpu_probe_ms_median,
+            "unknown" if tel.engine_cpus is None else
+            f"{', '.join(map(str, tel.engine_cpus))} ({fmt(tel.engine_cpu_moves_pct)}% moves)",
+            tel.served_before]
+
+
+TIER_COLUMNS = ["c", "arm", "round", "throughput", "SM clock MHz", "memory clock MHz", "power W", "peak C",
+                "GPU util %", "throttling", "CPU load start/end", "CPU s/s engine/API/client", "engine steps",
+                "engine ITL ms", "host CPU stolen/busy %", "CPU probe ms", "engine CPUs", "legs served before"]
 
 
 def tier_ratio(ts: Sequence[float]) -> float | None:
@@ -839,9 +849,7 @@ def judge_throughput(question: Question, leg_paths: Sequence[str | Path]) -> Ver
         findings.inconclusive(f"c={c}: {arm} throughput shows fast/slow tiers (max/min {x:.3g} > "
                               f"{criteria.tier_ratio:g}): the loss's causal attribution is inconclusive ({cause})")
     if tier_rows:
-        tables["tiers: what each leg ran under"] = md_table(
-            ["c", "arm", "round", "throughput", "SM clock MHz", "memory clock MHz", "power W", "peak C", "GPU util %",
-             "throttling", "CPU load start/end", "CPU s/s engine/API/client", "legs served before"], tier_rows)
+        tables["tiers: what each leg ran under"] = md_table(TIER_COLUMNS, tier_rows)
 
     # One node: crossed rounds compare the arms on one machine; rounds spread over nodes confound
     # the loss with the node, and a node no leg records leaves that unknown.
