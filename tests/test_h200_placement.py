@@ -10,12 +10,12 @@ tiers: one vCPU served a fast and a slow leg."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
 from tests.test_h200_engine_steps import _arm_legs
+from tests.test_h200_itl_host import _tiers
 from tica.items.throughput.tiers import SIGNALS, tier_cause
 from tica.receipt_archive import unpacked
 from tica.receipts import load_leg
@@ -26,14 +26,14 @@ LEGS = ROOT / "tests" / "fixtures" / "h200" / "calls" / "placement" / "legs.tar.
 WHAT = {name: what for name, what, _unit, _rel in SIGNALS}
 
 
+def _single_cpus(tier) -> set[tuple[int, ...]]:
+    """The vCPUs of the legs in a tier whose engine stayed on one vCPU throughout."""
+    return {t.engine_cpus for _, t in tier if len(t.engine_cpus) == 1}
+
+
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory) -> list[Path]:
     return sorted((unpacked(LEGS, tmp_path_factory.mktemp("placement")) / "h200").glob("throughput_*"))
-
-
-def _fast_and_slow(legs):
-    mid = (min(x for x, _ in legs) * max(x for x, _ in legs)) ** 0.5
-    return [x for x, _ in legs if x >= mid], [x for x, _ in legs if x < mid]
 
 
 def test_twenty_sealed_legs_each_read_where_its_engine_ran_and_no_sibling_is_invented(dirs):
@@ -49,20 +49,18 @@ def test_twenty_sealed_legs_each_read_where_its_engine_ran_and_no_sibling_is_inv
 @pytest.mark.parametrize("c", [1, 64])
 def test_bi0_tiers_recur_and_the_engines_own_time_is_slower_in_the_slow_legs(dirs, c):
     legs = _arm_legs(dirs, "bi0", c)
-    fast, slow = _fast_and_slow(legs)
-    assert max(fast) / min(slow) > 1.15 and fast and slow
+    fast, slow = _tiers(legs)
+    assert fast and slow and max(x for x, _ in fast) / min(x for x, _ in slow) > 1.15
     assert WHAT["engine_itl_ms_mean"] in tier_cause(legs)
 
 
 def test_the_vcpu_the_engine_ran_on_does_not_make_a_leg_fast_or_slow(dirs):
     """At c=1 one vCPU served the engine in a fast and in a slow BI=0 leg (each leg on one vCPU
     throughout). The tiers' cause names neither the moves nor the sibling's load."""
-    legs = [(json.loads((d / "bench.json").read_text())["output_throughput"], load_leg(d).meta.telemetry)
-            for d in dirs if load_leg(d).meta.arm == "bi0" and load_leg(d).meta.concurrency == 1]
-    fast, slow = _fast_and_slow(legs)
-    cpu_of = {x: t.engine_cpus for x, t in legs if len(t.engine_cpus) == 1}
-    shared = {cpu_of[x] for x in fast if x in cpu_of} & {cpu_of[x] for x in slow if x in cpu_of}
-    assert shared, cpu_of
+    legs = _arm_legs(dirs, "bi0", 1)
+    fast, slow = _tiers(legs)
+    shared = _single_cpus(fast) & _single_cpus(slow)
+    assert shared, legs
     cause = tier_cause(legs)
     assert WHAT["engine_cpu_moves_pct"] not in cause and WHAT["engine_sibling_busy_pct"] not in cause, cause
 

@@ -223,8 +223,8 @@ def test_placement_counts_moves_between_readings_and_leaves_a_missing_sibling_un
 def test_the_sampler_reads_where_the_engine_ran_and_its_siblings_load(monkeypatch, tmp_path):
     """On this machine, against a busy child standing in for the engine core: its CPUs are read, and
     with a topology that gives every CPU a sibling (a copy of sysfs's layout) the sibling's busy share
-    is read too. Control: the machine's own topology, whose CPUs here have no SMT sibling, leaves it
-    unknown."""
+    is read too. Control: the same layout with no CPU sharing its core (SMT off) leaves it unknown,
+    never 0."""
     import subprocess
     import sys
 
@@ -242,17 +242,19 @@ def test_the_sampler_reads_where_the_engine_ran_and_its_siblings_load(monkeypatc
                     telemetry.time.sleep(0.05)
             return LegTelemetry(**s.summary(served_before=0, cuda_graphs=None))
 
-        paired = tmp_path / "cpu"
-        for c in range(max(cpus) + 2):
-            (paired / f"cpu{c}" / "topology").mkdir(parents=True)
-            (paired / f"cpu{c}" / "topology" / "thread_siblings_list").write_text(f"{c - c % 2}-{c - c % 2 + 1}\n")
-            (paired / f"cpu{c}" / "node0").mkdir()
-        got = sample(paired)
+        def topology(name: str, siblings) -> telemetry.Path:
+            root = tmp_path / name
+            for c in range(max(cpus) + 2):
+                (root / f"cpu{c}" / "topology").mkdir(parents=True)
+                (root / f"cpu{c}" / "topology" / "thread_siblings_list").write_text(siblings(c) + "\n")
+                (root / f"cpu{c}" / "node0").mkdir()
+            return root
+
+        got = sample(topology("paired", lambda c: f"{c - c % 2}-{c - c % 2 + 1}"))
         assert got.engine_cpus and set(got.engine_cpus) <= set(cpus) and got.engine_numa_nodes == (0,)
         assert got.engine_cpu_moves_pct is not None and got.engine_sibling_busy_pct is not None
-        if len(cpus) < 2 or any(telemetry.cpu_siblings(c, telemetry.Path("/sys/devices/system/cpu")) for c in cpus):
-            return  # the control needs a machine without SMT siblings
-        assert sample(telemetry.Path("/sys/devices/system/cpu")).engine_sibling_busy_pct is None
+        alone = sample(topology("alone", str))
+        assert alone.engine_cpus and alone.engine_sibling_busy_pct is None
     finally:
         busy.kill()
         busy.wait()
