@@ -151,6 +151,10 @@ class LegTelemetry(_Receipt):
     engine_numa_nodes: tuple[Annotated[int, Field(ge=0, le=1_000_000)], ...] | None = Field(None, strict=False)
     engine_cpu_moves_pct: float | None = Field(None, ge=0, le=100, allow_inf_nan=False)
     engine_sibling_busy_pct: float | None = Field(None, ge=0, le=100, allow_inf_nan=False)
+    # a short loop pinned to each CPU at the leg's start and end (tica.legs.telemetry.pinned_summary)
+    engine_cpu_loop_ms: float | None = Field(None, gt=0, le=1e6, allow_inf_nan=False)
+    cpu_loop_ms_min: float | None = Field(None, gt=0, le=1e6, allow_inf_nan=False)
+    cpu_loop_ms_max: float | None = Field(None, gt=0, le=1e6, allow_inf_nan=False)
 
 
 class LegMeta(_Receipt):

@@ -16,7 +16,8 @@ BASE = dict(source="nvidia-smi", samples=40, interval_ms=500, sm_clock_mhz_media
             involuntary_switches_per_s={"engine_core": 120.0, "api_server": 40.0, "client": 10.0},
             cpu_steal_pct=0.0, cpu_busy_pct=20.0, cpu_mhz_median=2600.0, cpu_probe_ms_median=8.0,
             cpu_probe_ms_max=9.5, cpu_probes=60, engine_itl_ms_mean=5.0, engine_cpus=(3, 5), engine_numa_nodes=(0,),
-            engine_cpu_moves_pct=20.0, engine_sibling_busy_pct=20.0)
+            engine_cpu_moves_pct=20.0, engine_sibling_busy_pct=20.0, engine_cpu_loop_ms=2.0, cpu_loop_ms_min=1.9,
+            cpu_loop_ms_max=2.2)
 _BY_ROLE = ("cpu_util", "involuntary_switches_per_s")
 
 
@@ -253,8 +254,46 @@ def test_the_sampler_reads_where_the_engine_ran_and_its_siblings_load(monkeypatc
         got = sample(topology("paired", lambda c: f"{c - c % 2}-{c - c % 2 + 1}"))
         assert got.engine_cpus and set(got.engine_cpus) <= set(cpus) and got.engine_numa_nodes == (0,)
         assert got.engine_cpu_moves_pct is not None and got.engine_sibling_busy_pct is not None
+        assert got.cpu_loop_ms_min <= got.engine_cpu_loop_ms <= got.cpu_loop_ms_max
         alone = sample(topology("alone", str))
         assert alone.engine_cpus and alone.engine_sibling_busy_pct is None
     finally:
         busy.kill()
         busy.wait()
+
+
+def test_the_pinned_loop_is_read_on_the_cpu_the_engine_was_on_at_each_reading():
+    """Each reading's own CPU of the engine: 2 ms at the start on CPU 1 and 4 ms at the end on CPU 0
+    give 3 ms, and the fastest and slowest CPU over both readings frame it. Control: a reading that
+    could not tell the engine's CPU, or could not time it, leaves the engine's loop unknown."""
+    from tica.legs.telemetry import pinned_summary
+
+    got = pinned_summary([(1, {0: 2.5, 1: 2.0}), (0, {0: 4.0, 1: 2.1})])
+    assert got == {"engine_cpu_loop_ms": 3.0, "cpu_loop_ms_min": 2.0, "cpu_loop_ms_max": 4.0}
+    assert pinned_summary([(None, {0: 2.5}), (0, {0: 4.0})])["engine_cpu_loop_ms"] is None
+    assert pinned_summary([(1, {0: 2.5}), (0, {0: 4.0})])["engine_cpu_loop_ms"] is None
+    assert set(pinned_summary([]).values()) == {None}
+
+
+@pytest.mark.processes
+def test_the_pinned_loop_is_slower_on_a_cpu_a_busy_process_shares(monkeypatch):
+    """What the reading is for: a CPU whose time the loop shares (here with a busy child pinned to it,
+    on a hypervisor with a neighbour on the same physical core) runs the loop slower. Long loops
+    here, so the OS's time slices show; control: the same CPU without the child."""
+    import subprocess
+    import sys
+
+    from tica.legs import telemetry
+
+    cpu = max(telemetry.os.sched_getaffinity(0))
+    monkeypatch.setattr(telemetry, "PINNED_LOOP", 2_000_000)
+    alone = telemetry.pinned_loop_ms([cpu])[cpu]
+    busy = subprocess.Popen([sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"])
+    try:
+        telemetry.time.sleep(0.3)
+        shared = telemetry.pinned_loop_ms([cpu])[cpu]
+    finally:
+        busy.kill()
+        busy.wait()
+    assert shared > 1.25 * alone, (alone, shared)
+    assert telemetry.pinned_loop_ms([10_000]) == {}  # a CPU it cannot be pinned to is absent, never 0

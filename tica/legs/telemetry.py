@@ -11,12 +11,16 @@ clock, how many times each role was switched out against its will, and a probe (
 timing one fixed pure-Python loop every half second), whose time rises when the host gives a busy
 thread less than a whole core whatever the reason. With each probe it also reads where the engine
 core ran: its CPU, that CPU's NUMA node, and how busy the CPU's other hardware threads (its SMT
-siblings, which share the core) were since the last reading. `summary()` is the `telemetry` section
-of leg.json (tica.receipts.LegTelemetry). A field nothing measured is None (unknown), never 0.
+siblings, which share the core) were since the last reading. At the leg's start and end it times
+the same kind of loop pinned to each CPU in turn: a CPU whose physical core the hypervisor shares
+with a busy neighbour runs it slower, and the loop time on the engine's own CPU says whether the
+engine ran on such a one (the guest sees no neighbour otherwise). `summary()` is the `telemetry`
+section of leg.json (tica.receipts.LegTelemetry). A field nothing measured is None (unknown), never 0.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import statistics
@@ -50,6 +54,41 @@ PROBE = ("import sys, time\n"
          "        x += i\n"
          "    print(round((time.perf_counter() - t) * 1000, 3), flush=True)\n"
          "    time.sleep(pause)\n")
+
+
+# the pinned loop: shorter (it runs on every CPU, the median of five), at the leg's start and end only
+PINNED_LOOP, PINNED_REPEATS = 50_000, 5
+PINNED = ("import json, os, sys, time\n"
+          "n, reps = int(sys.argv[1]), int(sys.argv[2])\n"
+          "out = {}\n"
+          "for cpu in map(int, sys.argv[3:]):\n"
+          "    try:\n"
+          "        os.sched_setaffinity(0, {cpu})\n"
+          "    except OSError:\n"
+          "        continue\n"
+          "    times = []\n"
+          "    for _ in range(reps):\n"
+          "        t = time.perf_counter()\n"
+          "        x = 0\n"
+          "        for i in range(n):\n"
+          "            x += i\n"
+          "        times.append((time.perf_counter() - t) * 1000)\n"
+          "    out[cpu] = round(sorted(times)[len(times) // 2], 4)\n"
+          "print(json.dumps(out))\n")
+
+
+def pinned_loop_ms(cpus: list[int], timeout: float = 30.0) -> dict[int, float]:
+    """The pinned loop's median time on each of these CPUs now ({} where it could not run; a CPU it
+    could not be pinned to is absent)."""
+    if not cpus:
+        return {}
+    try:
+        done = subprocess.run([sys.executable, "-c", PINNED, str(PINNED_LOOP), str(PINNED_REPEATS), *map(str, cpus)],
+                              capture_output=True, text=True, timeout=timeout, check=False)
+        raw = json.loads(done.stdout) if done.returncode == 0 else {}
+        return {int(k): float(v) for k, v in raw.items() if float(v) > 0}
+    except (OSError, subprocess.TimeoutExpired, ValueError, TypeError, AttributeError):
+        return {}
 
 
 def throttle_names(mask: int) -> list[str]:
@@ -91,8 +130,24 @@ class Sampler:
         self.engine_cpus: list[int] = []  # the engine core's CPU at each probe
         self.sibling_busy: list[float | None] = []  # its busiest SMT sibling's busy share since the probe before
         self._percpu: Any = None
+        self.pinned: list[tuple[int | None, dict[int, float]]] = []  # (engine's CPU, loop ms per CPU) at start, end
+
+    def _read_pinned(self) -> None:
+        try:
+            cpus = sorted(os.sched_getaffinity(0))
+        except OSError:
+            return
+        self.pinned.append((self._engine_cpu(), pinned_loop_ms(cpus)))
+
+    def _engine_cpu(self) -> int | None:
+        pids = self.processes.get("engine_core") or []
+        try:
+            return psutil.Process(pids[0]).cpu_num() if len(pids) == 1 else None
+        except (psutil.Error, OSError):
+            return None
 
     def __enter__(self) -> "Sampler":
+        self._read_pinned()
         self.load_start = os.getloadavg()[0]
         self._cpu_start = {role: cpu_seconds(pids) for role, pids in self.processes.items()}
         self._switches_start = {role: involuntary_switches(pids) for role, pids in self.processes.items()}
@@ -179,6 +234,7 @@ class Sampler:
                     proc.wait()
             if reader is not None:
                 reader.join(timeout=5)
+        self._read_pinned()
 
     def summary(self, *, served_before: int | None, cuda_graphs: bool | None) -> dict[str, Any]:
         def col(i: int) -> list[float]:
@@ -212,7 +268,19 @@ class Sampler:
             "cpu_probe_ms_max": round(max(self.probe_ms), 3) if self.probe_ms else None,
             "cpu_probes": len(self.probe_ms),
             **placement(self.engine_cpus, self.sibling_busy),
+            **pinned_summary(self.pinned),
         }
+
+
+def pinned_summary(readings: list[tuple[int | None, dict[int, float]]]) -> dict[str, Any]:
+    """The pinned loop over a leg: its mean time on the engine's CPU (at each reading, the CPU the
+    engine was on then; None where any reading lacks it), and the fastest and slowest CPU's time
+    over all readings."""
+    times = [ms for _, per in readings for ms in per.values()]
+    own = [per.get(cpu) if cpu is not None else None for cpu, per in readings]
+    return {"engine_cpu_loop_ms": round(statistics.fmean(own), 4) if own and None not in own else None,  # type: ignore[arg-type]
+            "cpu_loop_ms_min": round(min(times), 4) if times else None,
+            "cpu_loop_ms_max": round(max(times), 4) if times else None}
 
 
 def placement(cpus: list[int], sibling_busy: list[float | None]) -> dict[str, Any]:

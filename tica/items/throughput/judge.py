@@ -495,12 +495,14 @@ def _tier_row(c: int, arm: str, number: int, t: float, lc: LegCheck | None) -> l
             tel.cpu_probe_ms_median,
             "unknown" if tel.engine_cpus is None else
             f"{', '.join(map(str, tel.engine_cpus))} ({fmt(tel.engine_cpu_moves_pct)}% moves)",
+            f"{fmt(tel.engine_cpu_loop_ms)} ({fmt(tel.cpu_loop_ms_min)}-{fmt(tel.cpu_loop_ms_max)})",
             tel.served_before]
 
 
 TIER_COLUMNS = ["c", "arm", "round", "throughput", "SM clock MHz", "memory clock MHz", "power W", "peak C",
                 "GPU util %", "throttling", "CPU load start/end", "CPU s/s engine/API/client", "engine steps",
-                "engine ITL ms", "host CPU stolen/busy %", "CPU probe ms", "engine CPUs", "legs served before"]
+                "engine ITL ms", "host CPU stolen/busy %", "CPU probe ms", "engine CPUs",
+                "pinned loop ms: engine CPU (all CPUs)", "legs served before"]
 
 
 def tier_ratio(ts: Sequence[float]) -> float | None:

@@ -6,7 +6,7 @@ and the slow legs of that arm (GPU clocks, power, temperature, throttling, CPU l
 of the engine, the API server and the client, the prefix-cache hit rate and preemptions of the
 leg's requests, the engine's steps, tokens per step and time between tokens, the host's stolen and
 busy CPU, its clock, a CPU probe's loop time, involuntary switches, where the engine ran (its moves
-between CPUs, its SMT sibling's load), how many legs the server ran before), so a person sees the
+between CPUs, its SMT sibling's load, a loop's time pinned to its CPU), how many legs the server ran before), so a person sees the
 candidate cause; it never changes a verdict.
 """
 
@@ -42,6 +42,7 @@ SIGNALS: tuple[tuple[str, str, str, float], ...] = (
     ("involuntary_switches_per_s.api_server", "the API server's involuntary switches per second", "", 0.5),
     ("engine_cpu_moves_pct", "how often the engine moved to another CPU", "%", 0.5),
     ("engine_sibling_busy_pct", "the busy share of the engine's SMT sibling", "%", 0.5),
+    ("engine_cpu_loop_ms", "a loop's time pinned to the engine's CPU", " ms", 0.10),
 )
 # below these the difference between two shares is noise, whatever its ratio (percent points)
 FLOORS = {"cpu_steal_pct": 1.0, "cpu_busy_pct": 5.0, "engine_cpu_moves_pct": 10.0, "engine_sibling_busy_pct": 5.0}

@@ -146,7 +146,7 @@ def cmd_all(a) -> int:
             t = time.time()
             cmd_throughput(argparse.Namespace(legs=str(legs), work=str(work / "tp"), model=str(mt),
                                               deadline=deadline - 50 - a.shutdown_timeout - STOP_MARGIN_S, input_len=a.input_len,
-                                              output_len=a.output_len, rounds=a.rounds, util=0.4, prompts_mult=1,
+                                              output_len=a.output_len, rounds=a.rounds, util=0.4, prompts_mult=a.prompts_mult,
                                               shrink_note=a.shrink_note, concurrencies=a.concurrencies, first_round=a.first_round,
                                               arm_a=a.arm_a, pairing_order=a.pairing_order,
                                               cold_prefix_cache=a.cold_prefix_cache,
@@ -263,6 +263,9 @@ def main(argv=None) -> int:
     p.add_argument("--cold-prefix-cache", action="store_true",
                    help="throughput: empty each server's prefix cache before every leg (vLLM's dev-mode "
                         "/reset_prefix_cache), so no leg is served from the prompts of the legs before it")
+    p.add_argument("--prompts-mult", type=int, default=1,
+                   help="throughput: each leg sends max(2, c) x this many prompts (longer legs: a pause inside one "
+                        "is a smaller share of it)")
     p.add_argument("--shutdown-timeout", type=int, default=SHUTDOWN_TIMEOUT_S,
                    help="the recipe's engine shutdown grace (vLLM's --shutdown-timeout), seconds")
     p.add_argument("--quality-problems", default="arith30", help="quality: a shipped set (tica/problems) or a .jsonl")
