@@ -18,7 +18,9 @@ one worker idle while the other finishes it."""
 
 from __future__ import annotations
 
+import json
 import os
+import time
 
 import pytest
 
@@ -82,6 +84,22 @@ def pytest_configure(config):
 def _slowest_first(item) -> int:
     path = item.nodeid.split("::", 1)[0].removeprefix("tests/")
     return SLOWEST_FIRST.index(path) if path in SLOWEST_FIRST else len(SLOWEST_FIRST)
+
+
+# TICA_TEST_TIMELINE=FILE: one JSON line per test (worker, start, wall and CPU seconds of the process
+# and of its waited-for children) to see where a run's time goes and whether a worker sat idle
+_TIMELINE = os.environ.get("TICA_TEST_TIMELINE")
+if _TIMELINE:
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(item, nextitem):
+        t0, c0 = time.time(), os.times()
+        yield
+        c1 = os.times()
+        line = {"worker": _WORKER or "main", "test": item.nodeid, "start": round(t0, 3),
+                "wall": round(time.time() - t0, 3), "cpu": round(c1.user + c1.system - c0.user - c0.system, 3),
+                "children_cpu": round(c1.children_user + c1.children_system - c0.children_user - c0.children_system, 3)}
+        with open(_TIMELINE, "a") as f:
+            f.write(json.dumps(line) + "\n")
 
 
 def pytest_collection_modifyitems(config, items):

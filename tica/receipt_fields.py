@@ -143,6 +143,8 @@ _BENCH = {
     "mean_tpot_ms": "rule: tica/items/throughput/judge.py: reported per leg; part of a run's content identity",
     "median_tpot_ms": "rule: tica/items/throughput/judge.py: part of a run's content identity",
     "p99_tpot_ms": "rule: tica/items/throughput/judge.py: part of a run's content identity",
+    "mean_itl_ms": "rule: tica/items/throughput/tiers.py: with the median, whether a tier is every token slower or a few pauses",
+    "median_itl_ms": "rule: tica/items/throughput/tiers.py: with the mean, whether a tier is every token slower or a few pauses",
     "errors": "rule: tica/receipts.py: counted with `failed` (error_count)",
     "arm": "rule: tica/receipts.py: must agree with leg.json",
     "round": "rule: tica/receipts.py: must agree with leg.json",

@@ -731,6 +731,8 @@ class BenchResult(BaseModel):
     mean_tpot_ms: float | None = Field(None, ge=0, strict=True)
     median_tpot_ms: float | None = Field(None, ge=0, strict=True)
     p99_tpot_ms: float | None = Field(None, ge=0, strict=True)
+    mean_itl_ms: float | None = Field(None, ge=0, strict=True)
+    median_itl_ms: float | None = Field(None, ge=0, strict=True)
     errors: list[str | None] | None = None
     arm: Arm | None = None
     round: int | None = Field(None, ge=1)  # rounds are numbered from 1, as leg.json's (LegMeta.round)

@@ -54,7 +54,7 @@ from tica.confounders import confounder_markdown, confounder_table, require_reco
 from tica.messages import digest
 from tica.process_exits import exit_problems
 from tica.items.throughput.criteria import WORKLOAD_FIELDS, ThroughputCriteria, ThroughputFormula
-from tica.items.throughput.tiers import tier_cause
+from tica.items.throughput.tiers import tier_cause, tier_shape
 from tica.question import Question
 from tica.receipts import (BENCH_FILE, LEG_FILE, BenchLeg, BenchResult, is_unknown, load_bench_leg, load_leg_meta,
                            read_receipt, recorded_value)
@@ -770,6 +770,9 @@ def judge_throughput(question: Question, leg_paths: Sequence[str | Path]) -> Ver
                 entry["tiers"][arm] = x
                 arm_legs = [(t, _arm_leg(r, arm)) for r, t in zip(valid, ts)]
                 cause = tier_cause([(t, lc.leg.meta.telemetry if lc and lc.leg.meta else None) for t, lc in arm_legs])
+                shape = tier_shape([(t, lc.leg.bench.median_itl_ms, lc.leg.bench.mean_itl_ms) if lc else (t, None, None)
+                                    for t, lc in arm_legs])
+                cause = cause if shape is None else f"{cause}; {shape}"
                 entry.setdefault("tier_causes", {})[arm] = cause
                 tiers.append((c, arm, x, cause))
                 tier_rows += [_tier_row(c, arm, r.number, t, lc) for r, (t, lc) in zip(valid, arm_legs)]

@@ -97,3 +97,37 @@ def tier_cause(legs: Sequence[tuple[float, LegTelemetry | None]]) -> str:
     not_read = f" ({', '.join(unread)} not recorded)" if unread else ""
     return ("nothing the legs recorded (clocks, power, temperature, throttling, CPU load and CPU time, prefix-cache "
             f"hits, preemptions, engine steps and their time, the host's CPU, where the engine ran, legs served before) differs between the tiers{not_read}, so their cause is not found")
+
+
+# of the tiers' throughput gap, how much the median time between tokens must carry to say every
+# token was slower, and how little it may carry (with the mean carrying the gap) to say pauses
+SHAPE_UNIFORM, SHAPE_PAUSES = 0.5, 0.25
+
+
+def tier_shape(legs: Sequence[tuple[float, float | None, float | None]]) -> str | None:
+    """Whether the slow legs were slow on every token or on a few long pauses, from each leg's
+    (throughput, median and mean time between a request's tokens as the client measured them). A
+    median moves with every token and hardly with a pause; a mean moves with both. None: not told
+    (a leg without those times, too few legs, or neither shape fits)."""
+    if len(legs) < 2 or any(med is None or mean is None or med <= 0 or mean <= 0 for _, med, mean in legs):
+        return None
+    lo, hi = min(x for x, _, _ in legs), max(x for x, _, _ in legs)
+    if lo <= 0:
+        return None
+    mid = math.sqrt(lo * hi)
+    fast = [(x, med, mean) for x, med, mean in legs if x >= mid]
+    slow = [(x, med, mean) for x, med, mean in legs if x < mid]
+    if not fast or not slow:
+        return None
+    gap = statistics.median(x for x, _, _ in fast) / statistics.median(x for x, _, _ in slow) - 1
+    f_med, s_med = statistics.median(m for _, m, _ in fast), statistics.median(m for _, m, _ in slow)  # type: ignore[misc]
+    f_mean, s_mean = statistics.median(m for _, _, m in fast), statistics.median(m for _, _, m in slow)  # type: ignore[misc]
+    if gap <= 0:
+        return None
+    if s_med / f_med - 1 >= SHAPE_UNIFORM * gap:
+        return (f"every token was slower in the slow legs (median time between tokens {s_med:.3g} ms against "
+                f"{f_med:.3g} ms), not a few long pauses")
+    if s_med / f_med - 1 < SHAPE_PAUSES * gap and s_mean / f_mean - 1 >= SHAPE_UNIFORM * gap:
+        return (f"the slow legs lost their time in a few long pauses (median time between tokens {s_med:.3g} ms "
+                f"against {f_med:.3g} ms, mean {s_mean:.3g} ms against {f_mean:.3g} ms)")
+    return None

@@ -1,0 +1,80 @@
+"""Issue 31, the tiers' shape (replayed; nothing here touches a GPU): were the slow legs slow on
+every token, or on a few long pauses?
+
+A pause of the engine's loop (a garbage collection, a compile) would stall a few tokens for a long
+time: the mean time between tokens rises, the median hardly moves. In both committed readings of the
+tiers (itl_host, placement) the slow legs' median moved with their throughput at c=1, so every token
+was slower: the cause sits in something fixed for the leg's whole server, not in pauses inside it.
+Controls: the same receipts with the slow legs' median put back to the fast legs' (the mean kept)
+read as pauses, and with both put back read as neither."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tica.items.throughput.tiers import tier_shape
+from tica.receipt_archive import unpacked
+from tica.receipts import load_leg
+
+ROOT = Path(__file__).resolve().parents[1]
+CALLS = ROOT / "tests" / "fixtures" / "h200" / "calls"
+TIERED = 1.15  # the questions' tier_ratio
+
+
+@pytest.fixture(scope="module", params=["itl_host", "placement"])
+def dirs(request, tmp_path_factory) -> list[Path]:
+    root = unpacked(CALLS / request.param / "legs.tar.xz", tmp_path_factory.mktemp(request.param))
+    return sorted((root / "h200").glob("throughput_*"))
+
+
+def _legs(dirs: list[Path], arm: str, c: int) -> list[tuple[float, float, float]]:
+    """(output tok/s, median and mean time between tokens) of one arm's legs at c."""
+    out = []
+    for d in dirs:
+        meta = load_leg(d).meta
+        if meta.arm == arm and meta.concurrency == c:
+            b = json.loads((d / "bench.json").read_text())
+            out.append((b["output_throughput"], b["median_itl_ms"], b["mean_itl_ms"]))
+    return out
+
+
+def _tiered(legs) -> bool:
+    xs = [x for x, _, _ in legs]
+    return max(xs) / min(xs) > TIERED
+
+
+def test_at_c1_a_tiered_arm_was_slower_on_every_token(dirs):
+    tiered = [arm for arm in ("bi0", "bi1") if _tiered(_legs(dirs, arm, 1))]
+    assert tiered  # BI=0 fell into tiers at c=1 in both readings
+    for arm in tiered:
+        assert "every token was slower" in (tier_shape(_legs(dirs, arm, 1)) or ""), arm
+
+
+@pytest.mark.parametrize("c", [1, 64])
+def test_no_arm_reads_as_pauses(dirs, c):
+    for arm in ("bi0", "bi1"):
+        assert "in a few long pauses" not in (tier_shape(_legs(dirs, arm, c)) or "")
+
+
+def _mid(legs) -> float:
+    return (min(x for x, _, _ in legs) * max(x for x, _, _ in legs)) ** 0.5
+
+
+def test_the_same_receipts_with_the_slow_median_put_back_read_as_pauses_and_with_both_as_neither(dirs):
+    legs = _legs(dirs, "bi0", 1)
+    mid = _mid(legs)
+    fast_med = sorted(m for x, m, _ in legs if x >= mid)[0]
+    fast_mean = sorted(m for x, _, m in legs if x >= mid)[0]
+    paused = [(x, med if x >= mid else fast_med, mean) for x, med, mean in legs]
+    assert "in a few long pauses" in (tier_shape(paused) or "")
+    flat = [(x, med if x >= mid else fast_med, mean if x >= mid else fast_mean) for x, med, mean in legs]
+    assert tier_shape(flat) is None
+
+
+def test_a_leg_without_its_times_between_tokens_tells_nothing(dirs):
+    legs = _legs(dirs, "bi0", 1)
+    assert tier_shape([(legs[0][0], None, legs[0][2]), *legs[1:]]) is None
+    assert tier_shape(legs[:1]) is None
