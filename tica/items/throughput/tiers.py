@@ -125,9 +125,9 @@ def tier_shape(legs: Sequence[tuple[float, float | None, float | None]]) -> str 
     if gap <= 0:
         return None
     if s_med / f_med - 1 >= SHAPE_UNIFORM * gap:
-        return (f"every token was slower in the slow legs (median time between tokens {s_med:.3g} ms against "
-                f"{f_med:.3g} ms), not a few long pauses")
+        return (f"every token was slower in the slow legs, a median time between tokens of {s_med:.3g} ms against "
+                f"{f_med:.3g} ms, not a few long pauses")
     if s_med / f_med - 1 < SHAPE_PAUSES * gap and s_mean / f_mean - 1 >= SHAPE_UNIFORM * gap:
-        return (f"the slow legs lost their time in a few long pauses (median time between tokens {s_med:.3g} ms "
-                f"against {f_med:.3g} ms, mean {s_mean:.3g} ms against {f_mean:.3g} ms)")
+        return (f"the slow legs lost their time in a few long pauses, a median time between tokens of {s_med:.3g} ms "
+                f"against {f_med:.3g} ms but a mean of {s_mean:.3g} ms against {f_mean:.3g} ms")
     return None
