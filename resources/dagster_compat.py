@@ -14,4 +14,8 @@ from dagster._core.errors import DagsterPipesExecutionError
 # can be given a data version only through it (ObserveResult's data_version needs an observation run).
 from dagster._core.definitions.data_version import DATA_VERSION_TAG
 
-__all__ = ["DATA_VERSION_TAG", "DagsterPipesExecutionError"]
+# How a Pipes reader hands one log line to Dagster (a Pipes message, or the line to stdout): what
+# dagster-ray's Ray job reader calls for each line it tails; TICA's reader drains a finished job's log with it.
+from dagster._core.pipes.utils import extract_message_or_forward_to_stdout
+
+__all__ = ["DATA_VERSION_TAG", "DagsterPipesExecutionError", "extract_message_or_forward_to_stdout"]
