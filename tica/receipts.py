@@ -413,13 +413,17 @@ def as_read(value: Any) -> Any:
 
 
 def _whole_numbers(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _whole_numbers(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_whole_numbers(v) for v in value]
-    if isinstance(value, float) and value.is_integer() and abs(value) < 2 ** 53:
-        return int(value)
+    kind = type(value)
+    if kind is float or isinstance(value, float):
+        return int(value) if value.is_integer() and abs(value) < 2 ** 53 else value
+    if kind is dict or isinstance(value, dict):
+        return {k: v if type(v) in _NO_FLOATS else _whole_numbers(v) for k, v in value.items()}
+    if kind is list or isinstance(value, list):
+        return [v if type(v) in _NO_FLOATS else _whole_numbers(v) for v in value]
     return value
+
+
+_NO_FLOATS = frozenset({int, str, bool, type(None)})  # nothing inside to read as a whole number
 
 
 def _read_text(path: Path) -> str:

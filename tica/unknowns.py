@@ -50,12 +50,27 @@ def is_placeholder(value: Any, key: str | None = None) -> bool:
 def without_placeholders(value: Any, key: str | None = None) -> Any:
     """`value` with every placeholder made absent: dropped from mappings, null in lists, None alone.
     `key` is the mapping key the value sits under (a list's items sit under the list's key)."""
-    if isinstance(value, dict):
-        inner = {k: (key if key in WORD_VALUE_KEYS else k) for k in value}
-        return {k: without_placeholders(v, inner[k]) for k, v in value.items() if not is_placeholder(v, inner[k])}
-    if isinstance(value, list):  # a placeholder item becomes None (below), keeping the others' places
-        return [without_placeholders(v, key) for v in value]
+    kind = type(value)
+    if kind is str:
+        return None if is_placeholder(value, key) else value
+    if kind is dict or isinstance(value, dict):
+        word = key in WORD_VALUE_KEYS
+        out = {}
+        for k, v in value.items():
+            under = key if word else k
+            if type(v) is str:
+                if not is_placeholder(v, under):
+                    out[k] = v
+            else:
+                out[k] = without_placeholders(v, under)
+        return out
+    if kind is list or isinstance(value, list):  # a placeholder item becomes None, keeping the others' places
+        return [v if type(v) in _SCALARS else without_placeholders(v, key) for v in value]
     return None if is_placeholder(value, key) else value
+
+
+# what no placeholder can be (is_placeholder reads strings only): kept as they are without a call
+_SCALARS = frozenset({int, float, bool, type(None)})
 
 
 def is_unknown(value: Any) -> bool:
