@@ -94,16 +94,26 @@ def depth(value: Any, limit: int = MAX_DEPTH, max_values: int | None = None) -> 
     seen = 0
     while stack:
         node, d = stack.pop()
-        deepest = max(deepest, d)
         seen += 1
+        if isinstance(node, dict):
+            children: Any = node.values()
+        elif isinstance(node, list):
+            children = node
+        else:
+            children = ()
+        if d > deepest:
+            deepest = d
+        # a container's scalars are counted and measured here, without a trip through the stack
+        nested = [v for v in children if isinstance(v, (dict, list))]
+        scalars = len(children) - len(nested)
+        if scalars and d + 1 > deepest:
+            deepest = d + 1
+        seen += scalars
         if deepest > limit:
             raise StrictInputError(f"nested deeper than {limit} levels")
         if max_values is not None and seen > max_values:
             raise StrictInputError(f"holds more than {max_values} values once its aliases are expanded")
-        if isinstance(node, dict):
-            stack += [(v, d + 1) for v in node.values()]
-        elif isinstance(node, list):
-            stack += [(v, d + 1) for v in node]
+        stack += [(v, d + 1) for v in nested]
     return deepest
 
 

@@ -61,6 +61,8 @@ def without_placeholders(value: Any, key: str | None = None) -> Any:
             if type(v) is str:
                 if not is_placeholder(v, under):
                     out[k] = v
+            elif type(v) in _SCALARS:
+                out[k] = v
             else:
                 out[k] = without_placeholders(v, under)
         return out

@@ -1,6 +1,7 @@
-"""How every receipt is read (tica.receipts.as_read): placeholders made absent, whole floats read as
-whole numbers. The walk is the suite's and the judges' hottest path, so it is written for speed;
-this pins it to the plain recursive definition on any JSON value (hypothesis), under every key."""
+"""How every receipt is read: its nesting bounded (tica.strict_io.depth), placeholders made absent
+and whole floats read as whole numbers (tica.receipts.as_read). These walks are the judges' hottest
+path, so they are written for speed; this pins each to its plain recursive definition on any JSON
+value (hypothesis), under every key."""
 
 from __future__ import annotations
 
@@ -9,7 +10,10 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import pytest
+
 from tica.receipts import as_read
+from tica.strict_io import StrictInputError, depth
 from tica.unknowns import PLACEHOLDERS, WORD_VALUE_KEYS, is_placeholder, without_placeholders
 
 
@@ -47,3 +51,28 @@ def test_the_fast_walk_reads_every_json_value_as_the_plain_definition_does(value
     assert without_placeholders(value, key) == _plain_without(value, key)
     got, want = as_read(value), _plain_whole(_plain_without(value))
     assert got == want and repr(got) == repr(want)  # 1 and 1.0 compare equal: the spelling must match too
+
+
+def _plain_depth(value: Any) -> int:
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, list):
+        return 1 + max(map(_plain_depth, value), default=0)
+    return 1
+
+
+def _plain_count(value: Any) -> int:
+    children = list(value.values()) if isinstance(value, dict) else value if isinstance(value, list) else []
+    return 1 + sum(map(_plain_count, children))
+
+
+@settings(max_examples=400, deadline=None)
+@given(JSON)
+def test_the_depth_bound_measures_and_counts_as_the_plain_definition_does(value):
+    deep, count = _plain_depth(value), _plain_count(value)
+    assert depth(value) == deep
+    with pytest.raises(StrictInputError):
+        depth(value, limit=deep - 1)
+    assert depth(value, max_values=count) == deep
+    with pytest.raises(StrictInputError):
+        depth(value, max_values=count - 1)
