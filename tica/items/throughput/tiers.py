@@ -6,8 +6,9 @@ and the slow legs of that arm (GPU clocks, power, temperature, throttling, CPU l
 of the engine, the API server and the client, the prefix-cache hit rate and preemptions of the
 leg's requests, the engine's steps, tokens per step and time between tokens, the host's stolen and
 busy CPU, its clock, a CPU probe's loop time, involuntary switches, where the engine ran (its moves
-between CPUs, its SMT sibling's load, a loop's time pinned to its CPU), how many legs the server ran before), so a person sees the
-candidate cause; it never changes a verdict.
+between CPUs, its SMT sibling's load, a loop's time pinned to its CPU), how many legs the server ran
+before), so a person sees the candidate cause; it never changes a verdict. `tier_shape` adds whether
+the slow legs were slow on every token or in a few long pauses.
 """
 
 from __future__ import annotations
