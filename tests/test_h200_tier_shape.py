@@ -108,3 +108,23 @@ def test_across_every_committed_gpu_throughput_run_no_tier_is_pauses_and_every_c
     assert c1 and all(s and "every token was slower" in s for s in c1.values()), c1
     told = sum(1 for s in shapes.values() if s and "every token was slower" in s)
     print(f"{len(shapes)} tiered arms, {len(c1)} at c=1; every token slower in {told}, neither in {len(shapes) - told}")
+
+
+def test_the_judge_names_the_shape_in_a_tiered_cells_reason(tmp_path):
+    """Through the real judge: the committed h200-tput runs (H200, tiered at c=1 in both arms in
+    run8) carry the shape in the reason that keeps their cells inconclusive, once per tiered arm."""
+    import yaml
+
+    from tica.judges import judge, load_candidate
+    from tica.question import load_question
+
+    basis = unpacked(ROOT / "tests" / "fixtures" / "h200" / "basis.tar.xz", tmp_path / "basis") / "h200-tput"
+    candidate = load_candidate(ROOT / "demo" / "candidates" / "h200-tput.yaml")
+    question = load_question(ROOT / "demo" / "questions" / "h200-tput" / "throughput.yaml")
+    runs = {r["run"]: r for r in yaml.safe_load((basis / "replay.yaml").read_text())["throughput"]}
+    legs = [p for pattern in runs["run8"]["legs"] for p in sorted(basis.glob(pattern))]
+    cell = judge("throughput", question, legs, candidate)
+    tiered = cell.numbers["per_concurrency"]["1"]["tier_causes"]
+    assert set(tiered) == {"bi0", "bi1"}
+    assert all("every token was slower in the slow legs" in cause for cause in tiered.values()), tiered
+    assert cell.verdict.value == "inconclusive" and "every token was slower" in " ".join(cell.reasons)
