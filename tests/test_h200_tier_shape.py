@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tica.items.throughput.tiers import tier_shape
+from tica.items.throughput.tiers import split_tiers, tier_shape
 from tica.receipt_archive import unpacked
 from tica.receipts import load_leg
 
@@ -59,18 +59,14 @@ def test_no_arm_reads_as_pauses(dirs, c):
         assert "in a few long pauses" not in (tier_shape(_legs(dirs, arm, c)) or "")
 
 
-def _mid(legs) -> float:
-    return (min(x for x, _, _ in legs) * max(x for x, _, _ in legs)) ** 0.5
-
-
 def test_the_same_receipts_with_the_slow_median_put_back_read_as_pauses_and_with_both_as_neither(dirs):
     legs = _legs(dirs, "bi0", 1)
-    mid = _mid(legs)
-    fast_med = sorted(m for x, m, _ in legs if x >= mid)[0]
-    fast_mean = sorted(m for x, _, m in legs if x >= mid)[0]
-    paused = [(x, med if x >= mid else fast_med, mean) for x, med, mean in legs]
+    fast, _ = split_tiers([x for x, _, _ in legs])
+    fast_med = min(legs[i][1] for i in fast)
+    fast_mean = min(legs[i][2] for i in fast)
+    paused = [(x, med if i in fast else fast_med, mean) for i, (x, med, mean) in enumerate(legs)]
     assert "in a few long pauses" in (tier_shape(paused) or "")
-    flat = [(x, med if x >= mid else fast_med, mean if x >= mid else fast_mean) for x, med, mean in legs]
+    flat = [(x, med if i in fast else fast_med, mean if i in fast else fast_mean) for i, (x, med, mean) in enumerate(legs)]
     assert tier_shape(flat) is None
 
 

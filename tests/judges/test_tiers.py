@@ -297,3 +297,31 @@ def test_the_pinned_loop_is_slower_on_a_cpu_a_busy_process_shares(monkeypatch):
         busy.wait()
     assert shared > 1.25 * alone, (alone, shared)
     assert telemetry.pinned_loop_ms([10_000]) == {}  # a CPU it cannot be pinned to is absent, never 0
+
+
+def test_longer_legs_multiply_each_legs_prompts_and_a_multiple_under_one_is_refused():
+    """--prompts-mult (the GPU producer's longer legs for the tiers): each leg sends max(2, c) x the
+    multiple; 0, a negative or a fraction is refused by name, never a leg of no prompts."""
+    import argparse
+
+    from tica.legs.vllm_kernels.launcher import _positive_int
+    from tica.legs.vllm_kernels.server import _plan
+
+    assert {(leg["c"], leg["num_prompts"]) for leg in _plan(1, (1, 64), _positive_int("4"))} == {(1, 8), (64, 256)}
+    for bad in ("0", "-2", "1.5", "", "four"):
+        with pytest.raises(argparse.ArgumentTypeError, match="positive integer"):
+            _positive_int(bad)
+
+
+def test_the_tiers_table_shows_the_pinned_loop_where_recorded_and_unknown_where_not():
+    from types import SimpleNamespace
+
+    from tica.items.throughput.judge import TIER_COLUMNS, _tier_row
+
+    def cell(t: LegTelemetry) -> str:
+        lc = SimpleNamespace(leg=SimpleNamespace(meta=SimpleNamespace(telemetry=t)))
+        return _tier_row(1, "bi0", 1, 100.0, lc)[TIER_COLUMNS.index("pinned loop ms: engine CPU (all CPUs)")]
+
+    assert cell(tel()) == "2 (CPUs 1.9 to 2.2)"
+    assert cell(tel(engine_cpu_loop_ms=None, cpu_loop_ms_min=None, cpu_loop_ms_max=None)) == "unknown"
+    assert cell(tel(engine_cpu_loop_ms=None)).startswith("— (CPUs 1.9")  # the engine's CPU unread, the rest shown

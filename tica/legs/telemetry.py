@@ -140,6 +140,7 @@ class Sampler:
         self.pinned.append((self._engine_cpu(), pinned_loop_ms(cpus)))
 
     def _engine_cpu(self) -> int | None:
+        """The CPU the engine core is on now (one engine process only: a role of several has no one place)."""
         pids = self.processes.get("engine_core") or []
         try:
             return psutil.Process(pids[0]).cpu_num() if len(pids) == 1 else None
@@ -197,11 +198,11 @@ class Sampler:
     def _read_placement(self) -> None:
         """Where the engine core runs now, and how busy its core's other hardware threads were since
         the last reading (one engine process only: a role of several has no one place)."""
-        pids = self.processes.get("engine_core") or []
-        if len(pids) != 1:
+        cpu = self._engine_cpu()
+        if cpu is None:
             return
         try:
-            cpu, percpu = psutil.Process(pids[0]).cpu_num(), psutil.cpu_times(percpu=True)
+            percpu = psutil.cpu_times(percpu=True)
         except (psutil.Error, OSError):
             return
         before, self._percpu = self._percpu, percpu

@@ -495,7 +495,8 @@ def _tier_row(c: int, arm: str, number: int, t: float, lc: LegCheck | None) -> l
             tel.cpu_probe_ms_median,
             "unknown" if tel.engine_cpus is None else
             f"{', '.join(map(str, tel.engine_cpus))} ({fmt(tel.engine_cpu_moves_pct)}% moves)",
-            f"{fmt(tel.engine_cpu_loop_ms)} ({fmt(tel.cpu_loop_ms_min)}-{fmt(tel.cpu_loop_ms_max)})",
+            "unknown" if tel.cpu_loop_ms_min is None else
+            f"{fmt(tel.engine_cpu_loop_ms)} (CPUs {fmt(tel.cpu_loop_ms_min)} to {fmt(tel.cpu_loop_ms_max)})",
             tel.served_before]
 
 

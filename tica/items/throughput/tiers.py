@@ -62,6 +62,14 @@ def _median(xs: Sequence[float | int | None]) -> float | None:
     return statistics.median(got) if got else None
 
 
+def split_tiers(throughputs: Sequence[float]) -> tuple[list[int], list[int]]:
+    """The indices of the fast and the slow legs: split at the geometric middle of the slowest and
+    the fastest (the arithmetic one where a throughput is 0)."""
+    lo, hi = min(throughputs), max(throughputs)
+    mid = math.sqrt(lo * hi) if lo > 0 else (lo + hi) / 2
+    return ([i for i, x in enumerate(throughputs) if x >= mid], [i for i, x in enumerate(throughputs) if x < mid])
+
+
 def tier_cause(legs: Sequence[tuple[float, LegTelemetry | None]]) -> str:
     """One clause: what differs between the fast and the slow legs, or that nothing recorded does."""
     if len(legs) < 2:
@@ -69,10 +77,8 @@ def tier_cause(legs: Sequence[tuple[float, LegTelemetry | None]]) -> str:
     untold = sum(t is None or t.samples == 0 for _, t in legs)
     if untold:
         return f"{untold} of {len(legs)} leg(s) record no telemetry, so the tiers' cause is unknown"
-    lo, hi = min(x for x, _ in legs), max(x for x, _ in legs)
-    mid = math.sqrt(lo * hi) if lo > 0 else (lo + hi) / 2
-    fast = [t for x, t in legs if x >= mid]
-    slow = [t for x, t in legs if x < mid]
+    f_at, s_at = split_tiers([x for x, _ in legs])
+    fast, slow = [legs[i][1] for i in f_at], [legs[i][1] for i in s_at]
     found = []
     unread = []  # signals some tier never recorded: not compared, and said so
     for name, what, unit, rel in SIGNALS:
@@ -112,12 +118,10 @@ def tier_shape(legs: Sequence[tuple[float, float | None, float | None]]) -> str 
     (a leg without those times, too few legs, or neither shape fits)."""
     if len(legs) < 2 or any(med is None or mean is None or med <= 0 or mean <= 0 for _, med, mean in legs):
         return None
-    lo, hi = min(x for x, _, _ in legs), max(x for x, _, _ in legs)
-    if lo <= 0:
+    if min(x for x, _, _ in legs) <= 0:
         return None
-    mid = math.sqrt(lo * hi)
-    fast = [(x, med, mean) for x, med, mean in legs if x >= mid]
-    slow = [(x, med, mean) for x, med, mean in legs if x < mid]
+    f_at, s_at = split_tiers([x for x, _, _ in legs])
+    fast, slow = [legs[i] for i in f_at], [legs[i] for i in s_at]
     if not fast or not slow:
         return None
     gap = statistics.median(x for x, _, _ in fast) / statistics.median(x for x, _, _ in slow) - 1

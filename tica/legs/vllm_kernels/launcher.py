@@ -184,6 +184,12 @@ def _concurrencies(text: str) -> tuple[int, ...]:
     return values
 
 
+def _positive_int(text: str) -> int:
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"a positive integer: {text!r}")
+    return int(text)
+
+
 def _pairing_order(text: str) -> tuple[str, ...]:
     order = tuple(x.strip() for x in text.split(",") if x.strip())
     if not order or set(order) - {"AB", "BA"} or not is_crossed(order):
@@ -263,7 +269,7 @@ def main(argv=None) -> int:
     p.add_argument("--cold-prefix-cache", action="store_true",
                    help="throughput: empty each server's prefix cache before every leg (vLLM's dev-mode "
                         "/reset_prefix_cache), so no leg is served from the prompts of the legs before it")
-    p.add_argument("--prompts-mult", type=int, default=1,
+    p.add_argument("--prompts-mult", type=_positive_int, default=1,
                    help="throughput: each leg sends max(2, c) x this many prompts (longer legs: a pause inside one "
                         "is a smaller share of it)")
     p.add_argument("--shutdown-timeout", type=int, default=SHUTDOWN_TIMEOUT_S,
