@@ -73,6 +73,7 @@ def test_the_same_receipts_with_the_slow_median_put_back_read_as_pauses_and_with
 def test_a_leg_without_its_times_between_tokens_tells_nothing(dirs):
     legs = _legs(dirs, "bi0", 1)
     assert tier_shape([(legs[0][0], None, legs[0][2]), *legs[1:]]) is None
+    assert tier_shape([(0.0, legs[0][1], legs[0][2]), *legs[1:]]) is None  # a failed leg: no tier to read
     assert tier_shape(legs[:1]) is None
 
 
